@@ -1,0 +1,84 @@
+"""What the daemons need from a message bus, and the topics and messages they exchange.
+
+Topics live under ``gpud/<cluster>/``; code passes only the suffix.
+
+====================  ==========  ===========================================================
+suffix                direction   kinds (body)
+====================  ==========  ===========================================================
+``head/events``       worker→head ``register`` {node: NodeInfo dict}
+                                  ``heartbeat`` {running: [[job, attempt]], done: [[job, attempt]]}
+                                  ``started`` {job, attempt, pid, time}
+                                  ``finished`` {job, attempt, exit_code, signal, reason,
+                                  time, message}
+``head/status``       head→all    ``head_status`` {state: "online"|"offline"} (retained, will)
+``node/<n>/status``   worker→all  ``node_status`` {state: "online"|"offline"} (retained, will)
+``node/<n>/cmd``      head→worker ``launch`` {job, attempt, ...see worker.executor.Launch}
+                                  ``signal`` {job, attempt, signal, grace, reason}
+                                  ``kill`` {allocs: [[job, attempt]], reason}  (fencing)
+                                  ``ack`` {done: [[job, attempt]]}  (head recorded these)
+                                  ``hello`` {}  (head (re)started: please register)
+====================  ==========  ===========================================================
+
+Delivery is QoS 1, so at least once: every handler tolerates repeats.  Nothing relies on a
+single message arriving: workers repeat ``finished`` until the head ``ack``s it, heartbeats
+carry the full set of running allocations, and the head re-sends ``launch`` for allocations
+a worker does not report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol
+
+HEAD_EVENTS = "head/events"
+HEAD_STATUS = "head/status"
+
+
+def node_status(node: str) -> str:
+    return f"node/{node}/status"
+
+
+def node_cmd(node: str) -> str:
+    return f"node/{node}/cmd"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message whose signature, freshness and uniqueness have been verified."""
+
+    topic: str          # suffix after gpud/<cluster>/
+    kind: str
+    sender: str
+    msg_id: str
+    ts: float
+    body: dict[str, Any]
+    retained: bool = False
+
+
+@dataclass(frozen=True)
+class Will:
+    topic: str
+    kind: str
+    body: dict[str, Any]
+
+
+class Bus(Protocol):
+    """A connected, authenticated publish/subscribe channel.
+
+    Implementations: ``gpud.bus.mqtt.MqttBus`` (aiomqtt; production and integration
+    tests) and ``gpud.bus.memory.MemoryBus`` (in-process fake for fast tests).
+    Use as ``async with bus:``; the bus reconnects by itself until closed.
+    """
+
+    async def __aenter__(self) -> "Bus": ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def publish(self, topic: str, kind: str, body: dict[str, Any], *, retain: bool = False) -> None:
+        """Sign and send at QoS 1; while disconnected, queue (bounded) and send on reconnect."""
+
+    def messages(self) -> AsyncIterator[Message]:
+        """Verified messages on the subscribed topics; bad ones are logged and dropped."""
+
+    async def wait_connected(self) -> None:
+        """Return once connected (immediately when already connected)."""

@@ -1,0 +1,243 @@
+"""The nouns of gpud: jobs and their legal moves, job specs, nodes and GPUs.
+
+Theory of operation
+-------------------
+A job's life is a walk through ``JobState`` along the edges in ``JOB_TRANSITIONS``; the
+head's store is the only writer and calls ``check_job_transition`` before every move, so
+an illegal move (say, COMPLETED -> RUNNING after a late duplicate message) raises instead
+of corrupting history.  A requeue is the edge RUNNING/COMPLETING -> PENDING: the job keeps
+its id and submit time and its next allocation gets a higher attempt number, which is what
+workers fence on.
+
+A ``JobSpec`` is what a user asked for.  The head builds it from a socket request with
+``JobSpec.from_request``, which refuses anything malformed with a one-line message; the
+identity (uid, gid, user) never comes from the request but from the kernel.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .units import UnitError, parse_duration, parse_size_mb
+
+
+class JobState(str, enum.Enum):
+    PENDING = "PENDING"        # waiting for resources, priority, a hold or a dependency
+    RUNNING = "RUNNING"        # allocated to a node; the worker has been told to run it
+    COMPLETING = "COMPLETING"  # signalled to stop (cancel, preemption); waiting for the worker
+    COMPLETED = "COMPLETED"    # exited 0
+    FAILED = "FAILED"          # exited non-zero, or could not be started
+    CANCELLED = "CANCELLED"    # cancelled by its owner or an admin
+    TIMEOUT = "TIMEOUT"        # killed at its time limit
+    NODE_FAIL = "NODE_FAIL"    # its node went down and it was not requeued
+    PREEMPTED = "PREEMPTED"    # preempted with preempt_mode = "cancel"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by the memory limit
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def active(self) -> bool:
+        return self in ACTIVE_STATES
+
+
+TERMINAL_STATES = frozenset({
+    JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+    JobState.NODE_FAIL, JobState.PREEMPTED, JobState.OUT_OF_MEMORY,
+})
+ACTIVE_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING})
+PENDING_STATES = frozenset({JobState.PENDING})
+
+_ENDINGS = TERMINAL_STATES | {JobState.PENDING}
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.RUNNING: frozenset({JobState.COMPLETING}) | _ENDINGS,
+    JobState.COMPLETING: _ENDINGS,
+    **{s: frozenset() for s in TERMINAL_STATES},
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+def check_job_transition(job_id: int, old: JobState, new: JobState) -> None:
+    if new not in JOB_TRANSITIONS[old]:
+        raise IllegalTransition(f"job {job_id}: illegal transition {old.value} -> {new.value}")
+
+
+class NodeState(str, enum.Enum):
+    IDLE = "IDLE"            # up, nothing allocated
+    MIXED = "MIXED"          # up, some resources allocated
+    ALLOCATED = "ALLOCATED"  # up, every GPU allocated
+    DRAIN = "DRAIN"          # up, takes no new jobs (admin)
+    DOWN = "DOWN"            # not heard from within the heartbeat timeout
+    UNKNOWN = "UNKNOWN"      # registered in the database, not heard from since the head started
+
+
+class SpecError(ValueError):
+    """A job request that can never be valid; the message is shown to the user."""
+
+
+_NAME = re.compile(r"^[^\x00-\x1f/]{1,200}$")
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024
+MAX_ENV_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user asked for.  Resources are per job (single node for now)."""
+
+    script: str
+    name: str = "job"
+    work_dir: str = "/"
+    stdout: str | None = None      # pattern, default "gpud-%j.out" in work_dir
+    stderr: str | None = None      # pattern, default: same file as stdout
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    gpu_type: str | None = None
+    cpus: int = 1
+    mem_mb: int | None = None      # None: the partition's default
+    time_limit: float | None = None  # seconds; None: the partition's default
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nice: int = 0
+    requeue: bool = True
+    signal: str | None = None      # signal sent before SIGKILL at preemption / time limit
+    hold: bool = False
+    comment: str | None = None
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
+    def from_request(cls, d: Any) -> "JobSpec":
+        """Validate a socket request's ``spec`` object; raise SpecError with one line."""
+        if not isinstance(d, dict):
+            raise SpecError("job spec must be an object")
+        unknown = set(d) - cls.field_names()
+        if unknown:
+            raise SpecError(f"unknown job option(s): {', '.join(sorted(unknown))}")
+        script = d.get("script")
+        if not isinstance(script, str) or not script.strip():
+            raise SpecError("empty batch script")
+        if len(script.encode("utf-8", "surrogateescape")) > MAX_SCRIPT_BYTES:
+            raise SpecError(f"batch script larger than {MAX_SCRIPT_BYTES // 1048576} MiB")
+        if "\x00" in script:
+            raise SpecError("batch script contains NUL bytes")
+        kw: dict[str, Any] = {"script": script}
+        kw["name"] = _opt_str(d, "name", "job")
+        if not _NAME.match(kw["name"]):
+            raise SpecError(f"invalid job name {kw['name']!r}")
+        wd = _opt_str(d, "work_dir", "/")
+        if not wd.startswith("/"):
+            raise SpecError(f"working directory must be absolute: {wd!r}")
+        kw["work_dir"] = wd
+        for key in ("stdout", "stderr", "gpu_type", "partition", "account", "qos", "signal", "comment"):
+            v = d.get(key)
+            if v is not None and (not isinstance(v, str) or "\x00" in v or not v):
+                raise SpecError(f"invalid {key}: {v!r}")
+            kw[key] = v
+        env = d.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+            for k, v in env.items()
+        ):
+            raise SpecError("env must map variable names to strings")
+        if sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
+            raise SpecError("environment larger than 1 MiB")
+        kw["env"] = dict(env)
+        kw["gpus"] = _opt_int(d, "gpus", 0, lo=0, hi=4096)
+        kw["cpus"] = _opt_int(d, "cpus", 1, lo=1, hi=100000)
+        kw["nice"] = _opt_int(d, "nice", 0, lo=-10000, hi=10000)
+        mem = d.get("mem_mb")
+        if mem is not None:
+            try:
+                mem = parse_size_mb(mem)
+            except UnitError as e:
+                raise SpecError(str(e)) from None
+            if mem <= 0:
+                raise SpecError("--mem must be positive")
+        kw["mem_mb"] = mem
+        tl = d.get("time_limit")
+        if tl is not None:
+            try:
+                tl = parse_duration(tl, default_unit="s")
+            except UnitError as e:
+                raise SpecError(str(e)) from None
+            if tl is not None and tl <= 0:
+                raise SpecError("time limit must be positive")
+        kw["time_limit"] = tl
+        for key, default in (("requeue", True), ("hold", False)):
+            v = d.get(key, default)
+            if not isinstance(v, bool):
+                raise SpecError(f"{key} must be true or false")
+            kw[key] = v
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _opt_str(d: dict, key: str, default: str) -> str:
+    v = d.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, str) or "\x00" in v:
+        raise SpecError(f"invalid {key}: {v!r}")
+    return v
+
+
+def _opt_int(d: dict, key: str, default: int, *, lo: int, hi: int) -> int:
+    v = d.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SpecError(f"{key} must be an integer, not {v!r}")
+    if not lo <= v <= hi:
+        raise SpecError(f"{key} must be between {lo} and {hi}, not {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as its node reports it."""
+
+    index: int
+    uuid: str
+    model: str          # e.g. "H100-80GB", matched against --gpu-type and billing weights
+    memory_mb: int
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GpuInfo":
+        return cls(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
+                   memory_mb=int(d["memory_mb"]))
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a worker registers: its resources and labels."""
+
+    name: str
+    cpus: int
+    mem_mb: int
+    gpus: tuple[GpuInfo, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeInfo":
+        return cls(
+            name=str(d["name"]), cpus=int(d["cpus"]), mem_mb=int(d["mem_mb"]),
+            gpus=tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ())),
+            labels={str(k): str(v) for k, v in dict(d.get("labels", {})).items()},
+        )
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "cpus": self.cpus, "mem_mb": self.mem_mb,
+                "gpus": [asdict(g) for g in self.gpus], "labels": dict(self.labels)}

@@ -1,0 +1,125 @@
+"""The request/response protocol between gpuctl and the head's Unix socket.
+
+Stdlib only: gpuctl imports this on its start-up path.
+
+Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes.
+A connection may carry many requests; each gets exactly one response line, in order.
+
+Request:  ``{"v": 1, "op": "<op>", "args": {...}}``
+Response: ``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "<one line>"}``
+
+The caller's identity is never part of a request: the head reads uid/gid from the
+socket (SO_PEERCRED).
+
+Operations (args -> result):
+
+``ping``     {} -> {"cluster": str, "version": str, "uid": int, "user": str, "admin": bool}
+``submit``   {"spec": JobSpec fields} -> {"job_id": int}
+``jobs``     {"job_ids": [int]?, "users": [str]?, "states": [str]?, "all": bool?,
+             "since": float?} -> {"jobs": [JOB]}
+             Without ``all`` only pending and active jobs are listed (squeue); with it,
+             finished ones too (sacct).
+``cancel``   {"job_ids": [int]?, "users": [str]?, "signal": str?}
+             -> {"cancelled": [int], "errors": [str]}
+``nodes``    {} -> {"nodes": [NODE]}
+
+JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "state",
+      "reason", "node", "gpus" (count requested), "gpu_ids" ([uuid]), "gpu_indices" ([int]),
+      "cpus", "mem_mb", "time_limit" (s|null), "submit_time", "start_time", "end_time"
+      (epoch seconds|null), "exit_code" (int|null), "signal" (int|null), "work_dir",
+      "stdout", "stderr", "attempt", "requeue_count", "preempt_count", "priority"}
+NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb",
+       "gpus_total", "gpus_alloc", "labels", "last_seen",
+       "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int]}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+VERSION = 1
+MAX_LINE = 16 * 1024 * 1024
+DEFAULT_SOCKET = "/run/gpud/gpud.sock"
+DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
+OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes"})
+
+
+class ProtocolError(ValueError):
+    """A malformed request or response line."""
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def request(op: str, **args: Any) -> bytes:
+    return encode({"v": VERSION, "op": op, "args": args})
+
+
+def ok(result: dict[str, Any]) -> bytes:
+    return encode({"ok": True, "result": result})
+
+
+def error(message: str) -> bytes:
+    return encode({"ok": False, "error": message})
+
+
+def decode_request(line: bytes) -> tuple[str, dict[str, Any]]:
+    """(op, args) from one request line; ProtocolError with a one-line reason otherwise."""
+    if len(line) > MAX_LINE:
+        raise ProtocolError("request too large")
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("request is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("request must be a JSON object")
+    if obj.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {obj.get('v')!r} (this head speaks {VERSION})")
+    op, args = obj.get("op"), obj.get("args", {})
+    if op not in OPS:
+        raise ProtocolError(f"unknown operation {op!r}")
+    if not isinstance(args, dict):
+        raise ProtocolError("args must be a JSON object")
+    return op, args
+
+
+def decode_response(line: bytes) -> dict[str, Any]:
+    """The result of a successful response; raises RemoteError with the head's reason."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("malformed response from gpud head") from None
+    if not isinstance(obj, dict) or "ok" not in obj:
+        raise ProtocolError("malformed response from gpud head")
+    if not obj["ok"]:
+        raise RemoteError(str(obj.get("error", "request refused")))
+    result = obj.get("result")
+    if not isinstance(result, dict):
+        raise ProtocolError("malformed response from gpud head")
+    return result
+
+
+class RemoteError(RuntimeError):
+    """The head refused a request; the message is its one-line reason."""
+
+
+def find_socket(cli_value: str | None = None, config_path: str | None = None) -> str:
+    """The head's socket: --socket, then $GPUD_SOCKET, then the config file, then the default."""
+    if cli_value:
+        return cli_value
+    env = os.environ.get("GPUD_SOCKET")
+    if env:
+        return env
+    path = config_path or os.environ.get("GPUD_CONFIG") or DEFAULT_CONFIG
+    try:
+        with open(path, "rb") as f:
+            import tomllib  # only when a config file exists: keeps gpuctl's start fast
+
+            data = tomllib.load(f)
+    except (OSError, ValueError):
+        return DEFAULT_SOCKET
+    sock = data.get("head", {}).get("socket") if isinstance(data.get("head"), dict) else None
+    return sock if isinstance(sock, str) and sock else DEFAULT_SOCKET

@@ -1,0 +1,116 @@
+"""Durations and sizes as people write them, in config files and on the command line.
+
+Stdlib only: gpuctl imports this on its start-up path.
+
+Durations accept Slurm's time formats (``minutes``, ``minutes:seconds``,
+``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``,
+``days-hours:minutes:seconds``), ``UNLIMITED``/``infinite``, and unit suffixes as in
+config files (``90s``, ``10m``, ``1h``, ``7d``, ``1h30m``).  Sizes are megabytes by
+default as in Slurm's ``--mem`` (``4096``), or carry a suffix: ``K``, ``M``, ``G``, ``T``
+(binary multiples).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["UnitError", "parse_duration", "format_duration", "parse_size_mb", "format_size_mb"]
+
+
+class UnitError(ValueError):
+    """A value that is not a duration or size; the message says what is accepted."""
+
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SUFFIXED = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+UNLIMITED = {"unlimited", "infinite", "inf"}
+
+
+def parse_duration(text: str | int | float, *, default_unit: str = "m") -> float | None:
+    """Seconds in ``text``; None for unlimited.
+
+    A bare number is in ``default_unit`` (minutes, like Slurm's ``--time``; config
+    files pass ``"s"``).
+    """
+    if isinstance(text, bool):
+        raise UnitError(f"invalid duration {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise UnitError(f"invalid duration {text!r}: must not be negative")
+        return float(text) * _UNIT_SECONDS[default_unit]
+    s = str(text).strip().lower()
+    if s in UNLIMITED:
+        return None
+    if not s:
+        raise UnitError("empty duration")
+    if _SUFFIXED.match(s):
+        return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(s)))
+    days = 0
+    rest = s
+    if "-" in s:
+        d, _, rest = s.partition("-")
+        if not d.isdigit():
+            raise _bad_duration(text)
+        days = int(d)
+        parts = rest.split(":") if rest else ["0"]
+        if not all(p.isdigit() for p in parts) or len(parts) > 3:
+            raise _bad_duration(text)
+        nums = [int(p) for p in parts] + [0] * (3 - len(parts))
+        h, m, sec = nums
+        return float(days * 86400 + h * 3600 + m * 60 + sec)
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) > 3:
+        if re.fullmatch(r"\d+(\.\d+)?", s):
+            return float(s) * _UNIT_SECONDS[default_unit]
+        raise _bad_duration(text)
+    nums = [int(p) for p in parts]
+    if len(nums) == 1:
+        return float(nums[0] * _UNIT_SECONDS[default_unit])
+    if len(nums) == 2:
+        return float(nums[0] * 60 + nums[1])
+    return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
+
+
+def _bad_duration(text: object) -> UnitError:
+    return UnitError(
+        f"invalid duration {text!r}: use minutes, [D-]HH:MM:SS, or a suffix like 90s, 10m, 2h, 7d"
+    )
+
+
+def format_duration(seconds: float | None) -> str:
+    """Slurm's ``[D-]HH:MM:SS``; ``UNLIMITED`` for None."""
+    if seconds is None:
+        return "UNLIMITED"
+    total = max(0, int(round(seconds)))
+    d, rem = divmod(total, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$")
+_SIZE_MB = {"k": 1 / 1024, "m": 1, "": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def parse_size_mb(text: str | int | float, *, default_unit: str = "m") -> int:
+    """Megabytes in ``text`` (``4096``, ``16G``, ``512M``, ``1T``), rounded up."""
+    if isinstance(text, bool):
+        raise UnitError(f"invalid size {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise UnitError(f"invalid size {text!r}: must not be negative")
+        return int(-(-float(text) * _SIZE_MB[default_unit] // 1))
+    m = _SIZE.match(str(text).strip().lower())
+    if not m:
+        raise UnitError(f"invalid size {text!r}: use a number with an optional K, M, G or T suffix")
+    value, unit = float(m.group(1)), m.group(2) or default_unit
+    return int(-(-value * _SIZE_MB[unit] // 1))
+
+
+def format_size_mb(mb: int | None) -> str:
+    if mb is None:
+        return "-"
+    if mb >= 1024 and mb % 1024 == 0:
+        return f"{mb // 1024}G"
+    return f"{mb}M"
