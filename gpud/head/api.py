@@ -1,0 +1,142 @@
+"""The head's Unix socket: framing, kernel-proven identity, and dispatch.
+
+The caller's uid and gid come from SO_PEERCRED, never from the request.  Every request
+gets exactly one response line; a malformed one gets an error line and the connection
+stays usable (a garbage line that cannot even be framed closes it).  No request can
+crash the head: handler exceptions become one-line errors and are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from .. import protocol
+
+log = logging.getLogger("gpud.api")
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int
+    user: str
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+class RequestError(Exception):
+    """A refusal with a one-line reason for the user."""
+
+
+Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class SocketServer:
+    def __init__(self, path: str, handlers: dict[str, Handler]) -> None:
+        self.path = path
+        self.handlers = handlers
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        d = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(d, exist_ok=True)
+        if os.path.exists(self.path):
+            if _socket_alive(self.path):
+                raise RuntimeError(f"another gpud head is already serving {self.path}")
+            os.unlink(self.path)
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=protocol.MAX_LINE)
+        # Everyone may connect; what they may do is decided per request from SO_PEERCRED.
+        os.chmod(self.path, 0o666)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for t in list(self._conns):
+                t.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            except asyncio.TimeoutError:
+                pass
+            self._server = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        try:
+            sock = writer.get_extra_info("socket")
+            pid, uid, gid = peer_credentials(sock)
+            caller = Caller(uid=uid, gid=gid, pid=pid, user=user_name(uid))
+            while True:
+                try:
+                    line = await reader.readline()
+                except (asyncio.LimitOverrunError, ValueError):
+                    writer.write(protocol.error("request too large"))
+                    await writer.drain()
+                    return
+                if not line:
+                    return
+                writer.write(await self.dispatch(caller, line))
+                await writer.drain()
+        except (ConnectionError, BrokenPipeError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if task is not None:
+                self._conns.discard(task)
+            writer.close()
+
+    async def dispatch(self, caller: Caller, line: bytes) -> bytes:
+        try:
+            op, args = protocol.decode_request(line)
+        except protocol.ProtocolError as e:
+            log.info("bad request from uid %d: %s", caller.uid, e)
+            return protocol.error(str(e))
+        handler = self.handlers.get(op)
+        if handler is None:
+            return protocol.error(f"operation {op!r} is not available on this head")
+        try:
+            return protocol.ok(await handler(caller, args))
+        except RequestError as e:
+            return protocol.error(str(e))
+        except Exception:
+            log.exception("request %s from uid %d failed", op, caller.uid)
+            return protocol.error(f"internal error handling {op}; see the head's log")
+
+
+def _socket_alive(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.5)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

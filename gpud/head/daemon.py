@@ -1,0 +1,541 @@
+"""The head daemon: wiring of the socket API, the store, the bus and the scheduler loop.
+
+Theory of operation
+-------------------
+Four tasks in one TaskGroup:
+
+``submitter``  gathers submissions from the socket and inserts them in one transaction
+               per batch (group commit), then answers every caller: durable before
+               acknowledged, thousands per second on one connection.
+``bus``        handles worker messages: registration, heartbeats (liveness, fencing,
+               launch re-sends), ``started`` and ``finished`` reports (acked after commit).
+``scheduler``  runs a pass when kicked (submit, finish, node change; debounced) or on a
+               timer: snapshot -> pure core -> re-checked plan -> one commit -> messages.
+``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat; their jobs are
+               requeued (or NODE_FAIL with --no-requeue).  Time while the head itself is cut
+               off from the broker does not count against the nodes.
+
+Nothing here trusts a message to arrive once: launches are re-sent for allocations a worker
+does not report, ``finished`` is repeated by workers until acked, and a worker reporting a
+(job, attempt) the head no longer assigns to it is told to kill it (fencing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from .. import __version__
+from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, node_cmd
+from ..config import Config
+from ..model import JobSpec, JobState, NodeInfo, SpecError
+from . import admission
+from .api import Caller, RequestError, SocketServer
+from .jobs import final_state, may_modify, requeue_changes
+from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
+from .store import JobRecord, NodeRecord, Store, Txn
+
+log = logging.getLogger("gpud.head")
+
+HEAD_SENDER = "head"
+LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
+STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
+MAX_SUBMIT_BATCH = 1000
+
+
+class Head:
+    def __init__(self, cfg: Config, bus: Bus, store: Store, *, clock: Callable[[], float] = time.time,
+                 socket_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.store = store
+        self.clock = clock
+        self.socket_path = socket_path or cfg.head.socket
+        self.admins = frozenset(cfg.head.admins)
+        self.server = SocketServer(self.socket_path, {
+            "ping": self.op_ping, "submit": self.op_submit, "jobs": self.op_jobs,
+            "cancel": self.op_cancel, "nodes": self.op_nodes,
+        })
+        self._kick = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._submits: asyncio.Queue[tuple[JobRecord, asyncio.Future]] = asyncio.Queue()
+        self._lock = asyncio.Lock()          # one writer of job state at a time
+        self._stop_sent: dict[tuple[int, int], float] = {}
+        self._usage: dict[tuple[str, str], float] = {}
+        self.ready = asyncio.Event()         # set once the socket accepts requests
+        self.passes = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        now = self.clock()
+        # Nodes get a full timeout from our start to report in: the head being down is not
+        # the nodes' fault.
+        for rec in self.store.nodes.values():
+            rec.last_seen = now
+        self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
+        await self.server.start()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(self._submitter(), name="submitter"),
+                    tg.create_task(self._bus_loop(), name="bus"),
+                    tg.create_task(self._scheduler(), name="scheduler"),
+                    tg.create_task(self._liveness(), name="liveness"),
+                ]
+                self.ready.set()
+                log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)
+                await self._stop.wait()
+                for t in tasks:
+                    t.cancel()
+        finally:
+            await self.server.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def _on_bus_connect(self) -> None:
+        # Reconnected: whatever time we were away does not count against the nodes.
+        now = self.clock()
+        for rec in self.store.nodes.values():
+            rec.last_seen = now
+        await self.bus.publish(HEAD_STATUS, "head_status", {"state": "online", "version": __version__}, retain=True)
+
+    # -- socket operations ------------------------------------------------------------------
+
+    def is_admin(self, caller: Caller) -> bool:
+        return caller.uid in (0, os.geteuid()) or caller.user in self.admins
+
+    async def op_ping(self, caller: Caller, args: dict) -> dict:
+        return {"cluster": self.cfg.cluster, "version": __version__, "uid": caller.uid,
+                "user": caller.user, "admin": self.is_admin(caller)}
+
+    async def op_submit(self, caller: Caller, args: dict) -> dict:
+        try:
+            spec = JobSpec.from_request(args.get("spec"))
+        except SpecError as e:
+            raise RequestError(f"Batch job submission failed: {e}") from None
+        now = self.clock()
+        try:
+            resolved = admission.resolve(spec, caller.user, self.cfg.sched, self._node_infos())
+        except admission.Refused as e:
+            raise RequestError(f"Batch job submission failed: {e}") from None
+        job = JobRecord(
+            job_id=0, name=spec.name, user=caller.user, uid=caller.uid, gid=caller.gid,
+            account=resolved.account, partition=resolved.partition, qos=resolved.qos,
+            state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
+            mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
+            reason="Held" if spec.hold else None,
+        )
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._submits.put((job, fut))
+        saved: JobRecord = await fut
+        log.info("job %d submitted by %s (uid %d): %s gpus=%d", saved.job_id, caller.user, caller.uid,
+                 saved.name, saved.gpus)
+        return {"job_id": saved.job_id}
+
+    async def op_jobs(self, caller: Caller, args: dict) -> dict:
+        job_ids = _int_list(args.get("job_ids"), "job_ids")
+        users = _str_list(args.get("users"), "users")
+        states = _str_list(args.get("states"), "states")
+        if states:
+            bad = [s for s in states if s not in JobState.__members__]
+            if bad:
+                raise RequestError(f"invalid job state {bad[0]!r}; valid states: {', '.join(JobState.__members__)}")
+        since = args.get("since")
+        if since is not None and not isinstance(since, (int, float)):
+            raise RequestError("since must be a number (epoch seconds)")
+        if args.get("all"):
+            jobs = await self.store.find_jobs(job_ids=job_ids, states=states, since=since)
+        else:
+            jobs = sorted(self.store.active.values(), key=lambda j: j.job_id)
+            if job_ids is not None:
+                wanted = set(job_ids)
+                jobs = [j for j in jobs if j.job_id in wanted]
+            if states:
+                jobs = [j for j in jobs if j.state.value in states]
+        if users:
+            us = set(users)
+            jobs = [j for j in jobs if j.user in us or str(j.uid) in us]
+        return {"jobs": [j.to_public() for j in jobs]}
+
+    async def op_cancel(self, caller: Caller, args: dict) -> dict:
+        job_ids = _int_list(args.get("job_ids"), "job_ids")
+        users = _str_list(args.get("users"), "users")
+        sig = args.get("signal")
+        if sig is not None and (not isinstance(sig, str) or not sig):
+            raise RequestError("signal must be a signal name such as TERM or USR1")
+        if job_ids is None and not users:
+            raise RequestError("no job id or user given")
+        cancelled: list[int] = []
+        errors: list[str] = []
+        async with self._lock:
+            targets: list[JobRecord] = []
+            if job_ids is not None:
+                for jid in job_ids:
+                    job = self.store.active.get(jid)
+                    if job is None:
+                        done = await self.store.find_jobs(job_ids=[jid])
+                        errors.append(f"Kill job error on job id {jid}: "
+                                      + ("Job/step already completing or completed" if done else "Invalid job id specified"))
+                        continue
+                    if users and job.user not in users:
+                        continue
+                    targets.append(job)
+            else:
+                targets = [j for j in self.store.active.values() if j.user in set(users)]
+            now = self.clock()
+            txn = Txn(self.store)
+            stops: list[JobRecord] = []
+            for job in targets:
+                if not may_modify(job.uid, caller.uid, caller.user, self.admins, os.geteuid()):
+                    errors.append(f"Kill job error on job id {job.job_id}: Access/permission denied")
+                    continue
+                if sig is not None:
+                    if job.state.active and job.node:
+                        await self._send_signal(job, sig, grace=None, reason="signal")
+                        cancelled.append(job.job_id)
+                    else:
+                        errors.append(f"Kill job error on job id {job.job_id}: job is not running")
+                    continue
+                if job.state is JobState.PENDING:
+                    txn.transition(job, JobState.CANCELLED, now=now, event="cancelled",
+                                   detail=f"by {caller.user}", end_time=now, reason=None)
+                elif job.state is JobState.RUNNING:
+                    stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
+                                                detail=f"by {caller.user}", stop_reason="cancelled", stop_time=now))
+                cancelled.append(job.job_id)
+            await self.store.commit(txn)
+        for job in stops:
+            log.info("job %d (user %s) cancelled by %s on %s", job.job_id, job.user, caller.user, job.node)
+            await self._send_signal(job, "TERM", grace=self.cfg.head.kill_grace, reason="cancelled")
+        if cancelled:
+            self.kick()
+        return {"cancelled": cancelled, "errors": errors}
+
+    async def op_nodes(self, caller: Caller, args: dict) -> dict:
+        alloc: dict[str, list[JobRecord]] = {}
+        for j in self.store.active.values():
+            if j.state.active and j.node:
+                alloc.setdefault(j.node, []).append(j)
+        nodes = []
+        for name in sorted(self.store.nodes):
+            rec = self.store.nodes[name]
+            info = rec.info
+            jobs = alloc.get(name, [])
+            by_gpu: dict[int, list[int]] = {}
+            for j in jobs:
+                for i in j.gpu_indices:
+                    by_gpu.setdefault(i, []).append(j.job_id)
+            gpus = [dict(g, job_ids=by_gpu.get(g["index"], [])) for g in info.get("gpus", [])]
+            gpus_alloc = sum(1 for g in gpus if g["job_ids"])
+            nodes.append({
+                "name": name, "state": _display_state(rec.state, gpus_alloc, len(gpus), bool(jobs)),
+                "reason": rec.reason, "cpus": info.get("cpus", 0), "cpus_alloc": sum(j.cpus for j in jobs),
+                "mem_mb": info.get("mem_mb", 0), "mem_alloc_mb": sum(j.mem_mb for j in jobs),
+                "gpus_total": len(gpus), "gpus_alloc": gpus_alloc, "labels": info.get("labels", {}),
+                "last_seen": rec.last_seen, "gpus": gpus,
+            })
+        return {"nodes": nodes}
+
+    def _node_infos(self) -> list[NodeInfo]:
+        out = []
+        for rec in self.store.nodes.values():
+            try:
+                out.append(NodeInfo.from_dict(rec.info))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    # -- group commit of submissions ----------------------------------------------------------
+
+    async def _submitter(self) -> None:
+        while True:
+            batch = [await self._submits.get()]
+            while not self._submits.empty() and len(batch) < MAX_SUBMIT_BATCH:
+                batch.append(self._submits.get_nowait())
+            try:
+                async with self._lock:
+                    saved = await self.store.insert_jobs([j for j, _ in batch], self.clock())
+            except Exception as e:  # the disk said no: every caller hears it, nothing half-done
+                log.exception("could not record %d submissions", len(batch))
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(RequestError(f"Batch job submission failed: database error: {e}"))
+                continue
+            for (_, fut), job in zip(batch, saved):
+                if not fut.done():
+                    fut.set_result(job)
+            self.kick()
+
+    # -- scheduler loop -----------------------------------------------------------------------
+
+    async def _scheduler(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.cfg.head.schedule_interval)
+            except asyncio.TimeoutError:
+                pass
+            if self.cfg.head.schedule_debounce > 0:
+                await asyncio.sleep(self.cfg.head.schedule_debounce)
+            self._kick.clear()
+            try:
+                await self.schedule_pass()
+            except Exception:
+                log.exception("scheduler pass failed; will retry")
+                await asyncio.sleep(1)
+
+    async def schedule_pass(self) -> Applied:
+        async with self._lock:
+            now = self.clock()
+            recent = tuple(await self.store.recent_preemptions(now - 60))
+            snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent)
+            plan = run_core(snap, now)
+            txn, applied = plan_to_txn(self.store, plan, now)
+            await self.store.commit(txn)
+            annotate(self.store, plan)
+            self.passes += 1
+        for job in applied.launches:
+            log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user, job.node,
+                     list(job.gpu_indices), job.attempt)
+        await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
+        for job, p in applied.stops:
+            log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
+            await self._send_signal(job, "TERM", grace=p.grace_time, reason="preempted")
+        return applied
+
+    # -- messages to workers ------------------------------------------------------------------
+
+    def launch_body(self, job: JobRecord) -> dict[str, Any]:
+        spec = job.spec
+        return {
+            "job_id": job.job_id, "attempt": job.attempt, "name": job.name, "user": job.user,
+            "uid": job.uid, "gid": job.gid, "script": spec.script, "work_dir": spec.work_dir,
+            "stdout": spec.stdout, "stderr": spec.stderr, "env": spec.env,
+            "gpus": [{"index": i, "uuid": u} for i, u in zip(job.gpu_indices, job.gpu_uuids)],
+            "cpus": job.cpus, "mem_mb": job.mem_mb, "time_limit": job.time_limit,
+            "kill_grace": self.cfg.head.kill_grace, "submit_dir": spec.work_dir, "extra_env": {},
+        }
+
+    async def _send_launch(self, job: JobRecord) -> None:
+        assert job.node is not None
+        await self.bus.publish(node_cmd(job.node), "launch", self.launch_body(job))
+
+    async def _send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str) -> None:
+        if job.node is None:
+            return
+        self._stop_sent[(job.job_id, job.attempt)] = self.clock()
+        await self.bus.publish(node_cmd(job.node), "signal", {
+            "job": job.job_id, "attempt": job.attempt, "signal": sig, "grace": grace, "reason": reason,
+        })
+
+    # -- messages from workers ----------------------------------------------------------------
+
+    async def _bus_loop(self) -> None:
+        async for msg in self.bus.messages():
+            try:
+                await self.handle(msg)
+            except Exception:
+                log.exception("dropped %s message from %s: handler failed", msg.kind, msg.sender)
+
+    async def handle(self, msg: Message) -> None:
+        if msg.topic != HEAD_EVENTS:
+            return  # node status topics: liveness is judged by heartbeats
+        if not msg.sender.startswith("worker:"):
+            log.warning("dropped %s message from %s: not a worker", msg.kind, msg.sender)
+            return
+        node = msg.sender[len("worker:"):]
+        body = msg.body
+        if msg.kind == "register":
+            await self._on_register(node, body)
+        elif node not in self.store.nodes:
+            # A worker we do not know yet (e.g. the head lost its database): ask it to register.
+            await self.bus.publish(node_cmd(node), "hello", {})
+        elif msg.kind == "heartbeat":
+            await self._on_heartbeat(node, body)
+        elif msg.kind == "started":
+            await self._on_started(node, body)
+        elif msg.kind == "finished":
+            await self._on_finished(node, body)
+        else:
+            log.warning("dropped unknown message kind %r from %s", msg.kind, msg.sender)
+
+    async def _on_register(self, node: str, body: dict) -> None:
+        try:
+            info = NodeInfo.from_dict(body["node"])
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("dropped register from %s: malformed node info (%s)", node, e)
+            return
+        if info.name != node:
+            log.warning("dropped register from %s: claims to be %s", node, info.name)
+            return
+        now = self.clock()
+        old = self.store.nodes.get(node)
+        state = old.state if old is not None and old.state not in (DOWN, "UNKNOWN") else UP
+        if old is None or old.state == DOWN:
+            log.info("node %s up: %d GPUs, %d CPUs, %d MB", node, len(info.gpus), info.cpus, info.mem_mb)
+        await self.store.upsert_node(NodeRecord(
+            name=node, info=info.to_dict(), state=state, reason=old.reason if old and state != UP else None,
+            last_seen=now, registered=old.registered if old else now,
+        ))
+        self.kick()
+
+    async def _on_heartbeat(self, node: str, body: dict) -> None:
+        running = _pairs(body.get("running"))
+        done = _pairs(body.get("done"))
+        if running is None or done is None:
+            log.warning("dropped heartbeat from %s: malformed", node)
+            return
+        rec = self.store.nodes[node]
+        now = self.clock()
+        rec.last_seen = now
+        if rec.state == DOWN:
+            rec.state = UP
+            rec.reason = None
+            await self.store.upsert_node(rec)
+            log.info("node %s is back", node)
+            self.kick()
+        # Fencing: kill whatever this node runs that the head no longer assigns to it.
+        stale = []
+        for jid, attempt in running:
+            job = self.store.active.get(jid)
+            if job is None or job.node != node or job.attempt != attempt or not job.state.active:
+                stale.append([jid, attempt])
+        if stale:
+            log.warning("node %s runs allocations no longer assigned to it, killing: %s", node, stale)
+            await self.bus.publish(node_cmd(node), "kill", {"allocs": stale, "reason": "fenced"})
+        reported = set(running) | set(done)
+        for job in list(self.store.jobs_on_node(node)):
+            key = (job.job_id, job.attempt)
+            if key in reported:
+                if job.state is JobState.COMPLETING and key in set(running):
+                    sent = self._stop_sent.get(key, 0.0)
+                    if now - sent > STOP_RESEND_AFTER:
+                        await self._send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
+                                                reason=_stop_kind(job))
+                continue
+            if job.launched_at is not None and now - job.launched_at > LAUNCH_RESEND_AFTER:
+                log.info("re-sending launch of job %d attempt %d to %s", job.job_id, job.attempt, node)
+                job.launched_at = now  # memory only: paces re-sends
+                await self._send_launch(job)
+
+    async def _on_started(self, node: str, body: dict) -> None:
+        jid, attempt = body.get("job"), body.get("attempt")
+        job = self.store.active.get(jid) if isinstance(jid, int) else None
+        if job is None or job.attempt != attempt or job.node != node:
+            return
+        async with self._lock:
+            txn = Txn(self.store)
+            txn.event(job, self.clock(), "started", f"pid {body.get('pid')}")
+            await self.store.commit(txn)
+
+    async def _on_finished(self, node: str, body: dict) -> None:
+        jid, attempt = body.get("job"), body.get("attempt")
+        if not isinstance(jid, int) or not isinstance(attempt, int):
+            log.warning("dropped finished from %s: malformed", node)
+            return
+        reason = str(body.get("reason", "exited"))
+        exit_code = body.get("exit_code") if isinstance(body.get("exit_code"), int) else None
+        sig = body.get("signal") if isinstance(body.get("signal"), int) else None
+        end = self.clock()
+        async with self._lock:
+            job = self.store.active.get(jid)
+            if job is not None and job.attempt == attempt and job.node == node and job.state.active:
+                new = final_state(job, reason, exit_code, sig)
+                txn = Txn(self.store)
+                detail = f"{reason} exit={exit_code} signal={sig}"
+                if body.get("message"):
+                    detail += f": {str(body['message'])[:500]}"
+                txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                            (end, reason, jid, attempt))
+                if new is JobState.PENDING:
+                    txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
+                else:
+                    txn.transition(job, new, now=end, event="finished", detail=detail,
+                                   end_time=end, exit_code=exit_code, signal=sig)
+                await self.store.commit(txn)
+                self._stop_sent.pop((jid, attempt), None)
+                log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
+                self.kick()
+        await self.bus.publish(node_cmd(node), "ack", {"done": [[jid, attempt]]})
+
+    # -- liveness --------------------------------------------------------------------------
+
+    async def _liveness(self) -> None:
+        period = max(0.05, min(1.0, self.cfg.head.node_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            await self.check_nodes()
+
+    async def check_nodes(self) -> None:
+        now = self.clock()
+        for rec in list(self.store.nodes.values()):
+            if rec.state in (UP, "DRAIN") and rec.last_seen is not None and now - rec.last_seen > self.cfg.head.node_timeout:
+                await self._node_down(rec, now, f"no heartbeat for {now - rec.last_seen:.0f}s")
+
+    async def _node_down(self, rec: NodeRecord, now: float, reason: str) -> None:
+        log.warning("node %s DOWN: %s", rec.name, reason)
+        async with self._lock:
+            rec.state, rec.reason = DOWN, reason
+            await self.store.upsert_node(rec)
+            txn = Txn(self.store)
+            for job in list(self.store.jobs_on_node(rec.name)):
+                txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                            (now, "node_fail", job.job_id, job.attempt))
+                if job.spec.requeue and job.stop_reason != "cancelled":
+                    txn.transition(job, JobState.PENDING, now=now, event="node_fail",
+                                   detail=f"{rec.name}: {reason}; requeued", **requeue_changes(job))
+                    log.info("job %d (user %s) requeued: node %s failed", job.job_id, job.user, rec.name)
+                else:
+                    new = JobState.CANCELLED if job.stop_reason == "cancelled" else JobState.NODE_FAIL
+                    txn.transition(job, new, now=now, event="node_fail", detail=f"{rec.name}: {reason}",
+                                   end_time=now)
+            await self.store.commit(txn)
+        self.kick()
+
+
+def _stop_kind(job: JobRecord) -> str:
+    return "preempted" if (job.stop_reason or "").startswith("preempted") else "cancelled"
+
+
+def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:
+    if state != UP:
+        return state
+    if not busy:
+        return "IDLE"
+    return "ALLOCATED" if gpus_total and gpus_alloc == gpus_total else "MIXED"
+
+
+def _pairs(v: Any) -> list[tuple[int, int]] | None:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        return None
+    out = []
+    for p in v:
+        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)):
+            return None
+        out.append((p[0], p[1]))
+    return out
+
+
+def _int_list(v: Any, name: str) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise RequestError(f"{name} must be a list of integers")
+    return v
+
+
+def _str_list(v: Any, name: str) -> list[str] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise RequestError(f"{name} must be a list of strings")
+    return v

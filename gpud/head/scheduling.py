@@ -1,0 +1,165 @@
+"""One scheduler pass: snapshot from the head's memory, the pure core, then the plan applied.
+
+The core (``gpud.sched.core.schedule``) decides; this module only translates.  A plan is
+re-checked against the current state before it is committed (a job cancelled or a node
+lost while the core ran is skipped), applied in one transaction, and only then turned
+into messages for the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from ..model import GpuInfo, JobState, NodeInfo
+from ..sched.core import schedule
+from ..sched.plan import Plan, Preemption, Start
+from ..sched.snapshot import GpuView, NodeView, PendingJob, RunningJob, Snapshot
+from .store import JobRecord, Store, Txn
+
+log = logging.getLogger("gpud.sched")
+
+UP = "UP"
+DOWN = "DOWN"
+DRAIN = "DRAIN"
+UNKNOWN = "UNKNOWN"
+
+
+def node_info(store: Store, name: str) -> NodeInfo | None:
+    rec = store.nodes.get(name)
+    if rec is None:
+        return None
+    try:
+        return NodeInfo.from_dict(rec.info)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...]) -> Snapshot:
+    nodes = []
+    for rec in store.nodes.values():
+        info = node_info(store, rec.name)
+        if info is None:
+            continue
+        nodes.append(NodeView(
+            name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
+            gpus=tuple(GpuView(g.index, g.uuid, g.model, g.memory_mb) for g in info.gpus),
+            schedulable=rec.state == UP,
+            labels=tuple(sorted(info.labels.items())),
+        ))
+    pending, running = [], []
+    for j in store.active.values():
+        if j.state is JobState.PENDING:
+            pending.append(PendingJob(
+                job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
+                qos=j.qos, gpus=j.gpus, cpus=j.cpus, mem_mb=j.mem_mb, time_limit=j.time_limit,
+                submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
+                preempt_count=j.preempt_count, held=j.spec.hold,
+            ))
+        elif j.state.active and j.node is not None:
+            running.append(RunningJob(
+                job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
+                qos=j.qos, node=j.node, gpu_indices=j.gpu_indices, cpus=j.cpus, mem_mb=j.mem_mb,
+                start_time=j.start_time or j.launched_at or j.submit_time,
+                time_limit=j.time_limit, preempt_count=j.preempt_count, borrowed=j.borrowed,
+                requeue=j.spec.requeue, stopping=j.state is JobState.COMPLETING,
+            ))
+    nodes.sort(key=lambda n: n.name)
+    pending.sort(key=lambda p: p.job_id)
+    running.sort(key=lambda r: r.job_id)
+    return Snapshot(nodes=tuple(nodes), pending=tuple(pending), running=tuple(running),
+                    config=config, usage=dict(usage), recent_preemptions=recent_preemptions)
+
+
+def run_core(snap: Snapshot, now: float) -> Plan:
+    return schedule(snap, now)
+
+
+@dataclass
+class Applied:
+    """What a committed plan asks the workers to do."""
+
+    launches: list[JobRecord] = field(default_factory=list)
+    stops: list[tuple[JobRecord, Preemption]] = field(default_factory=list)
+
+
+def _in_use(store: Store) -> dict[str, tuple[set[int], int, int]]:
+    used: dict[str, tuple[set[int], int, int]] = {}
+    for j in store.active.values():
+        if j.state.active and j.node is not None:
+            gpus, cpus, mem = used.get(j.node, (set(), 0, 0))
+            used[j.node] = (gpus | set(j.gpu_indices), cpus + j.cpus, mem + j.mem_mb)
+    return used
+
+
+def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
+    """Re-check ``plan`` against the store and turn what still holds into one transaction."""
+    txn = Txn(store)
+    applied = Applied()
+    used = _in_use(store)
+    for s in plan.starts:
+        job = store.active.get(s.job_id)
+        if job is None or job.state is not JobState.PENDING or job.spec.hold:
+            continue
+        info = node_info(store, s.node)
+        rec = store.nodes.get(s.node)
+        if info is None or rec is None or rec.state != UP:
+            continue
+        if not _fits(info, used.get(s.node, (set(), 0, 0)), s):
+            log.warning("plan start of job %d on %s no longer fits; skipped", s.job_id, s.node)
+            continue
+        gpus, cpus, mem = used.get(s.node, (set(), 0, 0))
+        used[s.node] = (gpus | set(s.gpu_indices), cpus + s.cpus, mem + s.mem_mb)
+        by_index = {g.index: g for g in info.gpus}
+        attempt = job.attempt + 1
+        updated = txn.transition(
+            job, JobState.RUNNING, now=now, event="allocated", detail=f"{s.node} gpus={list(s.gpu_indices)}",
+            attempt=attempt, node=s.node, gpu_indices=tuple(s.gpu_indices),
+            gpu_uuids=tuple(by_index[i].uuid for i in s.gpu_indices), cpus=s.cpus, mem_mb=s.mem_mb,
+            start_time=now, end_time=None, launched_at=now, reason=None, borrowed=s.borrowed,
+            exit_code=None, signal=None, stop_reason=None, stop_time=None,
+        )
+        txn.execute(
+            "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, start_time) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (job.job_id, attempt, s.node, _json(list(s.gpu_indices)), _json(list(updated.gpu_uuids)),
+             s.cpus, s.mem_mb, now),
+        )
+        applied.launches.append(updated)
+    for p in plan.preemptions:
+        job = store.active.get(p.job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            continue
+        updated = txn.transition(
+            job, JobState.COMPLETING, now=now, event="preempted", detail=p.reason,
+            stop_reason=f"preempted:{p.mode}", stop_time=now, preempt_count=job.preempt_count + 1,
+        )
+        txn.execute("INSERT INTO preemptions(time) VALUES (?)", (now,))
+        applied.stops.append((updated, p))
+    return txn, applied
+
+
+def _fits(info: NodeInfo, used: tuple[set[int], int, int], s: Start) -> bool:
+    gpus, cpus, mem = used
+    indices = {g.index for g in info.gpus}
+    if any(i in gpus or i not in indices for i in s.gpu_indices) or len(set(s.gpu_indices)) != len(s.gpu_indices):
+        return False
+    return cpus + s.cpus <= info.cpus and mem + s.mem_mb <= info.mem_mb
+
+
+def annotate(store: Store, plan: Plan) -> None:
+    """Copy the plan's reasons, priorities and expected starts onto pending jobs (memory only)."""
+    for job in store.active.values():
+        if job.state is JobState.PENDING:
+            job.reason = plan.reasons.get(job.job_id, job.reason if job.spec.hold else None)
+            job.priority = plan.priorities.get(job.job_id, job.priority)
+            job.expected_start = plan.expected_starts.get(job.job_id)
+
+
+def _json(v) -> str:
+    return json.dumps(v)
+
+
+def gpu_infos(info: NodeInfo) -> dict[int, GpuInfo]:
+    return {g.index: g for g in info.gpus}

@@ -1,0 +1,446 @@
+"""The head's durable state: jobs, allocations, nodes, usage and the job event log, in SQLite.
+
+Theory of operation
+-------------------
+SQLite in WAL mode, one writer connection (aiosqlite runs it on its own thread), every
+write inside ``BEGIN IMMEDIATE`` with ``synchronous=FULL``: once ``commit`` returns, a
+``kill -9`` or a power cut cannot lose it.  Nobody is told about a state change (a gpuctl
+reply, a launch message) before the transaction holding it has committed.
+
+Every job state change goes through ``Txn.transition``, which checks the move against
+``gpud.model.JOB_TRANSITIONS`` and appends a row to ``job_events`` in the same transaction:
+the event log is the history ``sacct`` reads and the answer to "why did this happen?".
+
+The store also keeps every non-terminal job in memory (``Store.active``): the scheduler's
+snapshot and ``squeue`` read it without touching the disk.  ``Txn`` updates the memory copy
+only after the commit succeeds, so memory never runs ahead of the database.
+
+Schema changes are numbered migrations in ``MIGRATIONS``; ``PRAGMA user_version`` records
+how many have run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterable, Iterator
+
+import aiosqlite
+
+from ..model import JobSpec, JobState, check_job_transition
+
+log = logging.getLogger("gpud.store")
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema
+    """
+    CREATE TABLE jobs (
+        job_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        name          TEXT NOT NULL,
+        user          TEXT NOT NULL,
+        uid           INTEGER NOT NULL,
+        gid           INTEGER NOT NULL,
+        account       TEXT NOT NULL,
+        partition     TEXT NOT NULL,
+        qos           TEXT NOT NULL,
+        state         TEXT NOT NULL,
+        reason        TEXT,
+        spec          TEXT NOT NULL,
+        gpus          INTEGER NOT NULL,
+        cpus          INTEGER NOT NULL,
+        mem_mb        INTEGER NOT NULL,
+        time_limit    REAL,
+        submit_time   REAL NOT NULL,
+        start_time    REAL,
+        end_time      REAL,
+        exit_code     INTEGER,
+        signal        INTEGER,
+        node          TEXT,
+        gpu_indices   TEXT NOT NULL DEFAULT '[]',
+        gpu_uuids     TEXT NOT NULL DEFAULT '[]',
+        attempt       INTEGER NOT NULL DEFAULT 0,
+        requeue_count INTEGER NOT NULL DEFAULT 0,
+        preempt_count INTEGER NOT NULL DEFAULT 0,
+        borrowed      INTEGER NOT NULL DEFAULT 0,
+        launched_at   REAL,
+        stop_reason   TEXT,
+        stop_time     REAL
+    );
+    CREATE INDEX jobs_by_state ON jobs(state, job_id);
+    CREATE INDEX jobs_by_user ON jobs(uid, job_id);
+    CREATE INDEX jobs_by_end ON jobs(end_time);
+    CREATE TABLE allocations (
+        job_id      INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        node        TEXT NOT NULL,
+        gpu_indices TEXT NOT NULL,
+        gpu_uuids   TEXT NOT NULL,
+        cpus        INTEGER NOT NULL,
+        mem_mb      INTEGER NOT NULL,
+        start_time  REAL NOT NULL,
+        end_time    REAL,
+        outcome     TEXT,
+        PRIMARY KEY (job_id, attempt)
+    );
+    CREATE TABLE job_events (
+        id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id  INTEGER NOT NULL,
+        time    REAL NOT NULL,
+        attempt INTEGER NOT NULL,
+        event   TEXT NOT NULL,
+        state   TEXT NOT NULL,
+        detail  TEXT
+    );
+    CREATE INDEX job_events_by_job ON job_events(job_id, id);
+    CREATE TABLE nodes (
+        name       TEXT PRIMARY KEY,
+        info       TEXT NOT NULL,
+        state      TEXT NOT NULL,
+        reason     TEXT,
+        last_seen  REAL,
+        registered REAL NOT NULL
+    );
+    CREATE TABLE usage (
+        account TEXT NOT NULL,
+        user    TEXT NOT NULL,
+        value   REAL NOT NULL,
+        updated REAL NOT NULL,
+        PRIMARY KEY (account, user)
+    );
+    CREATE TABLE preemptions (time REAL NOT NULL);
+    """,
+]
+
+
+@dataclass
+class JobRecord:
+    """One job row, as held in memory for non-terminal jobs."""
+
+    job_id: int
+    name: str
+    user: str
+    uid: int
+    gid: int
+    account: str
+    partition: str
+    qos: str
+    state: JobState
+    spec: JobSpec
+    gpus: int
+    cpus: int
+    mem_mb: int
+    time_limit: float | None
+    submit_time: float
+    reason: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    node: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    attempt: int = 0
+    requeue_count: int = 0
+    preempt_count: int = 0
+    borrowed: bool = False
+    launched_at: float | None = None
+    stop_reason: str | None = None
+    stop_time: float | None = None
+    # not persisted: scheduler annotations refreshed every pass
+    priority: float = 0.0
+    expected_start: float | None = None
+
+    def to_public(self) -> dict[str, Any]:
+        """The JOB record of gpud.protocol."""
+        return {
+            "job_id": self.job_id, "name": self.name, "user": self.user, "uid": self.uid,
+            "gid": self.gid, "account": self.account, "partition": self.partition,
+            "qos": self.qos, "state": self.state.value, "reason": self.reason,
+            "node": self.node, "gpus": self.gpus, "gpu_ids": list(self.gpu_uuids),
+            "gpu_indices": list(self.gpu_indices), "cpus": self.cpus, "mem_mb": self.mem_mb,
+            "time_limit": self.time_limit, "submit_time": self.submit_time,
+            "start_time": self.start_time, "end_time": self.end_time,
+            "exit_code": self.exit_code, "signal": self.signal,
+            "work_dir": self.spec.work_dir, "stdout": self.spec.stdout,
+            "stderr": self.spec.stderr, "attempt": self.attempt,
+            "requeue_count": self.requeue_count, "preempt_count": self.preempt_count,
+            "priority": self.priority, "borrowed": self.borrowed,
+            "expected_start": self.expected_start, "comment": self.spec.comment,
+        }
+
+
+_PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "expected_start")]
+_JSON_COLS = {"spec", "gpu_indices", "gpu_uuids"}
+
+
+def _to_row(job: JobRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in _PERSISTED:
+        v = getattr(job, name)
+        if name == "spec":
+            v = json.dumps(v.to_dict(), separators=(",", ":"))
+        elif name in ("gpu_indices", "gpu_uuids"):
+            v = json.dumps(list(v))
+        elif name == "state":
+            v = v.value
+        elif name == "borrowed":
+            v = int(v)
+        row[name] = v
+    return row
+
+
+def _from_row(row: aiosqlite.Row | tuple, cols: list[str]) -> JobRecord:
+    d = dict(zip(cols, row))
+    d["spec"] = JobSpec(**json.loads(d["spec"]))
+    d["gpu_indices"] = tuple(json.loads(d["gpu_indices"]))
+    d["gpu_uuids"] = tuple(json.loads(d["gpu_uuids"]))
+    d["state"] = JobState(d["state"])
+    d["borrowed"] = bool(d["borrowed"])
+    return JobRecord(**{k: d[k] for k in _PERSISTED})
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    info: dict[str, Any]
+    state: str
+    reason: str | None
+    last_seen: float | None
+    registered: float
+
+
+class Txn:
+    """The writes of one transaction, applied to memory only after the commit."""
+
+    def __init__(self, store: "Store") -> None:
+        self._store = store
+        self._sql: list[tuple[str, tuple]] = []
+        self._jobs: dict[int, JobRecord] = {}
+
+    def transition(self, job: JobRecord, new: JobState, *, now: float, event: str,
+                   detail: str | None = None, **changes: Any) -> JobRecord:
+        """Move ``job`` to ``new`` (legal moves only), with other column changes."""
+        current = self._jobs.get(job.job_id, job)
+        if new != current.state:
+            check_job_transition(job.job_id, current.state, new)
+        updated = replace(current, state=new, **changes)
+        self._jobs[job.job_id] = updated
+        row = _to_row(updated)
+        cols = [c for c in _PERSISTED if c != "job_id"]
+        self._sql.append((
+            f"UPDATE jobs SET {', '.join(f'{c}=?' for c in cols)} WHERE job_id=?",
+            tuple(row[c] for c in cols) + (job.job_id,),
+        ))
+        self.event(updated, now, event, detail)
+        return updated
+
+    def event(self, job: JobRecord, now: float, event: str, detail: str | None = None) -> None:
+        self._sql.append((
+            "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
+            (job.job_id, now, job.attempt, event, job.state.value, detail),
+        ))
+
+    def execute(self, sql: str, params: tuple = ()) -> None:
+        self._sql.append((sql, params))
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db: aiosqlite.Connection | None = None
+        self.active: dict[int, JobRecord] = {}      # every non-terminal job
+        self.nodes: dict[str, NodeRecord] = {}
+        self._cols: list[str] = []
+
+    async def open(self) -> "Store":
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.db = await aiosqlite.connect(self.path, isolation_level=None)
+        await self.db.execute("PRAGMA journal_mode=WAL")
+        await self.db.execute("PRAGMA synchronous=FULL")
+        await self.db.execute("PRAGMA busy_timeout=5000")
+        await self.db.execute("PRAGMA foreign_keys=ON")
+        await self._migrate()
+        async with self.db.execute("SELECT * FROM jobs LIMIT 0") as cur:
+            self._cols = [d[0] for d in cur.description]
+        terminal = tuple(s.value for s in JobState if s.terminal)
+        q = f"SELECT * FROM jobs WHERE state NOT IN ({','.join('?' * len(terminal))}) ORDER BY job_id"
+        async with self.db.execute(q, terminal) as cur:
+            async for row in cur:
+                job = _from_row(row, self._cols)
+                self.active[job.job_id] = job
+        async with self.db.execute("SELECT name, info, state, reason, last_seen, registered FROM nodes") as cur:
+            async for name, info, state, reason, last_seen, registered in cur:
+                self.nodes[name] = NodeRecord(name, json.loads(info), state, reason, last_seen, registered)
+        return self
+
+    async def close(self) -> None:
+        if self.db is not None:
+            await self.db.close()
+            self.db = None
+
+    async def __aenter__(self) -> "Store":
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _migrate(self) -> None:
+        assert self.db is not None
+        async with self.db.execute("PRAGMA user_version") as cur:
+            (version,) = await cur.fetchone()
+        if version > len(MIGRATIONS):
+            raise RuntimeError(
+                f"{self.path}: database schema {version} is newer than this gpud ({len(MIGRATIONS)}); upgrade gpud"
+            )
+        for n in range(version, len(MIGRATIONS)):
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in MIGRATIONS[n].split(";"):
+                    if stmt.strip():
+                        await self.db.execute(stmt)
+                await self.db.execute(f"PRAGMA user_version={n + 1}")
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+            log.info("database %s migrated to schema %d", self.path, n + 1)
+
+    # -- writes -----------------------------------------------------------------------
+
+    async def commit(self, txn: Txn) -> None:
+        """Run ``txn`` in one IMMEDIATE transaction, then update memory."""
+        if not txn._sql:
+            return
+        assert self.db is not None
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in txn._sql:
+                await self.db.execute(sql, params)
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+        for job_id, job in txn._jobs.items():
+            if job.state.terminal:
+                self.active.pop(job_id, None)
+            else:
+                mem = self.active.get(job_id)
+                if mem is not None:  # keep scheduler annotations
+                    job.priority, job.expected_start = mem.priority, mem.expected_start
+                self.active[job_id] = job
+
+    async def insert_jobs(self, jobs: list[JobRecord], now: float) -> list[JobRecord]:
+        """Insert new jobs in one transaction; returns them with their ids."""
+        assert self.db is not None
+        cols = [c for c in _PERSISTED if c != "job_id"]
+        sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        out: list[JobRecord] = []
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for job in jobs:
+                row = _to_row(job)
+                cur = await self.db.execute(sql, tuple(row[c] for c in cols))
+                saved = replace(job, job_id=cur.lastrowid)
+                await self.db.execute(
+                    "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
+                    (saved.job_id, now, 0, "submitted", saved.state.value, None),
+                )
+                out.append(saved)
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+        for job in out:
+            self.active[job.job_id] = job
+        return out
+
+    async def upsert_node(self, node: NodeRecord) -> None:
+        assert self.db is not None
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            await self.db.execute(
+                "INSERT INTO nodes(name, info, state, reason, last_seen, registered) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET info=excluded.info, state=excluded.state, "
+                "reason=excluded.reason, last_seen=excluded.last_seen",
+                (node.name, json.dumps(node.info), node.state, node.reason, node.last_seen, node.registered),
+            )
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+        self.nodes[node.name] = node
+
+    async def save_usage(self, usage: dict[tuple[str, str], float], now: float) -> None:
+        assert self.db is not None
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            await self.db.executemany(
+                "INSERT INTO usage(account, user, value, updated) VALUES (?,?,?,?) "
+                "ON CONFLICT(account, user) DO UPDATE SET value=excluded.value, updated=excluded.updated",
+                [(a, u, v, now) for (a, u), v in usage.items()],
+            )
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+
+    async def load_usage(self) -> tuple[dict[tuple[str, str], float], float | None]:
+        assert self.db is not None
+        usage: dict[tuple[str, str], float] = {}
+        updated: float | None = None
+        async with self.db.execute("SELECT account, user, value, updated FROM usage") as cur:
+            async for a, u, v, t in cur:
+                usage[(a, u)] = v
+                updated = t if updated is None else max(updated, t)
+        return usage, updated
+
+    async def recent_preemptions(self, since: float) -> list[float]:
+        assert self.db is not None
+        async with self.db.execute("SELECT time FROM preemptions WHERE time >= ?", (since,)) as cur:
+            return [t for (t,) in await cur.fetchall()]
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def find_jobs(self, *, job_ids: Iterable[int] | None = None, uids: Iterable[int] | None = None,
+                        states: Iterable[str] | None = None, since: float | None = None,
+                        limit: int = 100000) -> list[JobRecord]:
+        """Jobs from the database, finished ones included (sacct)."""
+        assert self.db is not None
+        where, params = [], []
+        if job_ids is not None:
+            ids = list(job_ids)
+            where.append(f"job_id IN ({','.join('?' * len(ids))})")
+            params += ids
+        if uids is not None:
+            us = list(uids)
+            where.append(f"uid IN ({','.join('?' * len(us))})")
+            params += us
+        if states is not None:
+            ss = list(states)
+            where.append(f"state IN ({','.join('?' * len(ss))})")
+            params += ss
+        if since is not None:
+            where.append("(end_time IS NULL OR end_time >= ?)")
+            params.append(since)
+        q = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        q += " ORDER BY job_id LIMIT ?"
+        params.append(limit)
+        out = []
+        async with self.db.execute(q, params) as cur:
+            async for row in cur:
+                job = _from_row(row, self._cols)
+                mem = self.active.get(job.job_id)
+                out.append(mem if mem is not None else job)
+        return out
+
+    async def job_events(self, job_id: int) -> list[dict[str, Any]]:
+        assert self.db is not None
+        async with self.db.execute(
+            "SELECT time, attempt, event, state, detail FROM job_events WHERE job_id=? ORDER BY id", (job_id,)
+        ) as cur:
+            return [dict(zip(("time", "attempt", "event", "state", "detail"), r)) for r in await cur.fetchall()]
+
+    def jobs_on_node(self, node: str) -> Iterator[JobRecord]:
+        return (j for j in self.active.values() if j.node == node and j.state.active)

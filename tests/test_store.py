@@ -1,0 +1,77 @@
+import sqlite3
+
+import pytest
+
+from gpud.head.store import MIGRATIONS, JobRecord, Store, Txn
+from gpud.model import IllegalTransition, JobSpec, JobState
+
+
+def new_job(**kw) -> JobRecord:
+    d = dict(job_id=0, name="j", user="alice", uid=1000, gid=1000, account="default", partition="gpu",
+             qos="normal", state=JobState.PENDING, spec=JobSpec(script="#!/bin/bash\ntrue\n"), gpus=1,
+             cpus=1, mem_mb=1024, time_limit=None, submit_time=100.0)
+    d.update(kw)
+    return JobRecord(**d)
+
+
+async def test_insert_transition_and_reload(tmp_path):
+    path = str(tmp_path / "head.db")
+    async with Store(path) as store:
+        (job,) = await store.insert_jobs([new_job()], now=100.0)
+        assert job.job_id == 1
+        txn = Txn(store)
+        txn.transition(job, JobState.RUNNING, now=101.0, event="allocated", node="n1", gpu_indices=(0,),
+                       attempt=1)
+        await store.commit(txn)
+        assert store.active[1].state is JobState.RUNNING
+    async with Store(path) as store:
+        job = store.active[1]
+        assert (job.state, job.node, job.gpu_indices, job.attempt) == (JobState.RUNNING, "n1", (0,), 1)
+        events = await store.job_events(1)
+        assert [e["event"] for e in events] == ["submitted", "allocated"]
+        txn = Txn(store)
+        txn.transition(job, JobState.COMPLETED, now=102.0, event="finished", exit_code=0, end_time=102.0)
+        await store.commit(txn)
+        assert 1 not in store.active
+        (done,) = await store.find_jobs(job_ids=[1])
+        assert done.state is JobState.COMPLETED and done.exit_code == 0
+
+
+async def test_illegal_transition_raises_and_changes_nothing(tmp_path):
+    async with Store(str(tmp_path / "head.db")) as store:
+        (job,) = await store.insert_jobs([new_job()], now=1.0)
+        txn = Txn(store)
+        txn.transition(job, JobState.CANCELLED, now=2.0, event="cancelled")
+        await store.commit(txn)
+        (job,) = await store.find_jobs(job_ids=[1])
+        with pytest.raises(IllegalTransition):
+            Txn(store).transition(job, JobState.RUNNING, now=3.0, event="allocated")
+        (again,) = await store.find_jobs(job_ids=[1])
+        assert again.state is JobState.CANCELLED
+
+
+async def test_failed_commit_leaves_memory_and_disk_unchanged(tmp_path):
+    async with Store(str(tmp_path / "head.db")) as store:
+        (job,) = await store.insert_jobs([new_job()], now=1.0)
+        txn = Txn(store)
+        txn.transition(job, JobState.RUNNING, now=2.0, event="allocated", node="n1")
+        txn.execute("INSERT INTO no_such_table VALUES (1)")
+        with pytest.raises(Exception):
+            await store.commit(txn)
+        assert store.active[1].state is JobState.PENDING
+        (disk,) = await store.find_jobs(job_ids=[1])
+        assert disk.state is JobState.PENDING
+
+
+async def test_schema_version_and_newer_database_refused(tmp_path):
+    path = str(tmp_path / "head.db")
+    async with Store(path):
+        pass
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
+    con.close()
+    with pytest.raises(RuntimeError, match="newer than this gpud"):
+        async with Store(path):
+            pass
