@@ -87,7 +87,7 @@ def load_key(path: str) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise KeyFileError(
             f"cluster key {path} is too short ({len(key)} bytes, need {MIN_KEY_BYTES}); "
-            f"create a new one with: gpud keygen"
+            "create a new one with: gpud keygen"
         )
     return key
 
