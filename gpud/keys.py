@@ -64,7 +64,7 @@ def load_key(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise KeyFileError(f"cluster key {path} not found; create one with: gpud keygen") from None
+        raise KeyFileError(f"cluster key {path} not found; create one with: gpud keygen {path}") from None
     except OSError as e:
         raise KeyFileError(f"cannot read cluster key {path}: {e.strerror}") from None
     st = os.fstat(fd)
@@ -82,12 +82,12 @@ def load_key(path: str) -> bytes:
         raise KeyFileError(f"cluster key {path} is too large to be a key file")
     text = raw.strip()
     if not text:
-        raise KeyFileError(f"cluster key {path} is empty; create one with: gpud keygen")
+        raise KeyFileError(f"cluster key {path} is empty; create one with: gpud keygen {path}")
     key = _decode(text)
     if len(key) < MIN_KEY_BYTES:
         raise KeyFileError(
             f"cluster key {path} is too short ({len(key)} bytes, need {MIN_KEY_BYTES}); "
-            "create a new one with: gpud keygen"
+            f"create a new one with: gpud keygen {path}"
         )
     return key
 
