@@ -1,0 +1,370 @@
+"""Discrete-event simulation of a gpud cluster on a virtual clock, driving the real core.
+
+Theory of operation
+-------------------
+The simulator plays the head's part: it keeps the cluster's state, builds a ``Snapshot``,
+calls ``gpud.sched.core.schedule(snapshot, now)`` and applies the ``Plan`` the way the
+head does (``gpud.head.scheduling``): starts are re-checked against what is free, then
+preemptions signal their victims.  No scheduling decision is made here.
+
+Time moves only from event to event.  Events are trace arrivals (pulled one row at a time
+from the streaming trace reader, so the trace is never all in memory), run ends
+(completion or time limit), the ends of preemption grace periods, and wake-ups at the
+expected starts the core reserved.  All events at one timestamp are applied together and
+followed by one scheduler pass; a pass that changes nothing new is not repeated.  Stale
+events (a run end for an attempt that was preempted) are recognised by attempt number.
+
+A preempted job is signalled (its run becomes ``stopping``, the GPUs stay busy) and its
+GPUs free when the grace time ends; as in the head, the stop decides over how the process
+ended, so a job that finishes within its grace is still requeued (keeping its submit
+time, with ``preempt_count`` + 1) or, in ``cancel`` mode, ends PREEMPTED.  A requeued job
+runs its whole duration again.  A run lasts its trace duration or its time limit,
+whichever is shorter (then it ends TIMEOUT).
+
+Jobs that can never start (more GPUs than any node has, or a GPU type the cluster lacks)
+are refused at arrival and counted, like the head refusing them at submit.
+
+Speed: nodes are built once; pending and running views are immutable and kept in dicts
+keyed by job id, so a snapshot is two ``tuple(dict.values())`` copies.  Usage accrues per
+(account, user) from running rates, not per job.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections import deque
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator
+
+from ..sched.config import SchedConfig
+from ..sched.core import schedule as core_schedule
+from ..sched.plan import Plan
+from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from .report import Tally
+from .trace import TraceJob, TraceStats
+
+__all__ = ["Simulation", "simulate"]
+
+log = logging.getLogger("gpud.sim")
+
+# Event kinds, in the order they apply within one timestamp.
+_END, _GRACE, _WAKE = 0, 1, 2
+# A core that keeps planning at one instant (zero grace, flip-flopping) must not hang us.
+MAX_PASSES_PER_INSTANT = 100
+# Preemption times kept for the core's rate cap when its config names no window.
+DEFAULT_PREEMPT_WINDOW_S = 3600.0
+
+
+class _Job:
+    """The simulator's mutable record of one admitted job."""
+
+    __slots__ = ("trace", "account", "user", "qos", "submit", "limit", "attempt",
+                 "preempt_count", "first_start", "node", "gpu_indices", "start",
+                 "stop_mode", "weight")
+
+    def __init__(self, trace: TraceJob, account: str, qos: str, submit: float,
+                 limit: float | None) -> None:
+        self.trace = trace
+        self.account = account
+        self.user = trace.user
+        self.qos = qos
+        self.submit = submit
+        self.limit = limit
+        self.attempt = 0
+        self.preempt_count = 0
+        self.first_start: float | None = None
+        self.node: str | None = None
+        self.gpu_indices: tuple[int, ...] = ()
+        self.start = 0.0
+        self.stop_mode: str | None = None   # set once preempted: "requeue" or "cancel"
+        self.weight = 1.0                   # billing weight of the GPUs of the current run
+
+
+class _Usage:
+    """Decayed, billed GPU-seconds per (account, user), advanced with the virtual clock.
+
+    Running jobs add a rate per key; advancing by ``dt`` accrues ``rate * dt`` and applies
+    the configured decay.  Uses ``gpud.sched.usage`` when the core provides it, otherwise
+    plain accumulation without decay.
+    """
+
+    def __init__(self, config: SchedConfig) -> None:
+        self.values: dict[tuple[str, str], float] = {}
+        self.rates: dict[tuple[str, str], float] = {}
+        self._advance = _usage_advancer(config)
+
+    def add_rate(self, key: tuple[str, str], rate: float) -> None:
+        r = self.rates.get(key, 0.0) + rate
+        if abs(r) < 1e-9:
+            self.rates.pop(key, None)
+        else:
+            self.rates[key] = r
+
+    def advance(self, dt: float) -> None:
+        if dt > 0:
+            self._advance(self.values, self.rates, dt)
+
+
+def _usage_advancer(config: SchedConfig) -> Callable[[dict, dict, float], None]:
+    def linear(values: dict, rates: dict, dt: float) -> None:
+        for key, rate in rates.items():
+            values[key] = values.get(key, 0.0) + rate * dt
+    return linear
+
+
+class Simulation:
+    """One run of a trace on a cluster under a scheduling config."""
+
+    def __init__(self, nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],
+                 config: SchedConfig | None = None, *, until: float | None = None,
+                 trace_stats: TraceStats | None = None, ignore_gpu_type: bool = False,
+                 schedule: Callable[[Snapshot, float], Plan] = core_schedule) -> None:
+        self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
+        self.config = config if config is not None else SchedConfig()
+        self.until = until
+        self.trace_stats = trace_stats
+        self.ignore_gpu_type = ignore_gpu_type
+        self._schedule = schedule
+        self._rows: Iterator[TraceJob] = iter(jobs)
+        self._next_row: TraceJob | None = None
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self._wakes: set[float] = set()
+        self.clock = 0.0
+        self.jobs: dict[int, _Job] = {}
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningJob] = {}
+        self._node_by_name = {n.name: n for n in self.nodes}
+        self._free = {n.name: {g.index for g in n.gpus} for n in self.nodes}
+        self._free_cpus = {n.name: n.cpus for n in self.nodes}
+        self._free_mem = {n.name: n.mem_mb for n in self.nodes}
+        self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
+        self._max_gpus: dict[str | None, int] = {None: 0}
+        for n in self.nodes:
+            self._max_gpus[None] = max(self._max_gpus[None], len(n.gpus))
+            for model in {g.model for g in n.gpus}:
+                count = sum(1 for g in n.gpus if g.model == model)
+                self._max_gpus[model] = max(self._max_gpus.get(model, 0), count)
+        self.total_gpus = sum(len(n.gpus) for n in self.nodes)
+        self.allocated = 0
+        self.tally = Tally(total_gpus=self.total_gpus)
+        self.usage = _Usage(self.config)
+        self._recent_preemptions: deque[float] = deque()
+        self._weights: dict[str, float] = dict(getattr(self.config, "billing_weights", {}) or {})
+        self._started = False
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Simulate to the end of the trace (or ``until``) and return the report."""
+        if self._started:
+            raise RuntimeError("a Simulation runs once")
+        self._started = True
+        self._pull_row()
+        instant_passes, last_instant = 0, None
+        while True:
+            t = self._next_time()
+            if t is None or (self.until is not None and t > self.until):
+                break
+            self._advance(t)
+            self._apply_events(t)
+            if t != last_instant:
+                instant_passes, last_instant = 0, t
+            if self.pending and instant_passes < MAX_PASSES_PER_INSTANT:
+                instant_passes += 1
+                self._pass(t)
+            elif self.pending and instant_passes == MAX_PASSES_PER_INSTANT:
+                instant_passes += 1
+                log.warning("scheduler planned %d times at t=%s; waiting for the next event",
+                            MAX_PASSES_PER_INSTANT, t)
+        end = self.until if self.until is not None else self.clock
+        self._advance(max(end, self.clock))
+        for run in self.running.values():
+            job = self.jobs[run.job_id]
+            self.tally.run_ended(job.account, self.clock - job.start, job.trace.share,
+                                 len(job.gpu_indices))
+        stats = self.trace_stats
+        trace = ({"rows": stats.rows, "accepted": stats.accepted,
+                  "skipped": dict(sorted(stats.skipped.items()))} if stats else {})
+        return self.tally.report(end=self.clock, pending=len(self.pending),
+                                 running=len(self.running), trace=trace, nodes=len(self.nodes))
+
+    def _next_time(self) -> float | None:
+        times = []
+        if self._heap:
+            times.append(self._heap[0][0])
+        if self._next_row is not None:
+            times.append(max(self._next_row.submit_s, self.clock))
+        return min(times) if times else None
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.clock
+        if dt > 0:
+            self.tally.advance(dt, self.allocated, bool(self.pending))
+            self.usage.advance(dt)
+            self.clock = t
+
+    def _apply_events(self, t: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= t:
+            _, kind, _, job_id, attempt = heapq.heappop(heap)
+            if kind == _WAKE:
+                self._wakes.discard(t)
+                continue
+            job = self.jobs.get(job_id)
+            if job is None or job.attempt != attempt or job_id not in self.running:
+                continue  # stale: that run already ended
+            if kind == _END:
+                self._end_run(job, t, natural=True)
+            elif kind == _GRACE and job.stop_mode is not None:
+                self._end_run(job, t, natural=False)
+        while self._next_row is not None and self._next_row.submit_s <= t:
+            self._arrive(self._next_row, t)
+            self._pull_row()
+
+    def _push(self, t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, job_id, attempt))
+
+    def _pull_row(self) -> None:
+        self._next_row = next(self._rows, None)
+
+    # -- arrivals and ends ------------------------------------------------------------
+
+    def _arrive(self, row: TraceJob, t: float) -> None:
+        cfg = self.config
+        gpu_type = None if self.ignore_gpu_type else row.gpu_type
+        account = row.account or cfg.default_account
+        if gpu_type is not None and gpu_type not in self._max_gpus:
+            self.tally.infeasible["no_such_gpu_type"] += 1
+            return
+        if row.gpus > self._max_gpus[gpu_type]:
+            self.tally.infeasible["too_many_gpus"] += 1
+            return
+        limit = row.time_limit_s if row.time_limit_s is not None else \
+            getattr(cfg, "default_time_limit", None)
+        # A row older than the clock (an unsorted trace) arrives now: waits never go negative.
+        submit = max(row.submit_s, t)
+        job = _Job(row, account, row.qos or cfg.default_qos, submit, limit)
+        self.jobs[row.seq] = job
+        self.tally.submit(account, submit)
+        self._make_pending(job)
+
+    def _make_pending(self, job: _Job) -> None:
+        row = job.trace
+        self.pending[row.seq] = PendingJob(
+            job_id=row.seq, user=job.user, account=job.account,
+            partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
+            mem_mb=self.config.default_mem_mb, time_limit=job.limit, submit_time=job.submit,
+            gpu_type=None if self.ignore_gpu_type else row.gpu_type,
+            preempt_count=job.preempt_count)
+
+    def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
+        job_id = job.trace.seq
+        run = self.running.pop(job_id)
+        free = self._free[run.node]
+        free.update(run.gpu_indices)
+        self._free_cpus[run.node] += run.cpus
+        self._free_mem[run.node] += run.mem_mb
+        n = len(run.gpu_indices)
+        self.allocated -= n
+        self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight)
+        self.tally.run_ended(job.account, t - job.start, job.trace.share, n)
+        if job.stop_mode == "requeue":
+            job.stop_mode = None
+            job.node, job.gpu_indices = None, ()
+            self._make_pending(job)
+            return
+        if job.stop_mode == "cancel":
+            state = "PREEMPTED"
+        else:
+            timed_out = job.limit is not None and job.limit < job.trace.duration_s
+            state = "TIMEOUT" if natural and timed_out else "COMPLETED"
+        self.tally.job_ended(job.account, state, t)
+        del self.jobs[job_id]
+
+    # -- one scheduler pass -----------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        window = getattr(self.config, "preempt_rate_window", None) or DEFAULT_PREEMPT_WINDOW_S
+        recent = self._recent_preemptions
+        while recent and recent[0] <= self.clock - window:
+            recent.popleft()
+        return Snapshot(nodes=self.nodes, pending=tuple(self.pending.values()),
+                        running=tuple(self.running.values()), config=self.config,
+                        usage=dict(self.usage.values), recent_preemptions=tuple(recent))
+
+    def _pass(self, t: float) -> None:
+        plan = self._schedule(self.snapshot(), t)
+        self.tally.passes += 1
+        for s in plan.starts:
+            self._start(s, t)
+        for p in plan.preemptions:
+            self._preempt(p, t)
+        later = [w for w in plan.expected_starts.values() if w > t and math.isfinite(w)]
+        if later:
+            w = min(later)
+            if w not in self._wakes and (self.until is None or w <= self.until):
+                self._wakes.add(w)
+                self._push(w, _WAKE)
+
+    def _start(self, s, t: float) -> None:
+        job = self.jobs.get(s.job_id)
+        if job is None or s.job_id not in self.pending or s.node not in self._free:
+            log.warning("plan starts job %s on %s, which is not possible; skipped", s.job_id, s.node)
+            return
+        free = self._free[s.node]
+        want = set(s.gpu_indices)
+        pend = self.pending[s.job_id]
+        models = self._models[s.node]
+        if (len(want) != len(s.gpu_indices) or not want <= free or len(want) != pend.gpus
+                or s.cpus > self._free_cpus[s.node] or s.mem_mb > self._free_mem[s.node]
+                or (pend.gpu_type is not None and any(models[i] != pend.gpu_type for i in want))):
+            log.warning("plan start of job %d on %s does not fit; skipped", s.job_id, s.node)
+            return
+        del self.pending[s.job_id]
+        free.difference_update(want)
+        self._free_cpus[s.node] -= s.cpus
+        self._free_mem[s.node] -= s.mem_mb
+        self.allocated += len(want)
+        job.attempt += 1
+        job.node, job.gpu_indices, job.start = s.node, tuple(s.gpu_indices), t
+        job.weight = self._weight(models, want)
+        self.usage.add_rate((job.account, job.user), job.trace.share * job.weight)
+        wait = None
+        if job.first_start is None:
+            job.first_start = t
+            wait = t - job.submit
+        self.tally.start(job.account, wait)
+        self.running[s.job_id] = RunningJob(
+            job_id=s.job_id, user=job.user, account=job.account, partition=pend.partition,
+            qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,
+            mem_mb=s.mem_mb, start_time=t, time_limit=job.limit,
+            preempt_count=job.preempt_count, borrowed=s.borrowed)
+        run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
+        self._push(t + run_for, _END, s.job_id, job.attempt)
+
+    def _weight(self, models: dict[int, str], gpus: set[int]) -> float:
+        if not self._weights or not gpus:
+            return 1.0
+        return sum(self._weights.get(models[i], 1.0) for i in gpus) / len(gpus)
+
+    def _preempt(self, p, t: float) -> None:
+        job = self.jobs.get(p.job_id)
+        run = self.running.get(p.job_id)
+        if job is None or run is None or job.stop_mode is not None:
+            return
+        job.stop_mode = "cancel" if p.mode == "cancel" else "requeue"
+        job.preempt_count += 1
+        self.running[p.job_id] = replace(run, stopping=True, preempt_count=job.preempt_count)
+        self.tally.preemptions += 1
+        self._recent_preemptions.append(t)
+        self._push(t + max(0.0, float(p.grace_time)), _GRACE, p.job_id, job.attempt)
+
+
+def simulate(nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],
+             config: SchedConfig | None = None, **kw: Any) -> dict[str, Any]:
+    """Run ``jobs`` on ``nodes`` and return the report (see ``gpud.sim.report``)."""
+    return Simulation(nodes, jobs, config, **kw).run()
