@@ -1,0 +1,430 @@
+"""The worker daemon (``gpud worker``): one per GPU host, it runs what the head assigns.
+
+Theory of operation
+-------------------
+The worker is a thin, stateless shell between the bus and the executor; the executor owns
+the jobs and their outcomes (on disk), so the worker can stop and start again while jobs
+keep running.  Four tasks share one TaskGroup:
+
+``connection``  on every (re)connect to the broker: the retained ``node_status`` online,
+                ``register`` with the node's resources, and a heartbeat at once.
+``heartbeat``   every ``heartbeat_interval``: ``heartbeat`` {running, done}, then every
+                outcome the head has not acknowledged goes out again as ``finished``.
+                Results therefore survive any head or broker outage; the head's ``ack``
+                ends the repeats.  While the head's retained status says offline the
+                repeats pause (they would only fill the broker's queue), and its return
+                brings a ``register`` and a full heartbeat.
+``commands``    messages on ``node/<name>/cmd`` from the head: ``launch``, ``signal``,
+                ``kill`` (fencing: allocations the head no longer gives this node), ``ack``
+                and ``hello`` (the head wants a fresh ``register``); plus ``head_status``,
+                whose "online" also triggers a ``register``.
+``outbox``      publishes what the executor reports (``started``, ``finished``) in the
+                order it happened, so executor callbacks never wait on the network.
+
+Every message is at-least-once, so every handler tolerates repeats, and nothing in a
+message body is trusted: a body of the wrong shape is logged in one line and dropped.
+Only the sender ``head`` may command a worker; the bus has already verified signatures.
+
+Stopping: the first ``stop()`` flushes the outbox briefly, publishes ``node_status``
+offline (the same message the last will would send) and leaves; jobs keep running and the
+next worker on this host picks them up from the executor's state.  A second ``stop()``
+skips the niceties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+import psutil
+
+from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, Will, node_cmd, node_status
+from ..config import Config
+from ..gpu.backend import GpuBackend
+from ..model import NodeInfo
+
+log = logging.getLogger("gpud.worker")
+
+HEAD_SENDER = "head"
+SHUTDOWN_FLUSH_TIMEOUT = 2.0   # seconds to spend sending the last messages at a graceful stop
+MAX_ALLOCS_PER_MESSAGE = 100_000
+MAX_RESENDS_PER_HEARTBEAT = 256  # unacked results repeated per heartbeat; the rest next time
+_CANCEL_ROUNDS = 100           # see _cancel_all
+
+
+def worker_sender(name: str) -> str:
+    return f"worker:{name}"
+
+
+def worker_subscriptions(name: str) -> list[str]:
+    return [node_cmd(name), HEAD_STATUS]
+
+
+def worker_will(name: str) -> Will:
+    return Will(node_status(name), "node_status", {"state": "offline"})
+
+
+class BadMessage(ValueError):
+    """A message body of the wrong shape; the text says what is wrong, in one line."""
+
+
+def default_executor_factory(state_dir: str, node: str, **kw: Any) -> Any:
+    from .executor import Executor
+
+    return Executor(state_dir, node, **kw)
+
+
+def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
+    """This host as the head sees it: config overrides first, then what the machine has."""
+    return NodeInfo(
+        name=cfg.worker_name(),
+        cpus=cfg.worker.cpus or os.cpu_count() or 1,
+        mem_mb=cfg.worker.mem_mb or psutil.virtual_memory().total // (1 << 20),
+        gpus=tuple(backend.discover()),
+        labels={},
+    )
+
+
+class Worker:
+    def __init__(self, cfg: Config, bus: Bus, backend: GpuBackend, *,
+                 executor_factory: Callable[..., Any] = default_executor_factory,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.backend = backend
+        self.clock = clock
+        self.node = build_node_info(cfg, backend)
+        self.name = self.node.name
+        self.state_dir = os.path.join(cfg.state_dir, "worker", self.name)
+        self.executor: Any = None
+        self._executor_factory = executor_factory
+        self._cmd_topic = node_cmd(self.name)
+        self._users: dict[tuple[int, int], str] = {}   # for log lines only
+        self._outbox: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
+        self._connected = asyncio.Event()   # set by the bus's on_connect hook
+        self._in_flight: asyncio.Task | None = None   # the message being handled
+        self._head_online: bool | None = None          # from head_status; None: not heard yet
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self.ready = asyncio.Event()         # set once the executor runs and the tasks are up
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until ``stop()``.  The caller owns the bus (``async with bus``)."""
+        self.executor = self._executor_factory(
+            self.state_dir, self.name, on_started=self._on_started,
+            on_finished=self._on_finished, clock=self.clock)
+        await self.executor.start()
+        # The bus calls this after every (re)connect; it only wakes the connection task.
+        self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
+        log.info("worker %s up: %d GPUs (%s), %d CPUs, %d MB", self.name, len(self.node.gpus),
+                 self.backend.name, self.node.cpus, self.node.mem_mb)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                loops = [
+                    tg.create_task(self._connection_loop(), name="connection"),
+                    tg.create_task(self._heartbeat_loop(), name="heartbeat"),
+                    tg.create_task(self._command_loop(), name="commands"),
+                ]
+                outbox = tg.create_task(self._outbox_loop(), name="outbox")
+                self.ready.set()
+                await self._stop.wait()
+                await _cancel_all(loops)
+                if self._in_flight is not None:
+                    await self._wait_or_force(self._in_flight)
+                if not self._force.is_set():
+                    await self._flush_and_say_goodbye()
+                await _cancel_all([outbox])
+        finally:
+            await self.executor.close()
+            log.info("worker %s stopped; %d job(s) left running", self.name,
+                     len(self.executor.running()))
+
+    def stop(self) -> None:
+        """First call: graceful stop.  Second call: stop without the goodbye messages."""
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    async def _on_bus_connect(self) -> None:
+        self._connected.set()
+
+    async def _flush_and_say_goodbye(self) -> None:
+        async def goodbye() -> None:
+            await self._outbox.join()
+            await self._publish(node_status(self.name), "node_status", {"state": "offline"}, retain=True)
+
+        await self._wait_or_force(asyncio.create_task(goodbye(), name="goodbye"), cancel=True)
+
+    async def _wait_or_force(self, task: asyncio.Task, *, cancel: bool = False) -> None:
+        """Wait for ``task`` until it ends, a second stop(), or SHUTDOWN_FLUSH_TIMEOUT."""
+        force = asyncio.create_task(self._force.wait(), name="force")
+        await asyncio.wait({task, force}, timeout=SHUTDOWN_FLUSH_TIMEOUT,
+                           return_when=asyncio.FIRST_COMPLETED)
+        await _cancel_all([task, force] if cancel else [force])
+
+    # -- tasks --------------------------------------------------------------------------------
+
+    async def _connection_loop(self) -> None:
+        await self.bus.wait_connected()
+        while True:
+            self._connected.clear()
+            await self.announce()
+            await self._connected.wait()
+            log.info("worker %s reconnected to the broker", self.name)
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.cfg.worker.heartbeat_interval
+        while True:
+            await asyncio.sleep(interval)
+            await self.heartbeat()
+
+    async def _command_loop(self) -> None:
+        async for msg in self.bus.messages():
+            # Shielded: a stop must not cut a launch or kill in half (a job started but not
+            # recorded would be invisible to fencing).  run() waits for it instead.
+            self._in_flight = asyncio.create_task(self.handle(msg), name=f"handle-{msg.kind}")
+            await asyncio.shield(self._in_flight)
+        log.warning("worker %s: the bus closed; stopping", self.name)
+        self.stop()
+
+    async def _outbox_loop(self) -> None:
+        while True:
+            kind, body = await self._outbox.get()
+            try:
+                await self._publish(HEAD_EVENTS, kind, body)
+            finally:
+                self._outbox.task_done()
+
+    # -- what the worker says -----------------------------------------------------------------
+
+    async def announce(self) -> None:
+        await self._publish(node_status(self.name), "node_status", {"state": "online"}, retain=True)
+        await self.register()
+        await self.heartbeat()
+
+    async def register(self) -> None:
+        await self._publish(HEAD_EVENTS, "register", {"node": self.node.to_dict()})
+
+    async def heartbeat(self) -> None:
+        outcomes = list(self.executor.outcomes())
+        await self._publish(HEAD_EVENTS, "heartbeat", {
+            "running": [[j, a] for j, a in self.executor.running()],
+            "done": [[o.job_id, o.attempt] for o in outcomes],
+        })
+        if self._head_online is False:
+            return  # queued repeats would only pile up in the broker; "online" brings a resend
+        for o in outcomes[:MAX_RESENDS_PER_HEARTBEAT]:  # until the head acks them
+            await self._publish(HEAD_EVENTS, "finished", o.to_body())
+
+    async def _publish(self, topic: str, kind: str, body: dict, *, retain: bool = False) -> None:
+        try:
+            await self.bus.publish(topic, kind, body, retain=retain)
+        except Exception as e:  # the bus queues while disconnected; anything else is logged
+            log.warning("worker %s could not publish %s: %s", self.name, kind, e)
+
+    # Executor callbacks: they must not block, so they only queue.
+
+    def _on_started(self, job_id: int, attempt: int, pid: int, start_time: float) -> None:
+        log.info("job %s.%s (user %s) started on %s: pid %s", job_id, attempt,
+                 self._user(job_id, attempt), self.name, pid)
+        self._outbox.put_nowait(("started", {"job": job_id, "attempt": attempt, "pid": pid,
+                                             "time": start_time}))
+
+    def _on_finished(self, outcome: Any) -> None:
+        log.info("job %s.%s (user %s) finished on %s: %s exit=%s signal=%s", outcome.job_id,
+                 outcome.attempt, self._user(outcome.job_id, outcome.attempt), self.name,
+                 outcome.reason, outcome.exit_code, outcome.signal)
+        self._outbox.put_nowait(("finished", outcome.to_body()))
+
+    def _user(self, job: int, attempt: int) -> str:
+        return self._users.get((job, attempt), "?")
+
+    # -- what the worker hears ----------------------------------------------------------------
+
+    async def handle(self, msg: Message) -> None:
+        """One message from the bus.  Never raises: bad ones are logged and dropped."""
+        try:
+            if msg.sender != HEAD_SENDER:
+                log.warning("worker %s dropped %s from %s: only the head may command workers",
+                            self.name, msg.kind, msg.sender)
+            elif msg.topic == self._cmd_topic:
+                await self._on_command(msg)
+            elif msg.topic == HEAD_STATUS and msg.kind == "head_status":
+                await self._on_head_status(msg)
+            else:
+                log.warning("worker %s dropped %s on %s: unexpected", self.name, msg.kind, msg.topic)
+        except BadMessage as e:
+            log.warning("worker %s dropped %s from %s: %s", self.name, msg.kind, msg.sender, e)
+        except Exception as e:
+            log.error("worker %s failed to handle %s from %s: %s: %s", self.name, msg.kind,
+                      msg.sender, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
+
+    async def _on_command(self, msg: Message) -> None:
+        body = msg.body
+        if not isinstance(body, dict):
+            raise BadMessage("body is not an object")
+        handler = self._commands.get(msg.kind)
+        if handler is None:
+            raise BadMessage("unknown command")
+        await handler(self, body)
+
+    async def _on_head_status(self, msg: Message) -> None:
+        state = msg.body.get("state") if isinstance(msg.body, dict) else None
+        if state not in ("online", "offline"):
+            raise BadMessage(f"unknown head state {state!r}"[:200])
+        log.info("worker %s: head is %s", self.name, state)
+        self._head_online = state == "online"
+        if self._head_online:
+            await self.register()
+            await self.heartbeat()
+
+    async def _cmd_launch(self, body: dict) -> None:
+        from .executor import Launch
+
+        try:
+            launch = Launch.from_body(body)
+        except (ValueError, TypeError, KeyError) as e:
+            raise BadMessage(f"malformed launch: {e}") from None
+        user = getattr(launch, "user", None) or "?"
+        self._users[(launch.job_id, launch.attempt)] = str(user)
+        log.info("job %s.%s (user %s) launching on %s", launch.job_id, launch.attempt, user, self.name)
+        await self.executor.launch(launch)
+
+    async def _cmd_signal(self, body: dict) -> None:
+        job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
+        sig = body.get("signal", "TERM")
+        if isinstance(sig, bool) or not (isinstance(sig, int) or (isinstance(sig, str) and 0 < len(sig) <= 32)):
+            raise BadMessage(f"invalid signal {sig!r}")
+        grace = body.get("grace")
+        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
+                                  or not 0 <= grace < float("inf")):
+            raise BadMessage(f"invalid grace {grace!r}")
+        reason = _reason(body, "cancelled")
+        found = await self.executor.signal(job, attempt, sig=sig, grace=grace, reason=reason)
+        log.info("job %s.%s (user %s) on %s: signal %s (%s)%s", job, attempt, self._user(job, attempt),
+                 self.name, sig, reason, "" if found else ": not running here")
+
+    async def _cmd_kill(self, body: dict) -> None:
+        allocs = _pairs(body.get("allocs"), "allocs")
+        reason = _reason(body, "killed")
+        for job, attempt in allocs:
+            found = await self.executor.kill(job, attempt, reason=reason)
+            log.info("job %s.%s (user %s) on %s: kill (%s)%s", job, attempt, self._user(job, attempt),
+                     self.name, reason, "" if found else ": not running here")
+
+    async def _cmd_ack(self, body: dict) -> None:
+        for job, attempt in _pairs(body.get("done"), "done"):
+            self.executor.ack(job, attempt)
+            self._users.pop((job, attempt), None)
+
+    async def _cmd_hello(self, body: dict) -> None:
+        await self.register()
+        await self.heartbeat()
+
+    _commands = {
+        "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
+        "ack": _cmd_ack, "hello": _cmd_hello,
+    }
+
+
+# -- body validation ----------------------------------------------------------------------------
+
+def _id(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadMessage(f"{what} must be a non-negative integer, not {value!r}"[:200])
+    return value
+
+
+def _pairs(value: Any, what: str) -> list[tuple[int, int]]:
+    if not isinstance(value, list) or len(value) > MAX_ALLOCS_PER_MESSAGE:
+        raise BadMessage(f"{what} must be a list of [job, attempt]")
+    out = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise BadMessage(f"{what} must be a list of [job, attempt]")
+        out.append((_id(item[0], "job"), _id(item[1], "attempt")))
+    return out
+
+
+def _reason(body: dict, default: str) -> str:
+    reason = body.get("reason", default)
+    if reason is None:
+        return default
+    if not isinstance(reason, str) or len(reason) > 200:
+        raise BadMessage("reason must be a short string")
+    return reason
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Task]) -> None:
+    """Cancel and wait, re-cancelling: on Python 3.11 a cancel that lands inside aiomqtt's
+    publish() can be lost (CPython gh-86296), which would hang shutdown forever."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(_CANCEL_ROUNDS):
+        if not pending:
+            return
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    log.error("%d task(s) would not stop: %s", len(pending), ", ".join(t.get_name() for t in pending))
+
+
+# -- `gpud worker` ------------------------------------------------------------------------------
+
+def make_bus(cfg: Config, name: str, key: bytes) -> Any:
+    from ..bus.mqtt import MqttBus
+
+    return MqttBus(
+        cfg.broker.url, cfg.cluster, worker_sender(name), key,
+        subscriptions=worker_subscriptions(name), will=worker_will(name),
+        client_id=f"gpud-worker-{cfg.cluster}-{name}", persistent=True,
+        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+    )
+
+
+def install_stop_handlers(worker: Worker) -> None:
+    """SIGTERM/SIGINT: the first stops gracefully (jobs keep running), a second hurries."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signame: str) -> None:
+        log.info("worker %s: %s received, stopping%s", worker.name, signame,
+                 " now" if worker._stop.is_set() else "; jobs keep running")
+        worker.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+
+
+async def run_worker(cfg: Config, *, install_signals: bool = True,
+                     backend: GpuBackend | None = None) -> int:
+    """Build the real pieces around ``Worker`` and run it; the exit code for ``gpud worker``."""
+    from ..gpu.backend import GpuError, open_backend
+    from ..keys import KeyFileError, load_key
+
+    name = cfg.worker_name()
+    try:
+        key = load_key(cfg.key_file)
+        if backend is None:
+            backend = open_backend(cfg.worker.sim, name)
+    except (KeyFileError, GpuError) as e:
+        print(f"gpud worker: error: {e}", file=sys.stderr)
+        return 1
+    try:
+        bus = make_bus(cfg, name, key)
+        worker = Worker(cfg, bus, backend)
+        if install_signals:
+            install_stop_handlers(worker)
+        async with bus:
+            await worker.run()
+    except (GpuError, OSError, ValueError) as e:
+        print(f"gpud worker: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        backend.close()
+    return 0
