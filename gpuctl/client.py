@@ -1,0 +1,245 @@
+"""A blocking client for the gpud head's Unix socket; also gpuctl's public Python API.
+
+Theory of operation
+-------------------
+One ``Client`` holds one stream connection, opened on first use and reused for every
+request after it: each request is one JSON line out and one JSON line back, in order
+(see ``gpud.protocol``).  The head learns who we are from the socket itself
+(SO_PEERCRED), so nothing here carries an identity.
+
+Failures come in two kinds and stay apart all the way up to the exit code:
+
+* ``RemoteError``: the head answered and said no (not your job, bad spec, ...).
+* ``HeadUnavailable`` (a ``ConnectionError``): we never got an answer (no socket, refused,
+  timed out, the head hung up).  After such a failure the connection is dropped; the next
+  request opens a fresh one.  A read-only request that fails on a *reused* connection
+  before any answer arrived is retried once on a new one, because a head restart between
+  two calls of a long-lived client is normal.  Submissions and cancellations are never
+  retried: a lost answer does not mean a lost request.
+
+Stdlib only (plus ``gpud.protocol``/``gpud.units``): gpuctl starts on every call.
+
+Not thread-safe: use one Client per thread.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Iterable
+
+from gpud.protocol import MAX_LINE, ProtocolError, RemoteError, decode_response, find_socket, request
+
+__all__ = ["Client", "HeadUnavailable", "RemoteError", "ProtocolError", "TERMINAL_STATES"]
+
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+})
+_READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes"})
+
+
+class HeadUnavailable(ConnectionError):
+    """No answer from the head; the message is one line naming the socket."""
+
+
+class _NoAnswer(Exception):
+    """Internal: the head closed the connection before answering."""
+
+
+class Client:
+    """Talks to the head.  ``socket_path`` None: ``gpud.protocol.find_socket()``."""
+
+    def __init__(self, socket_path: str | None = None, timeout: float = 30, *,
+                 config_path: str | None = None) -> None:
+        self.socket_path = find_socket(socket_path, config_path)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._reader: Any = None
+        self._used = False  # whether the open connection has already answered a request
+
+    # -- connection ---------------------------------------------------------------
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            except OSError:
+                pass
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = self._reader = None
+        self._used = False
+
+    def _connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.socket_path)
+        except OSError as e:
+            s.close()
+            raise HeadUnavailable(
+                f"cannot connect to gpud head at {self.socket_path}: {_reason(e)} "
+                "(is gpud running? set GPUD_SOCKET or --socket)"
+            ) from None
+        self._sock, self._reader, self._used = s, s.makefile("rb"), False
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one request; its result dict, or RemoteError / HeadUnavailable / ProtocolError."""
+        line = request(op, **args)
+        for attempt in (1, 2):
+            if self._sock is None:
+                self._connect()
+            reused = self._used
+            try:
+                answer = self._exchange(line)
+            except _NoAnswer:
+                self.close()
+                if reused and attempt == 1 and op in _READ_ONLY_OPS:
+                    continue
+                raise HeadUnavailable(
+                    f"gpud head at {self.socket_path} closed the connection without answering"
+                ) from None
+            except socket.timeout:
+                self.close()
+                raise HeadUnavailable(
+                    f"gpud head at {self.socket_path} did not answer within {self.timeout:g}s"
+                ) from None
+            except OSError as e:
+                self.close()
+                raise HeadUnavailable(f"lost connection to gpud head at {self.socket_path}: {_reason(e)}") from None
+            self._used = True
+            try:
+                return decode_response(answer)
+            except ProtocolError:
+                self.close()  # the stream may be out of step now
+                raise
+        raise AssertionError("unreachable")
+
+    def _exchange(self, line: bytes) -> bytes:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(line)
+        except (BrokenPipeError, ConnectionResetError):
+            raise _NoAnswer from None
+        try:
+            answer = self._reader.readline(MAX_LINE + 1)
+        except ConnectionResetError:
+            raise _NoAnswer from None
+        if not answer:
+            raise _NoAnswer
+        if not answer.endswith(b"\n"):
+            self.close()
+            raise ProtocolError("malformed response from gpud head (truncated or too long)")
+        return answer
+
+    # -- operations ---------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        """{"cluster", "version", "uid", "user", "admin"} as the head sees us."""
+        return self.call("ping")
+
+    def submit_spec(self, spec: dict[str, Any]) -> int:
+        """Submit a ready JobSpec dict (gpud.model.JobSpec field names); the new job id."""
+        return int(self.call("submit", spec=spec)["job_id"])
+
+    def submit(self, script: str | None = None, *, wrap: str | None = None,
+               args: Iterable[str] = (), **options: Any) -> int:
+        """Submit a batch script (its text) or a ``wrap`` command; the new job id.
+
+        ``options`` use JobSpec field names (``gpus=2, gpu_type="H100-80GB", cpus=8,
+        mem_mb="64G", time_limit="2:00:00", name=..., work_dir=..., env=...``).  Numbers
+        for ``time_limit`` are seconds; strings use sbatch's ``--time`` syntax.  Strings
+        for ``mem_mb`` may carry a K/M/G/T suffix.  Directives in the script apply;
+        ``options`` override them, as command-line options do for sbatch.  ``env``
+        defaults to this process's environment, ``work_dir`` to its current directory.
+        """
+        from . import script as scripts
+
+        if (script is None) == (wrap is None):
+            raise ValueError("give exactly one of script or wrap")
+        if wrap is not None:
+            text, default_name = scripts.wrap_script(wrap), "wrap"
+        else:
+            text, default_name = script, "job"
+        try:
+            settings = scripts.api_settings(options)
+            spec = scripts.build_spec(text, settings, default_name=default_name, args=list(args),
+                                      directives=wrap is None)
+        except scripts.ScriptError as e:
+            raise ValueError(str(e)) from None
+        return self.submit_spec(spec)
+
+    def jobs(self, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
+             states: Iterable[str] | None = None, all: bool = False,
+             since: float | None = None) -> list[dict[str, Any]]:
+        """JOB records; pending and active only unless ``all`` (then finished ones too)."""
+        args: dict[str, Any] = {}
+        if job_ids is not None:
+            args["job_ids"] = [int(j) for j in job_ids]
+        if users is not None:
+            args["users"] = list(users)
+        if states is not None:
+            args["states"] = [s.upper() for s in states]
+        if all:
+            args["all"] = True
+        if since is not None:
+            args["since"] = float(since)
+        return list(self.call("jobs", **args).get("jobs", []))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        """One JOB record, finished or not; RemoteError when there is no such job."""
+        for j in self.jobs(job_ids=[job_id], all=True):
+            if j.get("job_id") == job_id:
+                return j
+        raise RemoteError(f"invalid job id specified: {job_id}")
+
+    def cancel(self, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
+               signal: str | None = None) -> dict[str, Any]:
+        """{"cancelled": [int], "errors": [str]}: per-job refusals come back in ``errors``."""
+        args: dict[str, Any] = {}
+        if job_ids is not None:
+            args["job_ids"] = [int(j) for j in job_ids]
+        if users is not None:
+            args["users"] = list(users)
+        if signal is not None:
+            args["signal"] = signal
+        result = self.call("cancel", **args)
+        return {"cancelled": list(result.get("cancelled", [])), "errors": list(result.get("errors", []))}
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self.call("nodes").get("nodes", []))
+
+    def wait(self, job_id: int, timeout: float | None = None, poll: float = 0.2) -> dict[str, Any]:
+        """Poll until the job is in a terminal state; its final record.  TimeoutError past ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.get("state") in TERMINAL_STATES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout:g}s")
+            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or str(e) or type(e).__name__
+
+
+def current_user() -> str:
+    """The local user name (uid when the password database does not know it)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())

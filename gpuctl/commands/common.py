@@ -1,0 +1,68 @@
+"""What every verb shares: the head connection, one-line failures, list arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..client import Client
+
+
+class Session:
+    """The global options, and a Client opened only when a verb first needs the head."""
+
+    def __init__(self, socket_path: str | None = None, config_path: str | None = None) -> None:
+        self.socket_path = socket_path
+        self.config_path = config_path
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.socket_path, config_path=self.config_path)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class CommandFailed(click.ClickException):
+    """A failure that is not the user's typing: printed as ``VERB: error: MESSAGE``, exit 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        if prog is None:
+            ctx = click.get_current_context(silent=True)
+            prog = ctx.info_name if ctx is not None else None
+        self.prog = prog or "gpuctl"
+
+
+def session(ctx: click.Context) -> Session:
+    # ensure_object: a verb invoked on its own (tests, embedding) gets default settings.
+    return ctx.ensure_object(Session)
+
+
+def error_line(message: str) -> None:
+    """Print one ``VERB: error: ...`` line without stopping (scancel's per-job refusals)."""
+    ctx = click.get_current_context(silent=True)
+    prog = ctx.info_name if ctx is not None else "gpuctl"
+    click.echo(f"{prog}: error: {message}", err=True)
+
+
+def split_list(values: tuple[str, ...] | list[str]) -> list[str]:
+    """``-u a,b -u c`` -> ["a", "b", "c"]."""
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def job_ids(values: Any, option: str) -> list[int]:
+    """Job ids from ``1,2 3``; a usage error for anything that is not a positive number."""
+    out = []
+    for word in split_list(values):
+        if not word.isdigit() or int(word) <= 0:
+            raise click.UsageError(f"invalid job id {word!r} for {option}: use positive numbers like 42")
+        out.append(int(word))
+    return out

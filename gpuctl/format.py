@@ -1,0 +1,198 @@
+"""Tables and JSON for gpuctl's listing verbs, in Slurm's shapes.
+
+Every function here is pure: records and ``now`` in, text out, so the tests can pin a
+clock.  Tables size their columns to the data (no fixed widths that cut job ids), pad
+with single spaces like squeue, and leave no trailing blanks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Sequence
+
+from gpud.units import format_duration, format_size_mb
+
+STATE_CODES = {
+    "PENDING": "PD", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD", "FAILED": "F",
+    "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR",
+    "OUT_OF_MEMORY": "OOM",
+}
+NODE_STATE_SHORT = {
+    "IDLE": "idle", "MIXED": "mix", "ALLOCATED": "alloc", "DRAIN": "drain", "DOWN": "down",
+    "UNKNOWN": "unk",
+}
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = (),
+          header: bool = True) -> str:
+    """Columns padded to their widest cell; indices in ``right`` are right-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    if header:
+        cells.insert(0, list(headers))
+    if not cells:
+        return ""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    right = set(right)
+    last = len(headers) - 1
+    lines = []
+    for row in cells:
+        out = []
+        for i, cell in enumerate(row):
+            if i in right:
+                out.append(cell.rjust(widths[i]))
+            else:
+                out.append(cell if i == last else cell.ljust(widths[i]))
+        lines.append(" ".join(out).rstrip())
+    return "\n".join(lines)
+
+
+def to_json(key: str, records: list[dict[str, Any]]) -> str:
+    return json.dumps({key: records}, indent=2, ensure_ascii=False)
+
+
+def elapsed(job: dict[str, Any], now: float) -> float:
+    start = job.get("start_time")
+    if start is None:
+        return 0.0
+    end = job.get("end_time")
+    return max(0.0, (end if end is not None else now) - start)
+
+
+def squeue_time(seconds: float) -> str:
+    """squeue's TIME: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
+    total = max(0, int(seconds))
+    d, rem = divmod(total, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m}:{s:02d}"
+
+
+def _clip(text: Any, width: int) -> str:
+    s = "" if text is None else str(text)
+    return s if len(s) <= width else s[: width - 1] + "+"
+
+
+def _user(job: dict[str, Any]) -> str:
+    user = job.get("user")
+    return str(user) if user else str(job.get("uid", "?"))
+
+
+def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
+    rows = []
+    for j in jobs:
+        state = str(j.get("state", "?"))
+        if state in ("PENDING",) or not j.get("node"):
+            where = f"({j.get('reason') or 'None'})"
+        else:
+            where = str(j["node"])
+        rows.append((j.get("job_id", "?"), j.get("partition") or "-", _clip(j.get("name"), 24),
+                     _clip(_user(j), 16), STATE_CODES.get(state, state), squeue_time(elapsed(j, now)),
+                     j.get("gpus", 0), where))
+    return table(("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)"),
+                 rows, right=(0, 5, 6), header=header)
+
+
+def squeue_order(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Running jobs first by id, then pending ones by priority (highest first), then id."""
+    def key(j: dict[str, Any]) -> tuple:
+        pending = j.get("state") == "PENDING"
+        prio = -(j.get("priority") or 0) if pending else 0
+        return (pending, prio, j.get("job_id") or 0)
+    return sorted(jobs, key=key)
+
+
+def exit_code(job: dict[str, Any]) -> str:
+    """Slurm's ``code:signal``."""
+    return f"{job.get('exit_code') or 0}:{job.get('signal') or 0}"
+
+
+def alloc_gpus(job: dict[str, Any]) -> int:
+    indices = job.get("gpu_indices") or job.get("gpu_ids") or []
+    if indices:
+        return len(indices)
+    return int(job.get("gpus") or 0) if job.get("start_time") is not None else 0
+
+
+def sacct_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
+    rows = []
+    for j in sorted(jobs, key=lambda j: j.get("job_id") or 0):
+        rows.append((j.get("job_id", "?"), _clip(j.get("name"), 24), _clip(_user(j), 16),
+                     j.get("account") or "-", j.get("state", "?"), exit_code(j),
+                     format_duration(elapsed(j, now)), j.get("node") or "None assigned",
+                     alloc_gpus(j)))
+    return table(("JobID", "JobName", "User", "Account", "State", "ExitCode", "Elapsed", "NodeList",
+                  "AllocGPUS"), rows, right=(0, 5, 6, 8), header=header)
+
+
+def _models(node: dict[str, Any]) -> str:
+    models = sorted({str(g.get("model")) for g in node.get("gpus") or [] if g.get("model")})
+    return ",".join(models) or "-"
+
+
+def node_state(node: dict[str, Any]) -> str:
+    state = str(node.get("state", "UNKNOWN"))
+    return NODE_STATE_SHORT.get(state, state.lower())
+
+
+def sinfo_nodes_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
+    """``sinfo -N``: one line per node."""
+    rows = []
+    for n in sorted(nodes, key=lambda n: _natural(str(n.get("name", "")))):
+        rows.append((n.get("name", "?"), node_state(n),
+                     f"{n.get('gpus_alloc', 0)}/{n.get('gpus_total', len(n.get('gpus') or []))}",
+                     f"{n.get('cpus_alloc', 0)}/{n.get('cpus', 0)}",
+                     format_size_mb(n.get("mem_mb")), _models(n)))
+    return table(("NODELIST", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEMORY", "GPU_MODEL"), rows,
+                 right=(2, 3, 4), header=header)
+
+
+def sinfo_summary_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
+    """Plain ``sinfo``: nodes grouped by state and GPU model."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for n in nodes:
+        groups.setdefault((node_state(n), _models(n)), []).append(n)
+    rows = []
+    for (state, models), members in sorted(groups.items()):
+        alloc = sum(int(n.get("gpus_alloc") or 0) for n in members)
+        total = sum(int(n.get("gpus_total") or len(n.get("gpus") or [])) for n in members)
+        rows.append((state, len(members), f"{alloc}/{total}", models,
+                     compress_hostlist(str(n.get("name", "?")) for n in members)))
+    return table(("STATE", "NODES", "GPUS(A/T)", "GPU_MODEL", "NODELIST"), rows, right=(1, 2),
+                 header=header)
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def _natural(name: str) -> tuple:
+    m = _NUMBERED.match(name)
+    return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """``gpu01,gpu02,gpu03,gpu07`` -> ``gpu[01-03,07]`` (same prefix and digit width)."""
+    singles: list[str] = []
+    numbered: dict[tuple[str, int], list[int]] = {}
+    for name in sorted(set(names), key=_natural):
+        m = _NUMBERED.match(name)
+        if m:
+            numbered.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
+        else:
+            singles.append(name)
+    parts = list(singles)
+    for (prefix, width), nums in numbered.items():
+        if len(nums) == 1:
+            parts.append(f"{prefix}{nums[0]:0{width}d}")
+            continue
+        ranges, start = [], nums[0]
+        for prev, cur in zip(nums, nums[1:] + [None]):
+            if cur is None or cur != prev + 1:
+                ranges.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
+                start = cur
+        parts.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(parts)

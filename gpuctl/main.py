@@ -1,0 +1,113 @@
+"""``gpuctl``: Slurm's verbs for gpud.  ``gpuctl [--socket PATH] [--config PATH] VERB ...``
+
+Theory of operation
+-------------------
+The group knows its verbs by name only (``VERBS``) and imports a verb's module when that
+verb runs, so ``gpuctl sbatch`` pays for sbatch alone: gpuctl runs in loops, from cron
+and over SSH, and its start-up time is most of its run time.
+
+Errors are shaped here, once, for every verb (Slurm's habits):
+
+* the user's mistake (unknown option, bad value, missing script): ``VERB: error: ...``,
+  a hint to ``--help``, exit 2;
+* the head refused, or could not be reached, or answered nonsense: ``VERB: error: ...``,
+  exit 1;
+* never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from gpud.protocol import ProtocolError, RemoteError
+
+from .client import HeadUnavailable
+from .commands.common import CommandFailed, Session
+
+VERBS = {
+    "sbatch": "Submit a batch script.",
+    "squeue": "List pending and running jobs.",
+    "scancel": "Cancel or signal jobs.",
+    "sinfo": "Show nodes and their GPUs.",
+    "sacct": "Show finished and running jobs (accounting).",
+}
+
+
+class VerbGroup(click.Group):
+    """A click group that loads verbs lazily and prints errors Slurm's way."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(VERBS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in VERBS:
+            return None
+        return importlib.import_module(f"gpuctl.commands.{name}").command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Verbs"):
+            formatter.write_dl(list(VERBS.items()))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (RemoteError, HeadUnavailable, ProtocolError) as e:
+            raise CommandFailed(str(e), prog=ctx.invoked_subcommand) from None
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        code = self._run(args, prog_name or "gpuctl", complete_var, **extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _run(self, args: Any, prog_name: str, complete_var: str | None, **extra: Any) -> int:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+            return 2
+        except click.UsageError as e:
+            prog = e.ctx.info_name if e.ctx is not None else prog_name
+            click.echo(f"{prog}: error: {_one_line(e.format_message())}", err=True)
+            if e.ctx is not None:
+                click.echo(f"Try '{e.ctx.command_path} --help' for more information.", err=True)
+            return 2
+        except CommandFailed as e:
+            click.echo(f"{e.prog}: error: {_one_line(e.format_message())}", err=True)
+            return e.exit_code
+        except click.ClickException as e:
+            click.echo(f"{prog_name}: error: {_one_line(e.format_message())}", err=True)
+            return e.exit_code
+        except click.Abort:
+            click.echo(f"{prog_name}: interrupted", err=True)
+            return 130
+        return rv if isinstance(rv, int) else 0
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+@click.group("gpuctl", cls=VerbGroup, subcommand_metavar="VERB [ARGS]...", context_settings={"max_content_width": 100})
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="The head's socket (default: $GPUD_SOCKET, the config file, /run/gpud/gpud.sock).")
+@click.option("--config", "config_path", metavar="PATH",
+              help="Config file to read the socket from (default: $GPUD_CONFIG, /etc/gpud/gpud.toml).")
+@click.pass_context
+def cli(ctx: click.Context, socket_path: str | None, config_path: str | None) -> None:
+    """Submit and watch batch jobs on a gpud cluster, with Slurm's verbs and options."""
+    ctx.obj = Session(socket_path, config_path)
+    ctx.call_on_close(ctx.obj.close)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="gpuctl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""gpuctl.Client, the Python API, against the fake head on a real Unix socket."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gpuctl
+from gpuctl import Client, HeadUnavailable, ProtocolError, RemoteError
+from gpud.model import JobSpec
+from tests.fake_head import FakeHead, node
+
+
+@pytest.fixture
+def head():
+    with FakeHead() as h:
+        yield h
+
+
+def test_one_connection_carries_many_requests(head):
+    with Client(head.path) as c:
+        assert c.ping()["uid"] == os.getuid()
+        c.jobs()
+        c.nodes()
+    assert head.ops() == ["ping", "jobs", "nodes"]
+    assert head.connections == 1
+
+
+def test_submit_wrap_builds_a_valid_spec(head, monkeypatch):
+    monkeypatch.setenv("GPUCTL_TEST_VAR", "yes")
+    with Client(head.path) as c:
+        job_id = c.submit(wrap="nvidia-smi", gpus=2, mem_mb="8G", time_limit="1:00:00", name="smi")
+    spec = head.last("submit")["spec"]
+    assert job_id == 1
+    assert spec["script"] == "#!/bin/bash\nnvidia-smi\n"
+    assert (spec["gpus"], spec["mem_mb"], spec["time_limit"], spec["name"]) == (2, 8192, 3600.0, "smi")
+    assert spec["work_dir"] == os.getcwd()
+    assert spec["env"]["GPUCTL_TEST_VAR"] == "yes"
+    JobSpec.from_request(spec)
+
+
+def test_submit_script_text_honours_directives_under_options(head):
+    with Client(head.path) as c:
+        c.submit("#!/bin/sh\n#SBATCH --gpus 1 -c 4\nhostname\n", gpus=3, env={}, work_dir="/srv",
+                 args=["x y"])
+    spec = head.last("submit")["spec"]
+    assert (spec["gpus"], spec["cpus"], spec["env"], spec["work_dir"]) == (3, 4, {}, "/srv")
+    assert "set -- 'x y'\nhostname" in spec["script"]
+
+
+def test_submit_refuses_nonsense_before_sending(head):
+    with Client(head.path) as c:
+        with pytest.raises(ValueError, match="exactly one"):
+            c.submit()
+        with pytest.raises(TypeError, match="unknown job option"):
+            c.submit(wrap="true", gpu=1)
+        with pytest.raises(ValueError, match="--mem"):
+            c.submit(wrap="true", mem_mb="lots")
+    assert head.ops() == []
+
+
+def test_refusal_raises_remote_error_and_keeps_the_connection(head):
+    head.refuse("submit", "invalid partition specified: nope")
+    with Client(head.path) as c:
+        with pytest.raises(RemoteError, match="^invalid partition specified: nope$"):
+            c.submit_spec({"script": "#!/bin/sh\n", "partition": "nope"})
+        c.ping()
+    assert head.connections == 1
+    assert gpuctl.RemoteError is RemoteError
+
+
+def test_no_head_is_head_unavailable_naming_the_socket(tmp_path):
+    path = str(tmp_path / "absent.sock")
+    with pytest.raises(HeadUnavailable) as e:
+        Client(path).ping()
+    assert isinstance(e.value, ConnectionError)
+    assert str(e.value) == (f"cannot connect to gpud head at {path}: No such file or directory "
+                            "(is gpud running? set GPUD_SOCKET or --socket)")
+
+
+def test_socket_from_environment_then_config(tmp_path, monkeypatch):
+    cfg = tmp_path / "gpud.toml"
+    cfg.write_text('[head]\nsocket = "/from/config.sock"\n')
+    monkeypatch.delenv("GPUD_SOCKET", raising=False)
+    monkeypatch.setenv("GPUD_CONFIG", str(cfg))
+    assert Client().socket_path == "/from/config.sock"
+    monkeypatch.setenv("GPUD_SOCKET", "/from/env.sock")
+    assert Client().socket_path == "/from/env.sock"
+    assert Client("/given.sock").socket_path == "/given.sock"
+
+
+def test_head_hanging_up_on_a_submit_is_not_retried(head):
+    head.raw("submit", b"")
+    with Client(head.path) as c:
+        c.ping()
+        with pytest.raises(HeadUnavailable, match="closed the connection without answering"):
+            c.submit_spec({"script": "#!/bin/sh\n"})
+    assert head.ops() == ["ping", "submit"]
+
+
+def test_read_only_request_is_retried_once_on_a_fresh_connection(head):
+    answers = iter([b"", {"jobs": []}])
+    head.handle("jobs", lambda args, uid: next(answers))
+    with Client(head.path) as c:
+        c.ping()
+        assert c.jobs() == []
+    assert head.ops() == ["ping", "jobs", "jobs"]
+    assert head.connections == 2
+
+
+def test_garbage_from_the_head_is_a_protocol_error(head):
+    head.raw("nodes", b"this is not json\n")
+    with Client(head.path) as c:
+        with pytest.raises(ProtocolError, match="malformed response"):
+            c.nodes()
+        c.ping()  # a fresh connection after the bad one
+
+
+def test_job_and_jobs_filters(head):
+    head.add_job(job_id=7, state="RUNNING", user="bob")
+    head.add_job(job_id=8, state="COMPLETED", user="bob")
+    with Client(head.path) as c:
+        assert [j["job_id"] for j in c.jobs()] == [7]
+        assert [j["job_id"] for j in c.jobs(all=True, users=["bob"], states=["completed"])] == [8]
+        assert c.job(8)["state"] == "COMPLETED"
+        with pytest.raises(RemoteError, match="invalid job id specified: 9"):
+            c.job(9)
+    assert head.last("jobs") == {"job_ids": [9], "all": True}
+
+
+def test_wait_returns_the_final_record(head):
+    head.add_job(job_id=3, state="RUNNING")
+    polls = []
+
+    def jobs(args, uid):
+        polls.append(1)
+        if len(polls) == 3:
+            head.jobs[3]["state"] = "COMPLETED"
+            head.jobs[3]["exit_code"] = 0
+        return {"jobs": [head.jobs[3]]}
+
+    head.handle("jobs", jobs)
+    with Client(head.path) as c:
+        assert c.wait(3, poll=0)["state"] == "COMPLETED"
+    assert len(polls) == 3
+
+
+def test_wait_times_out(head):
+    head.add_job(job_id=3, state="PENDING")
+    with Client(head.path) as c:
+        with pytest.raises(TimeoutError, match="job 3 still PENDING"):
+            c.wait(3, timeout=0, poll=0)
+
+
+def test_cancel_reports_refusals_per_job(head):
+    head.add_job(job_id=1, uid=os.getuid())
+    head.add_job(job_id=2, uid=os.getuid() + 1)
+    head.admins = set()
+    with Client(head.path) as c:
+        result = c.cancel([1, 2, 99], signal="SIGUSR1")
+    assert result["cancelled"] == [1]
+    assert result["errors"] == ["Kill job error on job id 2: Access/permission denied",
+                                "Kill job error on job id 99: Invalid job id specified"]
+    assert head.last("cancel") == {"job_ids": [1, 2, 99], "signal": "SIGUSR1"}
+
+
+def test_nodes(head):
+    head.nodes = [node("gpu01", gpus=2)]
+    with Client(head.path) as c:
+        assert [g["index"] for g in c.nodes()[0]["gpus"]] == [0, 1]

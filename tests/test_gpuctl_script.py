@@ -1,0 +1,179 @@
+"""gpuctl.script: the option table, directives, and the JobSpec dict they build."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gpuctl import script as s
+from gpud.model import JobSpec
+
+SCRIPT = """#!/bin/bash
+#SBATCH --gpus=2 -c 8
+#SBATCH --mem 16G
+#SBATCH -t 1:30:00 -J train
+# SBATCH --gpus=7      (a space after '#': an ordinary comment)
+#SBATCH --output=logs/%j.out --no-requeue -H
+echo start
+#SBATCH --gpus=5       (after the first command: ignored)
+"""
+
+
+def test_directives_are_read_until_the_first_command():
+    d = s.parse_directives(SCRIPT)
+    assert d.settings == {"gpus": 2, "cpus": 8, "mem_mb": 16384, "time_limit": 5400.0, "name": "train",
+                          "stdout": "logs/%j.out", "requeue": False, "hold": True}
+    assert SCRIPT.split("\n")[d.body_line] == "echo start"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("--gpus=4", {"gpus": 4}),
+    ("--gpus 4", {"gpus": 4}),
+    ("--gpus a100:2", {"gpus": 2, "gpu_type": "a100"}),
+    ("-c4", {"cpus": 4}),
+    ("-c 4", {"cpus": 4}),
+    ("-J 'my job'", {"name": "my job"}),
+    ("--time=2-00:00:00", {"time_limit": 172800.0}),
+    ("-t 90", {"time_limit": 5400.0}),
+    ("-t UNLIMITED", {"time_limit": None}),
+    ("--mem=512", {"mem_mb": 512}),
+    ("--mem=2048K", {"mem_mb": 2}),
+    ("--nice=-5", {"nice": -5}),
+    ("--signal=USR1", {"signal": "SIGUSR1"}),
+    ("--signal 15", {"signal": "SIGTERM"}),
+    ("-A physics -p gpu -q high", {"account": "physics", "partition": "gpu", "qos": "high"}),
+    ("--requeue", {"requeue": True}),
+    ("--comment 'a b'  # trailing comment", {"comment": "a b"}),
+    ("--parsable", {"parsable": True}),
+    ("-D /data -e err.txt", {"work_dir": "/data", "stderr": "err.txt"}),
+])
+def test_directive_syntax(line, expected):
+    assert s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n").settings == expected
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--bogus=1", "line 2: #SBATCH unrecognized option '--bogus=1'"),
+    ("gpus=1", "unrecognized option 'gpus=1'"),
+    ("--gpus", "--gpus needs a value"),
+    ("--gpus=x", "--gpus needs a whole number"),
+    ("--gpus=-1", "--gpus must be between 0 and 4096"),
+    ("-c 0", "--cpus-per-task must be between 1"),
+    ("--mem=lots", "--mem: invalid size"),
+    ("--time=soon", "--time: invalid duration"),
+    ("--hold=yes", "--hold takes no value"),
+    ("--wrap 'echo'", "--wrap is not allowed in a batch script"),
+    ("--signal=NOPE", "--signal: unknown signal 'NOPE'"),
+    ("-J 'a/b'", "invalid job name"),
+    ("--comment 'open", "cannot split"),
+])
+def test_bad_directives_name_the_line(line, message):
+    with pytest.raises(s.ScriptError, match="^line 2: "):
+        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    with pytest.raises(s.ScriptError) as e:
+        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    assert message in str(e.value)
+
+
+def test_gpud_directives_win_over_sbatch_ones_wherever_they_stand():
+    text = "#!/bin/sh\n#GPUD --gpus 3\n#SBATCH --gpus 1 --cpus-per-task 2\n#GPUD -J mine\nhostname\n"
+    assert s.parse_directives(text).settings == {"gpus": 3, "cpus": 2, "name": "mine"}
+
+
+def test_directive_prefix_needs_whitespace_after_it():
+    assert s.parse_directives("#!/bin/sh\n#SBATCHX --gpus=1\n#GPUD\ntrue\n").settings == {}
+
+
+def test_build_spec_fills_defaults_and_makes_paths_absolute():
+    spec = s.build_spec(SCRIPT, {"gpus": 4}, default_name="job.sh", cwd="/home/a/proj", env={"A": "1"})
+    assert spec == {
+        "script": SCRIPT, "name": "train", "work_dir": "/home/a/proj", "env": {"A": "1"},
+        "gpus": 4, "cpus": 8, "mem_mb": 16384, "time_limit": 5400.0,
+        "stdout": "/home/a/proj/logs/%j.out", "requeue": False, "hold": True,
+    }
+    assert set(spec) <= JobSpec.field_names()
+    JobSpec.from_request(spec)  # the head would accept it
+
+
+def test_relative_chdir_is_resolved_against_the_submit_directory():
+    spec = s.build_spec("#!/bin/sh\n#SBATCH -D ../data -o out\ntrue\n", {}, default_name="x", cwd="/home/a/proj",
+                        env={})
+    assert spec["work_dir"] == "/home/a/data"
+    assert spec["stdout"] == "/home/a/data/out"
+
+
+def test_unlimited_time_leaves_the_limit_to_the_partition():
+    spec = s.build_spec("#!/bin/sh\n#SBATCH -t 10\ntrue\n", {"time_limit": None}, default_name="x", cwd="/", env={})
+    assert "time_limit" not in spec
+
+
+def test_default_name_is_made_safe():
+    spec = s.build_spec("#!/bin/sh\ntrue\n", {}, default_name="a\tb", cwd="/", env={})
+    assert spec["name"] == "a_b"
+
+
+def test_environment_that_json_cannot_carry_is_left_out():
+    assert s.exportable_env({"OK": "1", "BAD": "\udcff"}) == {"OK": "1"}
+
+
+def test_script_arguments_become_positional_parameters(tmp_path):
+    text = "#!/bin/bash\n#SBATCH --gpus=1\n\nprintf '%s|' \"$#\" \"$@\"\n"
+    args = ["plain", "two words", "it's", "$HOME", "`id`", "-x", ""]
+    spec = s.build_spec(text, {}, default_name="x", args=args, cwd="/", env={})
+    lines = spec["script"].split("\n")
+    assert lines[:4] == ["#!/bin/bash", "#SBATCH --gpus=1", "", lines[3]]
+    assert lines[3].startswith("set -- ")
+    assert s.parse_directives(spec["script"]).settings == {"gpus": 1}
+    path = tmp_path / "job.sh"
+    path.write_text(spec["script"])
+    out = subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True).stdout
+    assert out == "7|plain|two words|it's|$HOME|`id`|-x||"
+
+
+def test_script_arguments_after_directives_only_script():
+    spec = s.build_spec("#!/bin/sh\n#SBATCH -c 2", {}, default_name="x", args=["a"], cwd="/", env={})
+    assert spec["script"] == "#!/bin/sh\n#SBATCH -c 2\nset -- a"
+
+
+@pytest.mark.parametrize("first_line, ok", [
+    ("#!/bin/bash", True), ("#!/usr/bin/env bash", True), ("#!/bin/sh -e", True),
+    ("#!/usr/bin/python3", False), ("#!/usr/bin/env python3", False),
+])
+def test_script_arguments_need_a_shell(first_line, ok):
+    text = f"{first_line}\ntrue\n"
+    if ok:
+        assert "set -- a" in s.add_arguments(text, ["a"], 1)
+    else:
+        with pytest.raises(s.ScriptError, match="need a shell script"):
+            s.add_arguments(text, ["a"], 1)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "is empty"), ("  \n", "is empty"), ("echo hi\n", "first line must start with #!"),
+    ("#!/bin/sh\n\x00", "NUL bytes"),
+])
+def test_check_script_refuses_what_cannot_run(text, message):
+    with pytest.raises(s.ScriptError, match=message):
+        s.check_script(text, "job.sh")
+
+
+def test_wrap_script():
+    assert s.wrap_script("python train.py --lr 3e-4") == "#!/bin/bash\npython train.py --lr 3e-4\n"
+
+
+def test_every_option_has_a_unique_spelling_and_a_known_destination():
+    names = [n for o in s.OPTIONS for n in (o.long, o.short, o.negation) if n]
+    assert len(names) == len(set(names))
+    for o in s.OPTIONS:
+        settings = s.convert(o, True) if o.is_flag else None
+        if settings is not None:
+            assert set(settings) <= JobSpec.field_names() | s.CLIENT_SETTINGS
+
+
+def test_api_settings():
+    assert s.api_settings({"mem_mb": "2G", "time_limit": "10", "signal": "usr2", "gpus": 1, "qos": None}) == {
+        "mem_mb": 2048, "time_limit": 600.0, "signal": "SIGUSR2", "gpus": 1}
+    with pytest.raises(TypeError, match="unknown job option"):
+        s.api_settings({"gpu": 1})
+    with pytest.raises(TypeError, match="env must map"):
+        s.api_settings({"env": {"A": 1}})
