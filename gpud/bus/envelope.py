@@ -46,6 +46,7 @@ from .base import Message
 VERSION = 1
 MAX_PAYLOAD = 1024 * 1024
 MAX_NAME = 256           # longest kind, sender, id or topic accepted
+RESEAL_AFTER = 30.0      # a bus re-signs a queued message older than this before sending it
 _FIELDS = ("v", "kind", "sender", "id", "ts", "topic", "body", "sig")
 
 
@@ -105,6 +106,28 @@ def seal(key: bytes, sender: str, kind: str, body: dict[str, Any], *, now: float
     if len(payload) > MAX_PAYLOAD:
         raise EnvelopeError(f"message too large ({len(payload)} bytes, limit {MAX_PAYLOAD})")
     return payload
+
+
+def reseal(key: bytes, payload: bytes, *, now: float) -> bytes:
+    """``payload`` re-signed with timestamp ``now``, keeping its id.
+
+    For messages that waited in a queue while the broker was away: the receiver would
+    refuse them as stale, yet a repeat must keep its id so it can be recognised as one.
+    """
+    obj, _ = _parse(payload)
+    obj.pop("sig")
+    obj["ts"] = float(now)
+    return _canonical({**obj, "sig": _mac(key, obj)})
+
+
+def may_be_stale(topic: str, retained: bool) -> bool:
+    """Whether a message on ``topic`` may carry an old timestamp.
+
+    Retained messages are as old as their last update, and last wills are sealed when
+    their client connected; wills go to status topics, and the broker delivers them to
+    current subscribers without the retained flag.
+    """
+    return retained or topic.endswith("/status")
 
 
 def _parse(payload: bytes) -> tuple[dict[str, Any], float]:
