@@ -24,7 +24,6 @@ Not thread-safe: use one Client per thread.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Any, Iterable
@@ -234,12 +233,3 @@ class Client:
 def _reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
-
-def current_user() -> str:
-    """The local user name (uid when the password database does not know it)."""
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.getuid())

@@ -105,8 +105,9 @@ def cli(ctx: click.Context, socket_path: str | None, config_path: str | None) ->
     ctx.call_on_close(ctx.obj.close)
 
 
-def main(argv: list[str] | None = None) -> None:
-    cli.main(args=argv, prog_name="gpuctl")
+def main(args: list[str] | None = None, prog_name: str = "gpuctl") -> None:
+    """The console script: runs one verb and exits with its status (sys.exit)."""
+    cli.main(args=args, prog_name=prog_name)
 
 
 if __name__ == "__main__":

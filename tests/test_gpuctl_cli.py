@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from gpuctl.commands import sacct, squeue
 from gpuctl.main import cli
 from gpud.model import JobSpec
-from tests.fake_head import FakeHead, job, node
+from tests.fake_head import FakeHead, node
 
 T0 = 1_700_000_000.0
 ME = pwd.getpwuid(os.getuid()).pw_name  # what the fake head calls us
