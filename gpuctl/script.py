@@ -20,7 +20,8 @@ Python API's keyword options).  ``build_spec`` then fills the defaults (job name
 working directory, environment), makes paths absolute, encodes script arguments as a
 ``set --`` line after the directives, and returns a dict with JobSpec's field names.
 
-Adding an option is one table entry (and a line in man/gpuctl-sbatch.1).
+Adding an option is one table entry, its line in man/gpuctl-sbatch.1 (a test checks
+that), and, when it sets a new JobSpec field, that field's name in ``_API_KEYS``.
 """
 
 from __future__ import annotations

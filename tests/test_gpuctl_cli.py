@@ -94,6 +94,18 @@ def test_sbatch_wrap_defaults(head):
     assert run(head, "sbatch", "--wrap", "sleep 1").stdout == "Submitted batch job 1\n"
     spec = submitted(head)
     assert (spec["name"], spec["script"]) == ("wrap", "#!/bin/bash\nsleep 1\n")
+    assert set(spec) == {"script", "name", "work_dir", "env"}  # the head's defaults for the rest
+
+
+def test_main_entry_point_exits_with_the_verb_status(head, capsys):
+    from gpuctl.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args=["--socket", head.path, "sbatch", "--parsable", "--wrap", "true"], prog_name="gpuctl")
+    assert (e.value.code, capsys.readouterr().out) == (0, "1\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--socket", head.path, "scancel", "99"])
+    assert e.value.code == 1
 
 
 @pytest.mark.parametrize("args, stdin, message", [
