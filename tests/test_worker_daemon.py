@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pytest
 
-# Skipped until the in-memory bus and the executor are in the tree.
-pytest.importorskip("gpud.bus.memory")
-pytest.importorskip("gpud.worker.executor")
-
 from gpud.bus.base import HEAD_EVENTS, HEAD_STATUS, Message, node_cmd, node_status
 from gpud.bus.memory import MemoryBroker, MemoryBus
-from gpud.config import Config, WorkerConfig
+from gpud.bus.mqtt import MqttBus
+from gpud.config import BrokerConfig, Config, WorkerConfig
 from gpud.gpu.sim import SimBackend
-from gpud.keys import generate_key
+from gpud.keys import generate_key, load_key
 from gpud.worker.daemon import Worker, run_worker, worker_sender, worker_subscriptions, worker_will
 from gpud.worker.executor import Outcome
+from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
 
 NODE = "n1"
 CLOCK = 1_700_000_000.0
 SLOW = 3600.0  # a heartbeat interval that never fires during a test
 WAIT = 10.0    # generous timeout for conditions that should hold almost at once
+KEY = bytes(range(32))
+CLUSTER = "test"
 
 
 class FakeExecutor:
@@ -133,14 +134,18 @@ class Rig:
 
 
 def make_cfg(tmp_path, heartbeat: float = SLOW) -> Config:
-    return Config(cluster="test", state_dir=str(tmp_path), key_file=str(tmp_path / "cluster.key"),
+    return Config(cluster=CLUSTER, state_dir=str(tmp_path), key_file=str(tmp_path / "cluster.key"),
                   worker=WorkerConfig(name=NODE, sim="2xH100-80GB", heartbeat_interval=heartbeat,
                                       cpus=8, mem_mb=64000))
 
 
 def worker_bus(broker: MemoryBroker, name: str = NODE) -> MemoryBus:
-    return MemoryBus(broker, worker_sender(name), subscriptions=worker_subscriptions(name),
+    return MemoryBus(broker, CLUSTER, worker_sender(name), KEY, subscriptions=worker_subscriptions(name),
                      will=worker_will(name))
+
+
+def head_bus(broker: MemoryBroker, *subscriptions: str, sender: str = "head") -> MemoryBus:
+    return MemoryBus(broker, CLUSTER, sender, KEY, subscriptions=subscriptions)
 
 
 @pytest.fixture
@@ -151,7 +156,7 @@ def heartbeat() -> float:
 @pytest.fixture
 async def rig(tmp_path, heartbeat):
     broker = MemoryBroker()
-    head = MemoryBus(broker, "head", subscriptions=[HEAD_EVENTS, node_status(NODE)])
+    head = head_bus(broker, HEAD_EVENTS, node_status(NODE))
     wbus = worker_bus(broker)
     executors: list[FakeExecutor] = []
 
@@ -204,17 +209,28 @@ async def test_announces_itself_on_connect(rig, tmp_path):
 
 
 async def test_online_status_is_retained(rig):
-    late = MemoryBus(rig.broker, "head", subscriptions=[node_status(NODE)])
+    late = head_bus(rig.broker, node_status(NODE), sender="monitor")
     async with late:
         msg = await asyncio.wait_for(anext(aiter(late.messages())), WAIT)
     assert msg.kind == "node_status" and msg.body == {"state": "online"} and msg.retained
 
 
 async def test_reconnect_announces_again(rig):
+    rig.broker.disconnect(worker_sender(NODE))
+    await rig.wait("node_status", lambda b: b["state"] == "offline")   # its last will
     mark = len(rig.inbox)
-    await rig.worker.bus.on_connect()  # what the bus calls after a reconnect
+    rig.broker.reconnect(worker_sender(NODE))
     await rig.wait("heartbeat", after=mark)
-    assert [m.kind for m in rig.inbox[mark:]][:3] == ["node_status", "register", "heartbeat"]
+    assert [(m.kind, m.body.get("state")) for m in rig.inbox[mark:mark + 2]] == [
+        ("node_status", "online"), ("register", None)]
+
+
+async def test_broker_restart_announces_again(rig):
+    rig.broker.stop()
+    rig.broker.start()
+    mark = len(rig.inbox)
+    await rig.wait("register", after=mark)
+    await rig.wait("heartbeat", after=mark)
 
 
 async def test_head_online_makes_it_register_again(rig):
@@ -248,7 +264,7 @@ async def test_repeated_launch_is_passed_on_for_the_executor_to_ignore(rig):
 
 
 async def test_commands_from_anyone_but_the_head_are_dropped(rig, caplog):
-    rogue = MemoryBus(rig.broker, "worker:evil", subscriptions=[])
+    rogue = head_bus(rig.broker, sender="worker:evil")
     async with rogue:
         await rogue.publish(node_cmd(NODE), "launch", launch_body(7))
         await rogue.publish(node_cmd(NODE), "kill", {"allocs": [[1, 1]], "reason": "x"})
@@ -392,7 +408,7 @@ async def test_heartbeats_are_periodic(rig):
 
 async def test_graceful_stop_leaves_jobs_running_and_says_offline(tmp_path):
     broker = MemoryBroker()
-    head = MemoryBus(broker, "head", subscriptions=[node_status(NODE)])
+    head = head_bus(broker, node_status(NODE))
     executors: list[FakeExecutor] = []
     wbus = worker_bus(broker)
     async with head, wbus:
@@ -458,3 +474,68 @@ async def test_run_worker_with_a_bad_sim_spec_is_a_one_line_error(tmp_path, caps
     assert capsys.readouterr().err == (
         "gpud worker: error: invalid --sim spec 'eight H100s': use COUNTxMODEL[,COUNTxMODEL...], "
         "e.g. 8xH100-80GB\n")
+
+
+async def test_run_worker_over_a_real_mosquitto(tmp_path, mosquitto):
+    """The production wiring: MqttBus from the config, the key file, the sim backend."""
+    cfg = replace(make_cfg(tmp_path), broker=BrokerConfig(url=mosquitto.url))
+    generate_key(cfg.key_file)
+    key = load_key(cfg.key_file)
+    executors: list[FakeExecutor] = []
+    workers: list[Worker] = []
+    head = MqttBus(mosquitto.url, CLUSTER, "head", key, subscriptions=[HEAD_EVENTS, node_status(NODE)])
+    async with head:
+        await asyncio.wait_for(head.wait_connected(), WAIT)
+        messages = aiter(head.messages())
+
+        async def next_of(kind: str, pred: Callable[[dict], bool] = lambda b: True) -> Message:
+            while True:
+                m = await asyncio.wait_for(anext(messages), WAIT)
+                if m.kind == kind and pred(m.body):
+                    return m
+
+        runner = asyncio.create_task(run_worker(
+            cfg, install_signals=False, on_worker=workers.append,
+            executor_factory=lambda *a, **kw: executors.append(FakeExecutor(*a, **kw)) or executors[-1]))
+        register = await next_of("register")
+        assert register.sender == worker_sender(NODE)
+        assert len(register.body["node"]["gpus"]) == 2
+        await head.publish(node_cmd(NODE), "launch", launch_body(11))
+        started = await next_of("started")
+        assert started.body["job"] == 11
+        workers[0].stop()
+        await next_of("node_status", lambda b: b["state"] == "offline")
+        assert await asyncio.wait_for(runner, WAIT) == 0
+    assert executors[0].calls[-1] == ("close",)
+
+
+async def test_a_real_job_with_the_real_executor(tmp_path):
+    """Worker + real Executor + a real process: started, finished, repeated, acked."""
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    broker = MemoryBroker()
+    head = head_bus(broker, HEAD_EVENTS)
+    async with head, worker_bus(broker) as wbus:
+        worker = Worker(make_cfg(tmp_path, heartbeat=0.05), wbus, SimBackend("1xA30-24GB", NODE))
+        runner = asyncio.create_task(worker.run())
+        inbox = aiter(head.messages())
+
+        async def next_of(kind: str) -> Message:
+            while True:
+                m = await asyncio.wait_for(anext(inbox), WAIT)
+                if m.kind == kind:
+                    return m
+
+        body = launch_body(21) | {"user": me.pw_name, "uid": me.pw_uid, "gid": me.pw_gid,
+                                  "script": "#!/bin/sh\nexit 3\n", "work_dir": str(tmp_path)}
+        await head.publish(node_cmd(NODE), "launch", body)
+        assert (await next_of("started")).body["job"] == 21
+        finished = await next_of("finished")
+        assert finished.body["exit_code"] == 3 and finished.body["job"] == 21
+        assert (await next_of("finished")).body["job"] == 21          # repeated ...
+        await head.publish(node_cmd(NODE), "ack", {"done": [[21, 1]]})
+        while (await next_of("heartbeat")).body["done"]:               # ... until acked
+            pass
+        worker.stop()
+        await asyncio.wait_for(runner, WAIT)

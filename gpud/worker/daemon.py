@@ -401,9 +401,15 @@ def install_stop_handlers(worker: Worker) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
 
 
-async def run_worker(cfg: Config, *, install_signals: bool = True,
-                     backend: GpuBackend | None = None) -> int:
-    """Build the real pieces around ``Worker`` and run it; the exit code for ``gpud worker``."""
+async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuBackend | None = None,
+                     executor_factory: Callable[..., Any] = default_executor_factory,
+                     on_worker: Callable[[Worker], None] | None = None) -> int:
+    """Build the real pieces around ``Worker`` and run it; the exit code for ``gpud worker``.
+
+    ``install_signals=False`` leaves SIGTERM/SIGINT to a caller that runs more than the
+    worker in its process (``gpud standalone``): ``on_worker`` hands it the ``Worker`` so
+    it can call ``stop()`` (and wait on ``ready``).
+    """
     from ..gpu.backend import GpuError, open_backend
     from ..keys import KeyFileError, load_key
 
@@ -417,9 +423,11 @@ async def run_worker(cfg: Config, *, install_signals: bool = True,
         return 1
     try:
         bus = make_bus(cfg, name, key)
-        worker = Worker(cfg, bus, backend)
+        worker = Worker(cfg, bus, backend, executor_factory=executor_factory)
         if install_signals:
             install_stop_handlers(worker)
+        if on_worker is not None:
+            on_worker(worker)
         async with bus:
             await worker.run()
     except (GpuError, OSError, ValueError) as e:
