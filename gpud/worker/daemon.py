@@ -173,11 +173,18 @@ class Worker:
 
     async def _connection_loop(self) -> None:
         await self.bus.wait_connected()
+        first, announced = True, None
         while True:
             self._connected.clear()
-            await self.announce()
+            # The hook also fires for the first connect, which may be the one just announced;
+            # buses that count their connects let us skip that repeat.
+            connects = getattr(self.bus, "connects", None)
+            if first or connects is None or connects != announced:
+                if not first:
+                    log.info("worker %s reconnected to the broker", self.name)
+                await self.announce()
+                first, announced = False, connects
             await self._connected.wait()
-            log.info("worker %s reconnected to the broker", self.name)
 
     async def _heartbeat_loop(self) -> None:
         interval = self.cfg.worker.heartbeat_interval
