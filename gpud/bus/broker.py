@@ -1,0 +1,92 @@
+"""An MQTT broker inside the current event loop, for ``gpud standalone``.
+
+A single GPU box should not need a system Mosquitto to try gpud, so standalone mode runs
+amqtt (an asyncio MQTT 3.1.1 broker) in its own process and points the head and worker
+buses at it.  It keeps retained messages and fires last wills, which is all gpud needs;
+it keeps nothing on disk, so a restart forgets retained statuses (the daemons re-announce
+themselves on reconnect anyway).  Production clusters use Mosquitto
+(``etc/mosquitto/gpud.conf``).
+
+Usage::
+
+    async with EmbeddedBroker(port=0) as broker:   # 0: any free port
+        bus = MqttBus(broker.url, ...)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("gpud.bus")
+
+# amqtt and its state-machine library log every connection and packet at INFO.
+_CHATTY_LOGGERS = ("amqtt", "transitions")
+
+
+def quiet_amqtt_logging(level: int = logging.WARNING) -> None:
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+class EmbeddedBroker:
+    """amqtt on ``host:port`` for as long as the ``async with`` block runs."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self._broker: Any = None
+
+    @property
+    def url(self) -> str:
+        if self._broker is None:
+            raise RuntimeError("the embedded broker is not running")
+        return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._broker is not None
+
+    async def start(self) -> "EmbeddedBroker":
+        if self._broker is not None:
+            return self
+        quiet_amqtt_logging()
+        from amqtt.broker import Broker  # heavy import (pydantic, websockets): only when used
+
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
+            # Only anonymous auth: the default set also loads packet loggers and a $SYS
+            # publisher that we do not want.  Messages are authenticated by their signatures.
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        }
+        broker = Broker(config)
+        try:
+            await broker.start()
+        except Exception as e:
+            raise OSError(f"cannot start the embedded MQTT broker on {self.host}:{self.port}: "
+                          f"{_root_cause(e)}") from None
+        sockets = broker._servers["default"].instance.sockets  # the only way to learn port 0's port
+        self.port = sockets[0].getsockname()[1]
+        self._broker = broker
+        log.info("embedded MQTT broker listening on %s", self.url)
+        return self
+
+    async def stop(self) -> None:
+        broker, self._broker = self._broker, None
+        if broker is not None:
+            try:
+                await broker.shutdown()
+            except Exception:
+                log.exception("embedded MQTT broker: error while shutting down")
+
+    async def __aenter__(self) -> "EmbeddedBroker":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _root_cause(e: BaseException) -> str:
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e) or type(e).__name__
