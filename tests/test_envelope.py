@@ -83,6 +83,11 @@ def test_topic_mismatch():
     assert reason(sealed(topic="node/a/cmd"), topic="node/b/cmd").startswith("signed for topic")
 
 
+def test_unbound_topic_is_accepted_on_any_topic():
+    env = Verifier(KEY).open(sealed(topic=""), now=NOW, topic="node/b/cmd")
+    assert env.topic == "node/b/cmd"
+
+
 def test_replay_rejected_then_forgotten_once_stale():
     v = Verifier(KEY, max_skew=60)
     p = sealed()

@@ -12,7 +12,8 @@ other field (sorted keys, compact separators, ASCII escapes).  The receiver pars
 payload, re-serialises it canonically and compares MACs in constant time, so the
 signature does not depend on how the sender happened to format its bytes.  ``topic``
 is the topic suffix the sender published to; signing it stops a captured command for
-one node being replayed onto another node's topic.
+one node being replayed onto another node's topic.  (An empty ``topic`` means unbound;
+the buses always bind one.)
 
 A signature alone does not stop replays, so ``Verifier`` also checks:
 
@@ -201,7 +202,10 @@ class Verifier:
         # the key learns nothing from which later check failed.
         if not hmac.compare_digest(_mac(self._key, obj), sig):
             raise EnvelopeError("bad signature")
-        if topic is not None and obj["topic"] != topic:
+        # An empty topic is unbound (``seal`` without one).  Only a key holder can make
+        # such a payload, and every bus binds its topic, so captured traffic cannot be
+        # moved to another topic this way.
+        if topic is not None and obj["topic"] and obj["topic"] != topic:
             raise EnvelopeError(f"signed for topic {obj['topic']!r}")
         if not allow_stale:
             if ts < now - self.max_skew:
@@ -210,7 +214,7 @@ class Verifier:
                 raise EnvelopeError(f"from the future ({ts - now:.0f}s ahead, limit {self.max_skew:.0f}s)")
         self._remember(obj["id"], ts, now, allow_stale)
         return Envelope(kind=obj["kind"], sender=obj["sender"], msg_id=obj["id"], ts=ts,
-                        topic=obj["topic"], body=obj["body"])
+                        topic=topic if topic is not None else obj["topic"], body=obj["body"])
 
     def _remember(self, msg_id: str, ts: float, now: float, stale: bool) -> None:
         seen_ts = self._fresh.get(msg_id)
