@@ -240,6 +240,19 @@ async def test_repeated_open_close_while_publishing(mosquitto):
         assert len(got) == 300
 
 
+async def test_repeated_close_without_flush_cancels_publishes_in_flight(mosquitto, caplog):
+    for cycle in range(10):
+        b = bus(mosquitto.url, f"n{cycle}", close_timeout=0)
+        async with asyncio.timeout(15):
+            async with b:
+                await b.wait_connected()
+                for i in range(200):
+                    await b.publish(HEAD_EVENTS, "e", {"i": i})
+                await wait_until(lambda: b.pending < 190, interval=0)  # some acked, more in flight
+        assert b._task.done()
+    assert "would not stop" not in caplog.text
+
+
 async def test_close_when_the_broker_is_unreachable():
     b = bus(f"mqtt://127.0.0.1:{free_port()}", "n1", max_queued=3)
     async with asyncio.timeout(15):

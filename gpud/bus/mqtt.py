@@ -63,6 +63,7 @@ MAX_QUEUED = 10_000         # outbox size; past it: back-pressure if connected, 
 MAX_INBOX = 100_000         # verified messages not yet read by messages(); past it: drop
 PUBLISH_TIMEOUT = 15.0      # no PUBACK for this long: treat the connection as broken
 KEEPALIVE = 15              # seconds; the broker fires the will after 1.5x this of silence
+STOP_GRACE = 5.0            # seconds close() waits for a clean DISCONNECT before cancelling
 _CANCEL_ROUNDS = 100
 _CANCEL_INTERVAL = 0.05
 
@@ -334,7 +335,9 @@ class MqttBus:
             self._stop.set()
             self._outbox.wake_writers()
             if self._task is not None:
-                await asyncio.wait({self._task}, timeout=self._close_timeout)
+                # Ending the session and sending DISCONNECT takes milliseconds; the
+                # re-cancel loop is for a task stuck on the 3.11 bug or a dead socket.
+                await asyncio.wait({self._task}, timeout=STOP_GRACE)
                 await cancel_and_wait([self._task])
             self._connected.clear()
             self._inbox.put_nowait(_CLOSED)
