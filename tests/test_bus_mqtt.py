@@ -213,16 +213,25 @@ async def test_reconnect_after_broker_restart_delivers_queued_messages(mosquitto
         assert head_connects == [True, True] and n1.connects == 2
 
 
-async def test_persistent_session_receives_while_away(mosquitto):
-    async with bus(mosquitto.url, "head", [HEAD_EVENTS], persistent=True) as head:
+async def check_persistent_session(url):
+    async with bus(url, "head", [HEAD_EVENTS], persistent=True) as head:
         await head.wait_connected()
-    async with bus(mosquitto.url, "n1") as n1:
+    async with bus(url, "n1") as n1:
         for i in range(50):
             await n1.publish(HEAD_EVENTS, "e", {"i": i})
         assert await n1.flush(10)
-    async with bus(mosquitto.url, "head", [HEAD_EVENTS], persistent=True) as head:
+    async with bus(url, "head", [HEAD_EVENTS], persistent=True) as head:
         got = await receive(head, 50)
         assert sorted(m.body["i"] for m in got) == list(range(50))
+
+
+async def test_persistent_session_receives_while_away(mosquitto):
+    await check_persistent_session(mosquitto.url)
+
+
+async def test_embedded_broker_keeps_persistent_sessions():
+    async with EmbeddedBroker() as broker:
+        await check_persistent_session(broker.url)
 
 
 async def test_repeated_open_close_while_publishing(mosquitto):

@@ -3,8 +3,9 @@
 A single GPU box should not need a system Mosquitto to try gpud, so standalone mode runs
 amqtt (an asyncio MQTT 3.1.1 broker) in its own process and points the head and worker
 buses at it.  It keeps retained messages and fires last wills, which is all gpud needs;
-it keeps nothing on disk, so a restart forgets retained statuses (the daemons re-announce
-themselves on reconnect anyway).  Production clusters use Mosquitto
+it also keeps QoS 1 messages for persistent sessions while their client is away.  It
+keeps nothing on disk, so a restart forgets retained statuses and sessions (the daemons
+re-announce themselves on reconnect anyway).  Production clusters use Mosquitto
 (``etc/mosquitto/gpud.conf``).
 
 Usage::
@@ -16,7 +17,11 @@ Usage::
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
+
+from amqtt.broker import Broker
+from amqtt.plugins.base import BaseAuthPlugin
 
 log = logging.getLogger("gpud.bus")
 
@@ -27,6 +32,21 @@ _CHATTY_LOGGERS = ("amqtt", "transitions")
 def quiet_amqtt_logging(level: int = logging.WARNING) -> None:
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(level)
+
+
+class OpenAuth(BaseAuthPlugin):
+    """Admit every client.  Messages are authenticated by their signatures, not here.
+
+    amqtt's own anonymous plugin marks sessions anonymous, and amqtt then keeps no
+    messages for a persistent session while its client is away.
+    """
+
+    @dataclass
+    class Config:
+        pass
+
+    async def authenticate(self, *, session: Any) -> bool:
+        return True
 
 
 class EmbeddedBroker:
@@ -51,13 +71,10 @@ class EmbeddedBroker:
         if self._broker is not None:
             return self
         quiet_amqtt_logging()
-        from amqtt.broker import Broker  # heavy import (pydantic, websockets): only when used
-
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
-            # Only anonymous auth: the default set also loads packet loggers and a $SYS
-            # publisher that we do not want.  Messages are authenticated by their signatures.
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+            # Only this: the default plugins add packet loggers and a $SYS publisher.
+            "plugins": {f"{__name__}.OpenAuth": {}},
         }
         broker = Broker(config)
         try:
