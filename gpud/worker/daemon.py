@@ -190,7 +190,11 @@ class Worker:
         interval = self.cfg.worker.heartbeat_interval
         while True:
             await asyncio.sleep(interval)
-            await self.heartbeat()
+            try:
+                await self.heartbeat()
+            except Exception as e:  # a bug here must not take the node's jobs offline
+                log.error("worker %s: heartbeat failed: %s: %s", self.name, type(e).__name__, e,
+                          exc_info=True)
 
     async def _command_loop(self) -> None:
         async for msg in self.bus.messages():
