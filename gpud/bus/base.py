@@ -28,7 +28,7 @@ a worker does not report.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 HEAD_EVENTS = "head/events"
 HEAD_STATUS = "head/status"
@@ -69,6 +69,9 @@ class Bus(Protocol):
     tests) and ``gpud.bus.memory.MemoryBus`` (in-process fake for fast tests).
     Use as ``async with bus:``; the bus reconnects by itself until closed.
     """
+
+    # Set by the daemon: awaited (as its own task) after every successful (re)connect.
+    on_connect: Callable[[], Awaitable[None]] | None
 
     async def __aenter__(self) -> "Bus": ...
 
