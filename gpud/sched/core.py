@@ -1,45 +1,227 @@
 """``schedule(snapshot, now) -> Plan``: the one scheduling decision procedure.
 
-First version: jobs in (priority: older first) order, first fit on schedulable nodes.
+Theory of operation
+-------------------
+A pass is a pure function of the snapshot and ``now``: no I/O, no clock, no randomness, and
+every ordering ends in a job id or node order, so the same input always gives the same plan.
+It reads as numbered steps:
+
+1. Build the working state: free capacity per node (placement.Cluster), when held
+   resources come back (backfill.Timeline), quota and limit counters (quota.QuotaBook).
+2. Compute every pending job's priority (priority.PriorityModel, Fair Tree fair-share).
+3. Order the queue: priority, then submit time, then job id.  With quotas on, jobs that fit
+   within their account's guarantee go first; jobs that would borrow are considered in a
+   second round, in the same order, with what is left.
+4. For each job, in order:
+   a. not eligible (held, dependency, begin time): pass the head's reason through;
+   b. can never run here as configured (unknown partition/QOS/account, over the
+      partition's time limit, no node big enough): say why;
+   c. limits (QOS GPUs per user, account gpu_limit): wait with the limit's name;
+   d. place now, if that delays no reservation of a higher job;
+   e. else, if resources already being freed (stopping jobs) suffice soon, wait for them;
+   f. else preempt (QOS preemption or quota reclaim), within the caps; the job waits for
+      its victims to exit and starts in a later pass;
+   g. else reserve the earliest start (backfill), for the first ``backfill_depth`` jobs;
+   h. and record why it waits: ``Resources`` for the first waiter of a partition,
+      ``Priority`` behind it or when only a reservation kept it from starting.
+
+Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
+once in a pass is not searched again (resources only shrink during a pass); reservations are
+capped at ``backfill_depth``; victim search runs only when some candidate exists and the rate
+cap allows.
 """
 
 from __future__ import annotations
 
-from .plan import Plan, Start
-from .snapshot import Snapshot
+from .backfill import Timeline
+from .placement import Cluster
+from .plan import Plan, Preemption, Start
+from .preempt import Choice, Preemptor
+from .priority import PriorityModel
+from .quota import QuotaBook
+from .snapshot import PendingJob, RunningJob, Snapshot
+
+INF = float("inf")
 
 
 def schedule(snap: Snapshot, now: float) -> Plan:
-    plan = Plan()
-    free_gpus: dict[str, list[int]] = {}
-    free_cpus: dict[str, int] = {}
-    free_mem: dict[str, int] = {}
-    for n in snap.nodes:
-        free_gpus[n.name] = [g.index for g in n.gpus]
-        free_cpus[n.name] = n.cpus
-        free_mem[n.name] = n.mem_mb
-    for r in snap.running:
-        if r.node in free_gpus:
-            free_gpus[r.node] = [i for i in free_gpus[r.node] if i not in r.gpu_indices]
-            free_cpus[r.node] -= r.cpus
-            free_mem[r.node] -= r.mem_mb
-    models = {n.name: {g.index: g.model for g in n.gpus} for n in snap.nodes}
-    for job in sorted(snap.pending, key=lambda j: (j.submit_time, j.job_id)):
+    """Decide what starts, what is preempted, and why everything else waits."""
+    return _Pass(snap, now).run()
+
+
+class _Pass:
+    # -- step 1: working state --------------------------------------------------------------------
+    def __init__(self, snap: Snapshot, now: float) -> None:
+        self.snap, self.now, self.cfg = snap, now, snap.config
+        self.plan = Plan()
+        self.cluster = Cluster(snap.nodes, snap.running, self.cfg)
+        self.timeline = Timeline(self.cluster, snap.running, now)
+        self.book = QuotaBook(self.cfg, snap.running)
+        members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
+        max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
+        self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
+        self._preemptor: Preemptor | None = None
+        self.failed_shapes: set[tuple] = set()        # placements that cannot succeed this pass
+        self.waiting: set[str] = set()                # partitions with a higher job waiting
+        self.depth_left = self.cfg.backfill_depth if self.cfg.backfill else 0
+
+    def run(self) -> Plan:
+        # -- step 2: priorities
+        plan = self.plan
+        for j in self.snap.pending:
+            f = self.prio.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
+            plan.factors[j.job_id] = f
+            plan.priorities[j.job_id] = sum(f.values())
+        # -- step 3: the ordered queue
+        prio = plan.priorities
+        queue = sorted(self.snap.pending, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
+        borrowing: list[PendingJob] = []
+        for job in queue:
+            if not self.consider(job, may_borrow=not self.book.enabled):
+                borrowing.append(job)
+        for job in borrowing:
+            self.consider(job, may_borrow=True)
+        return plan
+
+    # -- step 4: one job ----------------------------------------------------------------------------
+    def consider(self, job: PendingJob, may_borrow: bool) -> bool:
+        """Decide for ``job``; False when it would borrow and borrowing is not yet allowed."""
+        # a. not eligible now
         if job.held or job.blocked_reason:
-            plan.reasons[job.job_id] = job.blocked_reason or "Held"
-            continue
-        for n in snap.nodes:
-            if not n.schedulable:
-                continue
-            gpus = [i for i in free_gpus[n.name]
-                    if job.gpu_type is None or models[n.name][i] == job.gpu_type]
-            if len(gpus) >= job.gpus and free_cpus[n.name] >= job.cpus and free_mem[n.name] >= job.mem_mb:
-                take = tuple(gpus[: job.gpus])
-                free_gpus[n.name] = [i for i in free_gpus[n.name] if i not in take]
-                free_cpus[n.name] -= job.cpus
-                free_mem[n.name] -= job.mem_mb
-                plan.starts.append(Start(job.job_id, n.name, take, job.cpus, job.mem_mb))
-                break
-        else:
-            plan.reasons[job.job_id] = "Resources"
-    return plan
+            self.plan.reasons[job.job_id] = job.blocked_reason or "Held"
+            return True
+        # b. cannot run as configured
+        refusal = self.misfit(job)
+        if refusal:
+            self.plan.reasons[job.job_id] = refusal
+            return True
+        # c. limits
+        if not self.book.qos_ok(job.qos, job.user, job.gpus):
+            self.plan.reasons[job.job_id] = "QOSMaxGRESPerUser"
+            return True
+        if not self.book.limit_ok(job.account, job.gpus):
+            self.plan.reasons[job.job_id] = "AccountLimit"
+            return True
+        within = self.book.within(job.account, job.gpus)
+        if not within and not may_borrow:
+            return False
+        # d. place now
+        blocked = False
+        if job.partition in self.waiting and not self.cfg.backfill:
+            blocked = True   # strict priority order without backfill
+        elif self.shape(job) not in self.failed_shapes:
+            node, blocked = self.find(job)
+            if node is not None:
+                self.start(job, node, borrowed=not within)
+                return True
+            self.failed_shapes.add(self.shape(job))
+        # e-g. wait for stopping jobs, preempt, or reserve
+        self.wait(job, within)
+        # h. why
+        if job.job_id not in self.plan.reasons:
+            first = job.partition not in self.waiting and not blocked
+            self.plan.reasons[job.job_id] = "Resources" if first else "Priority"
+        self.waiting.add(job.partition)
+        return True
+
+    def misfit(self, job: PendingJob) -> str | None:
+        cfg = self.cfg
+        part = cfg.partitions.get(job.partition)
+        if part is None:
+            return "InvalidPartition"
+        if job.qos not in cfg.qos:
+            return "InvalidQOS"
+        if job.account not in cfg.accounts:
+            return "InvalidAccount"
+        if part.max_time is not None and (job.time_limit is None or job.time_limit > part.max_time):
+            return "PartitionTimeLimit"
+        verdict = self.cluster.feasibility(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
+        if verdict == "never":
+            return "BadConstraints"
+        if verdict == "down":
+            return "ReqNodeNotAvail"
+        return None
+
+    @staticmethod
+    def shape(job: PendingJob) -> tuple:
+        return (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
+
+    def end_of(self, job: PendingJob) -> float:
+        return INF if job.time_limit is None else self.now + job.time_limit
+
+    def find(self, job: PendingJob) -> tuple[int | None, bool]:
+        c, end = self.cluster, self.end_of(job)
+
+        def delays_reservation(i: int) -> bool:
+            return not self.timeline.no_delay(i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end)
+
+        return c.find(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type,
+                      self.cfg.placement_for(job.partition), self.timeline.reserved, delays_reservation)
+
+    def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
+        c = self.cluster
+        gpus = c.pick(i, job.gpus, job.gpu_type)
+        c.allocate(i, gpus, job.cpus, job.mem_mb)
+        self.timeline.add_start(i, gpus, job.cpus, job.mem_mb, self.end_of(job), job.job_id)
+        self.book.on_start(job.account, job.qos, job.user, job.gpus)
+        self.plan.starts.append(Start(job.job_id, c.nodes[i].name, gpus, job.cpus, job.mem_mb,
+                                      borrowed=borrowed and job.gpus > 0))
+
+    # -- steps e-g: a job that cannot start now -----------------------------------------------------
+    def wait(self, job: PendingJob, within: bool) -> None:
+        qos = self.cfg.qos.get(job.qos)
+        targets = frozenset(qos.preempt) if qos is not None else frozenset()
+        pool = self.book.pool(job.account)
+        reclaim = self.book.enabled and within and job.gpus > 0
+        may_preempt = (bool(targets) or reclaim) and self.preemptor().worth_trying(targets, reclaim, pool)
+        if self.depth_left <= 0 and not may_preempt:
+            return
+        shape = self.shape(job)
+        best = self.timeline.earliest(*shape)
+        # e. resources already on their way back are enough
+        if best is not None and best[0] <= self.now:
+            self.reserve(job, best[1], within)
+            return
+        # f. preempt
+        if may_preempt:
+            choice = self.preemptor().select(*shape, targets=targets, reclaim=reclaim, for_pool=pool)
+            if choice is not None:
+                self.preempt(job, choice, targets, pool)
+                self.reserve(job, choice.node, within)
+                self.plan.reasons[job.job_id] = "Resources"
+                return
+        # g. reserve (backfill)
+        if best is not None and self.depth_left > 0:
+            self.depth_left -= 1
+            self.reserve(job, best[1], within=False, at=best[0])
+
+    def reserve(self, job: PendingJob, i: int, within: bool, at: float | None = None) -> None:
+        t = self.now if at is None else at
+        self.timeline.reserve(job.job_id, i, t, job.time_limit, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
+        self.plan.expected_starts[job.job_id] = t
+        self.plan.reserved_nodes[job.job_id] = self.cluster.nodes[i].name
+        if at is None and within:
+            self.book.on_claim(job.account, job.gpus)
+
+    def preemptor(self) -> Preemptor:
+        if self._preemptor is None:
+            self._preemptor = Preemptor(self.cfg, self.snap.running, self.cluster, self.timeline, self.book,
+                                        self.running_priority, self.snap.recent_preemptions, self.now)
+        return self._preemptor
+
+    def running_priority(self, r: RunningJob) -> float:
+        submit = r.submit_time if r.submit_time is not None else r.start_time
+        return self.prio.priority(r.account, r.user, r.qos, r.partition, len(r.gpu_indices), submit, r.nice)
+
+    def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None) -> None:
+        self.preemptor().commit(choice)
+        for v in choice.victims:
+            vq = self.cfg.qos.get(v.qos)
+            mode = vq.preempt_mode if vq is not None else "requeue"
+            if mode == "requeue" and not v.requeue:
+                mode = "cancel"   # a job that asked not to be requeued is cancelled instead
+            why = f"QOS {job.qos} preempts {v.qos}" if v.qos in targets else f"quota reclaim for account {pool}"
+            self.plan.preemptions.append(Preemption(
+                job_id=v.job_id, mode=mode, grace_time=vq.grace_time if vq is not None else 0.0,
+                reason=why, for_job=job.job_id))
+

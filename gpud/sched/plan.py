@@ -1,4 +1,10 @@
-"""The scheduler's output: complete data the head applies in one transaction."""
+"""The scheduler's output: complete data the head applies in one transaction.
+
+Every pending job of the snapshot appears in ``priorities`` and ``factors``; every pending
+job that does not start appears in ``reasons`` (Slurm's names: ``Priority``, ``Resources``,
+``AccountLimit``, ...).  A job that waits for preempted jobs to exit has reason
+``Resources`` and an expected start of ``now``; it starts in a later pass.
+"""
 
 from __future__ import annotations
 
@@ -31,3 +37,8 @@ class Plan:
     reasons: dict[int, str] = field(default_factory=dict)         # pending job -> reason
     priorities: dict[int, float] = field(default_factory=dict)    # pending job -> priority
     expected_starts: dict[int, float] = field(default_factory=dict)  # backfill reservations
+    # pending job -> weighted priority factors ("age", "fairshare", "job_size", "qos",
+    # "partition", "nice"), for ``gpuctl sprio``; they sum to the job's priority
+    factors: dict[int, dict[str, float]] = field(default_factory=dict)
+    # pending job -> node its reservation is on (with expected_starts), for ``squeue --start``
+    reserved_nodes: dict[int, str] = field(default_factory=dict)

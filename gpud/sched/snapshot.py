@@ -66,6 +66,16 @@ class RunningJob:
     borrowed: bool = False            # runs beyond its account's quota
     requeue: bool = True
     stopping: bool = False            # already signalled (COMPLETING): its resources free soon
+    submit_time: float | None = None  # for its priority as a preemption victim; default start_time
+    nice: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return len(self.gpu_indices)
+
+    def end_time(self) -> float:
+        """When its time limit runs out (inf when unlimited)."""
+        return float("inf") if self.time_limit is None else self.start_time + self.time_limit
 
 
 @dataclass(frozen=True)

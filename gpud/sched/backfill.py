@@ -1,0 +1,285 @@
+"""Reservations for the top waiting jobs, and the backfill rule that protects them.
+
+Theory of operation
+-------------------
+``Timeline`` knows, per node, when held resources come back: every running job releases
+its GPUs, CPUs and memory at ``start + time_limit`` (never, when unlimited), a stopping job
+(already signalled, or picked as a victim in this pass) at ``now``, and a job started in
+this pass at ``now + its time limit``.  Free capacity at a future time ``t`` is what is free
+now, plus every release up to ``t``, minus every reservation active at ``t``.
+
+A high-priority job that cannot start now gets a *reservation*: the earliest time at which
+some node has what it needs for its whole time limit without touching earlier
+reservations.  A lower job may start now on a node that carries reservations only if, at
+the start of each of them that it overlaps, the node still has what the reservation needs
+after this job takes its share ("ends before the reservation, or uses resources the
+reservation does not need").  Reservations never move later because of backfilled jobs, so a
+big job at the top cannot be starved by a stream of small ones.
+
+GPUs are fungible within a node (a reservation counts GPUs of its model, not indices), which
+is exact for whole GPUs on one node.  When GPU models are mixed on one node, a reservation
+without a model is charged against every model: conservative, it never delays one.
+
+Search is pruned: for a job needing ``g`` GPUs, nodes are tried in order of a lower bound
+(when running jobs alone would leave ``g`` GPUs free), and the scan stops once the lower
+bound passes the best exact answer.  Reservations and starts only ever delay a node, so the
+bounds stay valid for the whole pass; nodes where a victim was picked are re-checked apart.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .placement import Cluster
+from .snapshot import RunningJob
+
+INF = math.inf
+
+
+@dataclass
+class Release:
+    end: float                    # clamped to >= now
+    gpus: tuple[int, ...]
+    cpus: int
+    mem: int
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    job_id: int
+    node: int
+    start: float
+    end: float
+    gpus: int
+    cpus: int
+    mem: int
+    model: str | None
+
+    def overlaps(self, a: float, b: float) -> bool:
+        return self.start < b and self.end > a
+
+
+@dataclass
+class Profile:
+    """Free (GPUs, CPUs, memory) on one node: ``gpus[k]`` etc. hold from ``times[k]`` on."""
+
+    times: list[float]
+    gpus: list[int]
+    cpus: list[int]
+    mem: list[int]
+
+    def at(self, t: float) -> tuple[int, int, int]:
+        k = bisect.bisect_right(self.times, t) - 1
+        if k < 0:
+            return 0, 0, 0
+        return self.gpus[k], self.cpus[k], self.mem[k]
+
+    def _split(self, t: float) -> int:
+        """The index of a breakpoint at ``t`` (``t >= times[0]``), inserted if missing."""
+        k = bisect.bisect_left(self.times, t)
+        if k < len(self.times) and self.times[k] == t:
+            return k
+        self.times.insert(k, t)
+        for col in (self.gpus, self.cpus, self.mem):
+            col.insert(k, col[k - 1])
+        return k
+
+    def add(self, t0: float, t1: float, gpus: int, cpus: int, mem: int) -> None:
+        if t1 <= t0:
+            return
+        k0 = self._split(t0)
+        k1 = self._split(t1) if t1 < INF else len(self.times)
+        for k in range(k0, k1):
+            self.gpus[k] += gpus
+            self.cpus[k] += cpus
+            self.mem[k] += mem
+
+
+class Timeline:
+    def __init__(self, cluster: Cluster, running: Sequence[RunningJob], now: float) -> None:
+        self.cluster, self.now = cluster, now
+        n = len(cluster.nodes)
+        self.releases: list[list[Release]] = [[] for _ in range(n)]
+        self.reservations: list[list[Reservation]] = [[] for _ in range(n)]
+        self.reserved: set[int] = set()     # nodes carrying at least one reservation
+        self.dirty: set[int] = set()        # nodes whose lower bounds a victim made stale
+        self._by_job: dict[int, tuple[int, Release]] = {}
+        self._profiles: dict[int, dict[str | None, Profile]] = {}
+        self._bounds: dict[tuple[str, str | None, int], tuple[list[float], list[int]]] = {}
+        for r in running:
+            i = cluster.pos.get(r.node)
+            if i is not None:
+                self._add(i, Release(now if r.stopping else max(now, r.end_time()),
+                                     tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id))
+
+    def _add(self, i: int, rel: Release) -> None:
+        self.releases[i].append(rel)
+        self._by_job[rel.job_id] = (i, rel)
+
+    def add_start(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float, job_id: int) -> None:
+        """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""
+        self._add(i, Release(end, gpus, cpus, mem, job_id))
+        self._shift(i, self.now, end, lambda m: self.cluster.count_matching(i, gpus, m), -cpus, -mem, -1)
+
+    def stop(self, job_id: int) -> None:
+        """A victim picked in this pass: its resources come back at ``now``."""
+        i, rel = self._by_job[job_id]
+        old, rel.end = rel.end, self.now
+        self.dirty.add(i)
+        self._shift(i, self.now, old, lambda m: self.cluster.count_matching(i, rel.gpus, m), rel.cpus, rel.mem, 1)
+
+    def reserve(self, job_id: int, i: int, start: float, time_limit: float | None,
+                gpus: int, cpus: int, mem: int, model: str | None) -> Reservation:
+        end = INF if time_limit is None else start + time_limit
+        r = Reservation(job_id, i, start, end, gpus, cpus, mem, model)
+        self.reservations[i].append(r)
+        self.reserved.add(i)
+        self._shift(i, start, end, lambda m: gpus if (model is None or m is None or m == model) else 0,
+                    -cpus, -mem, -1)
+        return r
+
+    def _shift(self, i: int, t0: float, t1: float, gpus_for: Callable[[str | None], int],
+               cpus: int, mem: int, sign: int) -> None:
+        """Keep the node's cached profiles current: add a change over ``[t0, t1)``."""
+        for model, prof in self._profiles.get(i, {}).items():
+            prof.add(t0, t1, sign * gpus_for(model), cpus, mem)
+
+    # -- capacity over time --------------------------------------------------------------------
+
+    def profile(self, i: int, model: str | None, extra: Sequence[Release] = ()) -> Profile:
+        """Free capacity on node ``i`` as a step function from ``now`` on."""
+        c = self.cluster
+        if model is not None and not c.mixed[i] and model in c.model_set[i]:
+            model = None          # one model per node: counting "all" is counting that model
+        if not extra:
+            cached = self._profiles.get(i, {}).get(model)
+            if cached is not None:
+                return cached
+        delta: dict[float, list[int]] = {}
+
+        def add(t: float, g: int, cpus: int, mem: int) -> None:
+            d = delta.get(t)
+            if d is None:
+                delta[t] = [g, cpus, mem]
+            else:
+                d[0] += g
+                d[1] += cpus
+                d[2] += mem
+
+        now = self.now
+        add(now, c.free_count(i, model), c.cpus[i], c.mem[i])
+        for rel in (*self.releases[i], *extra) if extra else self.releases[i]:
+            if rel.end < INF:
+                add(rel.end, c.count_matching(i, rel.gpus, model), rel.cpus, rel.mem)
+        for r in self.reservations[i]:
+            g = r.gpus if (r.model is None or model is None or r.model == model) else 0
+            add(max(now, r.start), -g, -r.cpus, -r.mem)
+            if r.end < INF:
+                add(max(now, r.end), g, r.cpus, r.mem)
+        times = sorted(delta)
+        g = cpus = mem = 0
+        gs, cs, ms = [], [], []
+        for t in times:
+            d = delta[t]
+            g, cpus, mem = g + d[0], cpus + d[1], mem + d[2]
+            gs.append(g)
+            cs.append(cpus)
+            ms.append(mem)
+        prof = Profile(times, gs, cs, ms)
+        if not extra:
+            self._profiles.setdefault(i, {})[model] = prof
+        return prof
+
+    def free_at(self, i: int, t: float, model: str | None,
+                extra: Sequence[Release] = ()) -> tuple[int, int, int]:
+        return self.profile(i, model, extra).at(t)
+
+    def earliest_on_node(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
+                         time_limit: float | None, extra: Sequence[Release] = ()) -> float | None:
+        """The earliest time >= now at which node ``i`` can hold the job for its whole limit."""
+        c = self.cluster
+        if c.capacity(i, model) < gpus or c.total_cpus[i] < cpus or c.total_mem[i] < mem:
+            return None
+        p = self.profile(i, model, extra)
+        times, gs, cs, ms = p.times, p.gpus, p.cpus, p.mem
+        n = len(times)
+        k = 0
+        while k < n:
+            if gs[k] < gpus or cs[k] < cpus or ms[k] < mem:
+                k += 1
+                continue
+            end = INF if time_limit is None else times[k] + time_limit
+            j = k + 1
+            while j < n and times[j] < end and gs[j] >= gpus and cs[j] >= cpus and ms[j] >= mem:
+                j += 1
+            if j == n or times[j] >= end:
+                return times[k]
+            k = j + 1      # every start up to times[j] would overlap the shortfall at times[j]
+        return None
+
+    def no_delay(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float) -> bool:
+        """Whether starting a job now on node ``i`` (until ``end``) leaves every reservation whole."""
+        c = self.cluster
+        for r in self.reservations[i]:
+            if r.overlaps(self.now, end):
+                g, fc, fm = self.free_at(i, max(r.start, self.now), r.model)
+                if g < c.count_matching(i, gpus, r.model) or fc < cpus or fm < mem:
+                    return False
+        return True
+
+    # -- the earliest start anywhere -------------------------------------------------------------
+
+    def _lower_bounds(self, partition: str, model: str | None, gpus: int) -> tuple[list[float], list[int]]:
+        key = (partition, model, gpus)
+        hit = self._bounds.get(key)
+        if hit is not None:
+            return hit
+        c = self.cluster
+        rows: list[tuple[float, int]] = []
+        for i in c.members.get(partition, ()):
+            if not c.up[i] or c.capacity(i, model) < gpus:
+                continue
+            have = c.free_count(i, model)
+            t = self.now
+            if have < gpus:
+                t = INF
+                for rel in sorted(self.releases[i], key=lambda r: r.end):
+                    have += c.count_matching(i, rel.gpus, model)
+                    if have >= gpus:
+                        t = rel.end
+                        break
+            if t < INF:
+                rows.append((t, i))
+        rows.sort()
+        hit = ([t for t, _ in rows], [i for _, i in rows])
+        self._bounds[key] = hit
+        return hit
+
+    def earliest(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None,
+                 time_limit: float | None) -> tuple[float, int] | None:
+        """(time, node) of the earliest start for the job anywhere in its partition."""
+        bounds, order = self._lower_bounds(partition, model, gpus)
+        best: tuple[float, int] | None = None
+        for k, i in enumerate(order):
+            if best is not None and bounds[k] >= best[0]:
+                break
+            t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
+            if t is not None and (best is None or t < best[0]):
+                best = (t, i)
+        if self.dirty:
+            members = self.cluster.members.get(partition, ())
+            for i in sorted(self.dirty):
+                if self.cluster.up[i] and _contains(members, i):
+                    t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
+                    if t is not None and (best is None or (t, i) < best):
+                        best = (t, i)
+        return best
+
+
+def _contains(sorted_list: Sequence[int], x: int) -> bool:
+    k = bisect.bisect_left(sorted_list, x)
+    return k < len(sorted_list) and sorted_list[k] == x

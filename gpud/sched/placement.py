@@ -1,0 +1,174 @@
+"""Free capacity now, per node, and where a job fits: best-fit bin-packing or spread.
+
+Theory of operation
+-------------------
+``Cluster`` starts from the snapshot's nodes minus what running jobs hold (a stopping job
+still holds its resources until it exits) and is then mutated by the pass as it starts
+jobs, so it always says what is free *now*.  Nothing is ever allocated beyond a node's
+GPUs, CPUs or memory: a start takes specific free GPU indices and subtracts CPUs and memory
+that ``find`` checked.
+
+Search is indexed.  For each (partition, GPU model filter) in use, a ``FreeIndex`` keeps
+the partition's schedulable nodes in buckets by how many matching GPUs they have free.  A
+job needing ``g`` GPUs looks at buckets ``g, g+1, ...`` (``binpack``: the fullest node that
+fits, which keeps whole nodes free for big jobs) or from the top down (``spread``), so a
+search touches only nodes that have enough GPUs; within a bucket, nodes keep a
+deterministic order.  ``find`` also takes a veto (backfill: "would this delay a
+reservation?") that is consulted only for nodes that carry reservations.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Callable, Sequence
+
+from .config import SchedConfig
+from .snapshot import NodeView, RunningJob
+
+Shape = tuple[bool, int, int, tuple[tuple[str, int], ...]]   # (up, cpus, mem, GPUs per model)
+
+
+class FreeIndex:
+    """Schedulable nodes of one partition bucketed by free GPUs (of one model, or any)."""
+
+    def __init__(self, cluster: "Cluster", partition: str, model: str | None) -> None:
+        self.model = model
+        members = [i for i in cluster.members.get(partition, ())
+                   if cluster.up[i] and (model is None or model in cluster.model_set[i])]
+        self.maxk = max((cluster.capacity(i, model) for i in members), default=0)
+        self.buckets: list[dict[int, None]] = [{} for _ in range(self.maxk + 1)]
+        self.where: dict[int, int] = {}
+        for i in members:
+            k = cluster.free_count(i, model)
+            self.buckets[k][i] = None
+            self.where[i] = k
+            cluster.node_indexes[i].append(self)
+
+    def move(self, i: int, k: int) -> None:
+        old = self.where[i]
+        if old != k:
+            del self.buckets[old][i]
+            self.buckets[k][i] = None
+            self.where[i] = k
+
+    def most_free(self) -> int:
+        for k in range(self.maxk, -1, -1):
+            if self.buckets[k]:
+                return k
+        return -1
+
+
+class Cluster:
+    def __init__(self, nodes: Sequence[NodeView], running: Sequence[RunningJob], cfg: SchedConfig) -> None:
+        self.nodes = sorted(nodes, key=lambda n: n.name)
+        self.pos = {n.name: i for i, n in enumerate(self.nodes)}
+        self.up = [n.schedulable for n in self.nodes]
+        self.model_of = [{g.index: g.model for g in n.gpus} for n in self.nodes]
+        self.model_set = [frozenset(m.values()) for m in self.model_of]
+        self.mixed = [len(ms) > 1 for ms in self.model_set]
+        self.total_cpus = [n.cpus for n in self.nodes]
+        self.total_mem = [n.mem_mb for n in self.nodes]
+        taken: list[set[int]] = [set() for _ in self.nodes]
+        self.cpus = list(self.total_cpus)
+        self.mem = list(self.total_mem)
+        for r in running:
+            i = self.pos.get(r.node)
+            if i is None:
+                continue
+            taken[i].update(r.gpu_indices)
+            self.cpus[i] -= r.cpus
+            self.mem[i] -= r.mem_mb
+        self.free = [sorted(g for g in m if g not in t) for m, t in zip(self.model_of, taken)]
+        self.members: dict[str, list[int]] = {}
+        for name, p in cfg.partitions.items():
+            self.members[name] = [i for i, n in enumerate(self.nodes)
+                                  if any(fnmatchcase(n.name, pat) for pat in p.nodes)]
+        self.node_indexes: list[list[FreeIndex]] = [[] for _ in self.nodes]
+        self._indexes: dict[tuple[str, str | None], FreeIndex] = {}
+        self._shapes: dict[str, list[Shape]] = {}
+
+    # -- counting ------------------------------------------------------------------------------
+
+    def capacity(self, i: int, model: str | None) -> int:
+        m = self.model_of[i]
+        return len(m) if model is None else sum(1 for x in m.values() if x == model)
+
+    def free_count(self, i: int, model: str | None) -> int:
+        if model is None:
+            return len(self.free[i])
+        m = self.model_of[i]
+        return sum(1 for g in self.free[i] if m[g] == model)
+
+    def count_matching(self, i: int, gpus: Sequence[int], model: str | None) -> int:
+        if model is None:
+            return len(gpus)
+        if not self.mixed[i]:
+            return len(gpus) if model in self.model_set[i] else 0
+        m = self.model_of[i]
+        return sum(1 for g in gpus if m.get(g) == model)
+
+    def max_gpus(self, partition: str) -> int:
+        """The most GPUs any node of the partition has (the biggest job it can hold)."""
+        return max((len(self.model_of[i]) for i in self.members.get(partition, ())), default=0)
+
+    def feasibility(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None) -> str:
+        """"ok" if some schedulable node could ever hold the job, "down" if only nodes that
+        are down or drained could, "never" if none could."""
+        shapes = self._shapes.get(partition)
+        if shapes is None:
+            shapes = sorted({(self.up[i], self.total_cpus[i], self.total_mem[i],
+                              tuple(sorted((mo, self.capacity(i, mo)) for mo in self.model_set[i])))
+                             for i in self.members.get(partition, ())}, reverse=True)
+            self._shapes[partition] = shapes
+        verdict = "never"
+        for up, c, m, models in shapes:
+            have = sum(n for _, n in models) if model is None else dict(models).get(model, 0)
+            if have >= gpus and c >= cpus and m >= mem:
+                if up:
+                    return "ok"
+                verdict = "down"
+        return verdict
+
+    # -- search and allocation -----------------------------------------------------------------
+
+    def index(self, partition: str, model: str | None) -> FreeIndex:
+        key = (partition, model)
+        idx = self._indexes.get(key)
+        if idx is None:
+            idx = self._indexes[key] = FreeIndex(self, partition, model)
+        return idx
+
+    def find(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
+             vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
+        """(node index or None, whether a node had room but was vetoed)."""
+        idx = self.index(partition, model)
+        if gpus > idx.maxk:
+            return None, False
+        ks = range(gpus, idx.maxk + 1) if policy == "binpack" else range(idx.maxk, gpus - 1, -1)
+        blocked = False
+        free_cpus, free_mem = self.cpus, self.mem
+        for k in ks:
+            for i in idx.buckets[k]:
+                if free_cpus[i] >= cpus and free_mem[i] >= mem:
+                    if i in vetoed and veto(i):
+                        blocked = True
+                        continue
+                    return i, blocked
+        return None, blocked
+
+    def pick(self, i: int, gpus: int, model: str | None) -> tuple[int, ...]:
+        """The GPUs a start on node ``i`` would take: the lowest free indices that match."""
+        if model is None:
+            return tuple(self.free[i][:gpus])
+        m = self.model_of[i]
+        return tuple([g for g in self.free[i] if m[g] == model][:gpus])
+
+    def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
+        taken = set(gpu_indices)
+        if not taken <= set(self.free[i]) or cpus > self.cpus[i] or mem > self.mem[i]:
+            raise AssertionError(f"over-allocation on {self.nodes[i].name}")  # a bug, never input
+        self.free[i] = [g for g in self.free[i] if g not in taken]
+        self.cpus[i] -= cpus
+        self.mem[i] -= mem
+        for idx in self.node_indexes[i]:
+            idx.move(i, self.free_count(i, idx.model))

@@ -1,0 +1,176 @@
+"""Multifactor job priority and Fair Tree fair-share.
+
+Theory of operation
+-------------------
+A pending job's priority is Slurm's multifactor sum, every factor in [0, 1]::
+
+    priority = w_age * age + w_fairshare * fairshare + w_job_size * job_size
+             + w_qos * qos + w_partition * partition - nice
+
+* age: time since submission over ``max_age``, saturating at 1;
+* job_size: the job's GPUs over the most GPUs any node of its partition has (a job runs on
+  one node, so 1.0 is the largest job the partition can hold);
+* qos, partition: their configured priority over the highest configured one (0 when none
+  is positive);
+* fairshare: Fair Tree, below.
+
+Fair Tree (after Slurm's algorithm of that name).  Accounts form a tree (``parent``), users
+hang under the accounts they submit to.  Among siblings each node gets a *level fair-share*
+``S / U``: its shares over the siblings' total shares, divided by its decayed usage over the
+siblings' total usage (infinite when it has used nothing).  Ranking every user by the
+sequence of level fair-shares on the path from the root (higher first, compared level by
+level) is a depth-first walk that visits siblings best first: every user of a better-served
+account ranks below every user of a worse-served one, whatever their own usage.  With N
+users, the best gets factor 1, the next (N-1)/N, ... the last 1/N; users with identical
+paths tie and share the higher rank.  Two saturating accounts therefore alternate at the
+top until their usage ratio matches their shares ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from .config import SchedConfig
+
+UsageKey = tuple[str, str]
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class ShareRow:
+    """One line of ``gpuctl sshare``: an account (user None) or a user under an account."""
+
+    account: str
+    user: str | None
+    depth: int                  # 0 for top-level accounts
+    shares: float               # as configured (users: 1)
+    norm_shares: float          # fraction of the whole cluster's shares (product down the tree)
+    raw_usage: float            # decayed, billed GPU-seconds of the subtree
+    effective_usage: float      # raw_usage over the whole cluster's usage
+    level_fs: float             # S / U among its siblings (inf: no usage yet)
+    fairshare: float | None     # the factor in [0, 1]; users only
+
+
+@dataclass
+class _Node:
+    name: str
+    shares: float
+    user: str | None = None
+    usage: float = 0.0
+    children: list["_Node"] | None = None
+
+
+def _level_fs(shares: float, total_shares: float, usage: float, total_usage: float) -> float:
+    if shares <= 0 or total_shares <= 0:
+        return 0.0
+    if usage <= 0 or total_usage <= 0:
+        return INF
+    return (shares / total_shares) / (usage / total_usage)
+
+
+def _build_tree(cfg: SchedConfig, usage: Mapping[UsageKey, float],
+                members: Iterable[UsageKey]) -> list[_Node]:
+    accounts = {name: _Node(name, a.shares, children=[]) for name, a in cfg.accounts.items()}
+    pairs = set(usage) | set(members)
+    for a in cfg.accounts.values():
+        pairs.update((a.name, u) for u in a.users if u != "*")
+    for acct, _user in pairs:  # an account the config no longer knows still shows its usage
+        if acct not in accounts:
+            accounts[acct] = _Node(acct, 1.0, children=[])
+    roots: list[_Node] = []
+    for name, node in accounts.items():
+        parent = cfg.accounts[name].parent if name in cfg.accounts else None
+        (accounts[parent].children if parent else roots).append(node)  # type: ignore[union-attr]
+    for acct, user in sorted(pairs):
+        leaf = _Node(acct, 1.0, user=user, usage=max(0.0, usage.get((acct, user), 0.0)))
+        accounts[acct].children.append(leaf)  # type: ignore[union-attr]
+
+    def total(n: _Node) -> float:
+        if n.children is not None:
+            n.usage = sum(total(c) for c in n.children)
+        return n.usage
+
+    for r in roots:
+        total(r)
+    return roots
+
+
+def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
+                    members: Iterable[UsageKey] = ()) -> list[ShareRow]:
+    """Rows for ``gpuctl sshare``, depth first; ``members`` adds (account, user) pairs with jobs."""
+    roots = _build_tree(cfg, usage, members)
+    cluster_usage = sum(r.usage for r in roots)
+    rows: list[ShareRow] = []
+    leaves: list[tuple[tuple[float, ...], int]] = []   # (path of -level_fs, row index)
+
+    def walk(siblings: list[_Node], depth: int, parent_norm: float, path: tuple[float, ...],
+             account: str | None) -> None:
+        s_tot = sum(n.shares for n in siblings)
+        u_tot = sum(n.usage for n in siblings)
+        for n in siblings:
+            lfs = _level_fs(n.shares, s_tot, n.usage, u_tot)
+            norm = parent_norm * (n.shares / s_tot if s_tot > 0 else 0.0)
+            eff = n.usage / cluster_usage if cluster_usage > 0 else 0.0
+            here = path + (-lfs,)
+            if n.user is not None:
+                leaves.append((here, len(rows)))
+                rows.append(ShareRow(account or n.name, n.user, depth, n.shares, norm, n.usage, eff, lfs, None))
+            else:
+                rows.append(ShareRow(n.name, None, depth, n.shares, norm, n.usage, eff, lfs, None))
+                walk(n.children or [], depth + 1, norm, here, n.name)
+
+    walk(roots, 0, 1.0, (), None)
+    leaves.sort()
+    count = len(leaves)
+    rank_of_path: dict[tuple[float, ...], int] = {}
+    for pos, (path, i) in enumerate(leaves):
+        rank = rank_of_path.setdefault(path, count - pos)
+        r = rows[i]
+        rows[i] = ShareRow(r.account, r.user, r.depth, r.shares, r.norm_shares, r.raw_usage,
+                           r.effective_usage, r.level_fs, rank / count)
+    return rows
+
+
+def fairshare_factors(cfg: SchedConfig, usage: Mapping[UsageKey, float],
+                      members: Iterable[UsageKey] = ()) -> dict[UsageKey, float]:
+    """(account, user) -> Fair Tree factor in (0, 1]."""
+    return {(r.account, r.user): r.fairshare or 0.0
+            for r in fairshare_table(cfg, usage, members) if r.user is not None}
+
+
+class PriorityModel:
+    """Weighted multifactor priority for one pass (fair-share computed once)."""
+
+    def __init__(self, cfg: SchedConfig, usage: Mapping[UsageKey, float], members: Iterable[UsageKey],
+                 max_gpus: Mapping[str, int], now: float) -> None:
+        self.cfg, self.now = cfg, now
+        self.w = cfg.weights
+        self.fs = fairshare_factors(cfg, usage, members)
+        self.max_gpus = max_gpus
+        top_q = max((q.priority for q in cfg.qos.values()), default=0)
+        top_p = max((p.priority for p in cfg.partitions.values()), default=0)
+        self.qos_factor = {n: (max(0, q.priority) / top_q if top_q > 0 else 0.0) for n, q in cfg.qos.items()}
+        self.part_factor = {n: (max(0, p.priority) / top_p if top_p > 0 else 0.0)
+                            for n, p in cfg.partitions.items()}
+
+    def factors(self, account: str, user: str, qos: str, partition: str, gpus: int,
+                submit_time: float, nice: int) -> dict[str, float]:
+        """Weighted factors; their sum is the priority."""
+        w = self.w
+        age = min(1.0, max(0.0, self.now - submit_time) / self.cfg.max_age)
+        biggest = self.max_gpus.get(partition, 0)
+        size = min(1.0, gpus / biggest) if biggest > 0 else 0.0
+        return {
+            "age": w.age * age,
+            "fairshare": w.fairshare * self.fs.get((account, user), 0.0),
+            "job_size": w.job_size * size,
+            "qos": w.qos * self.qos_factor.get(qos, 0.0),
+            "partition": w.partition * self.part_factor.get(partition, 0.0),
+            "nice": float(-nice),
+        }
+
+    def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
+                 submit_time: float, nice: int) -> float:
+        return sum(self.factors(account, user, qos, partition, gpus, submit_time, nice).values())
