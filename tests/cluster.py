@@ -141,8 +141,14 @@ class Cluster:
         r = self.gpuctl("sbatch", "--parsable", *args, **kw)
         return int(r.stdout.strip().split(";")[0])
 
+    def client(self):
+        from gpuctl import Client
+
+        return Client(self.socket)
+
     def jobs(self, all: bool = True) -> dict[int, dict]:
-        r = self.gpuctl("sacct" if all else "squeue", "--json", *(["-a"] if all else []), check=False)
+        args = ["sacct", "--json", "-a", "-S", "2000-01-01"] if all else ["squeue", "--json"]
+        r = self.gpuctl(*args, check=False)
         if r.returncode != 0:
             return {}
         return {j["job_id"]: j for j in json.loads(r.stdout)["jobs"]}

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
+from typing import Callable
 
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Will
 from ..config import Config
-from ..keys import load_key
+from ..keys import KeyFileError, load_key
 from .daemon import HEAD_SENDER, Head
 from .store import Store
 
@@ -45,17 +47,25 @@ def install_stop_handlers(stop) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
 
 
-async def run_head(cfg: Config, *, on_ready=None) -> int:
-    key = load_key(cfg.key_file)
+async def run_head(cfg: Config, *, install_signals: bool = True,
+                   on_head: Callable[[Head], None] | None = None) -> int:
+    """Build the real pieces around ``Head`` and run it; the exit code for ``gpud head``.
+
+    ``install_signals=False`` and ``on_head`` serve a caller that runs more than the head
+    in its process (``gpud standalone``): it gets the ``Head`` to wait on and to stop.
+    """
+    try:
+        key = load_key(cfg.key_file)
+    except KeyFileError as e:
+        print(f"gpud head: error: {e}", file=sys.stderr)
+        return 1
     async with Store(cfg.database) as store:
         bus = make_bus(cfg, key)
         head = Head(cfg, bus, store)
-        install_stop_handlers(head.stop)
+        if install_signals:
+            install_stop_handlers(head.stop)
+        if on_head is not None:
+            on_head(head)
         async with bus:
-            runner = asyncio.create_task(head.run(), name="head")
-            ready = asyncio.create_task(head.ready.wait())
-            await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
-            if head.ready.is_set() and on_ready is not None:
-                on_ready()
-            await runner
+            await head.run()
     return 0

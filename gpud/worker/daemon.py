@@ -79,13 +79,27 @@ def default_executor_factory(state_dir: str, node: str, **kw: Any) -> Any:
     return Executor(state_dir, node, **kw)
 
 
+SIM_CPUS_PER_GPU = 16       # a simulated GPU server is sized like a real one,
+SIM_MEM_MB_PER_GPU = 128 * 1024  # not like the small machine simulating it
+
+
 def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
-    """This host as the head sees it: config overrides first, then what the machine has."""
+    """This host as the head sees it: config overrides first, then what the machine has.
+
+    With simulated GPUs the host's own CPUs and memory would make the GPUs unreachable
+    (a 2-core test box could run two jobs on eight GPUs), so the defaults follow the GPUs.
+    """
+    gpus = tuple(backend.discover())
+    sim = backend.name == "sim"
+    cpus = os.cpu_count() or 1
+    mem = psutil.virtual_memory().total // (1 << 20)
+    if sim:
+        cpus, mem = max(cpus, SIM_CPUS_PER_GPU * len(gpus)), max(mem, SIM_MEM_MB_PER_GPU * len(gpus))
     return NodeInfo(
         name=cfg.worker_name(),
-        cpus=cfg.worker.cpus or os.cpu_count() or 1,
-        mem_mb=cfg.worker.mem_mb or psutil.virtual_memory().total // (1 << 20),
-        gpus=tuple(backend.discover()),
+        cpus=cfg.worker.cpus or cpus,
+        mem_mb=cfg.worker.mem_mb or mem,
+        gpus=gpus,
         labels={},
     )
 

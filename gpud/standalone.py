@@ -1,0 +1,74 @@
+"""`gpud standalone`: head, one worker and an embedded MQTT broker in one process.
+
+For a single GPU box and for a first try: no Mosquitto, no key distribution.  The key and
+the socket live in the state directory; the printed ``GPUD_SOCKET=…`` line points gpuctl
+at this cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+
+from .config import Config
+from .keys import generate_key
+
+log = logging.getLogger("gpud.standalone")
+
+
+async def run_standalone(cfg: Config, *, port: int = 0) -> int:
+    from .bus.broker import EmbeddedBroker  # amqtt is only needed here
+    from .head.daemon import Head
+    from .head.service import run_head
+    from .worker.daemon import Worker, run_worker
+
+    os.makedirs(cfg.state_dir, mode=0o755, exist_ok=True)
+    if not os.path.exists(cfg.key_file):
+        generate_key(cfg.key_file)
+    heads: list[Head] = []
+    workers: list[Worker] = []
+    async with EmbeddedBroker(port=port) as broker:
+        cfg = replace(cfg, broker=replace(cfg.broker, url=broker.url))
+        stopping = asyncio.Event()
+
+        def stop() -> None:
+            if stopping.is_set():
+                log.warning("stopping again: exiting now")
+                raise SystemExit(1)
+            stopping.set()
+            for w in workers:
+                w.stop()
+            for h in heads:
+                h.stop()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+        head_task = asyncio.create_task(run_head(cfg, install_signals=False, on_head=heads.append), name="head")
+        while not heads and not head_task.done():
+            await asyncio.sleep(0.01)
+        if head_task.done():
+            return head_task.result()
+        ready = asyncio.create_task(heads[0].ready.wait())
+        await asyncio.wait({head_task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if head_task.done():
+            return head_task.result()
+        print(f"GPUD_SOCKET={cfg.head.socket}", flush=True)
+        print(f"gpud standalone: cluster {cfg.cluster!r} ready; export GPUD_SOCKET={cfg.head.socket}",
+              file=sys.stderr, flush=True)
+        worker_task = asyncio.create_task(
+            run_worker(cfg, install_signals=False, on_worker=workers.append), name="worker")
+        done, _ = await asyncio.wait({head_task, worker_task}, return_when=asyncio.FIRST_COMPLETED)
+        # Either one ending ends the box: stop the other one too.
+        if not stopping.is_set():
+            stopping.set()
+            for w in workers:
+                w.stop()
+            for h in heads:
+                h.stop()
+        codes = await asyncio.gather(head_task, worker_task)
+    return max(codes)
