@@ -186,18 +186,18 @@ def synthetic(seed: int, n: int, accounts=("a", "b", "c")) -> list:
     rnd = random.Random(seed)
     t, rows = 0.0, []
     for i in range(n):
-        t += rnd.expovariate(1 / 60)
+        t += rnd.expovariate(1 / 600)
         rows.append(f"j{i},{t:.0f},{rnd.choice([1, 1, 1, 2, 4, 8, 0.5])},"
                     f"{rnd.randint(60, 7200)},u{rnd.randint(1, 5)},{rnd.choice(accounts)},,,")
     return trace(*rows)
 
 
 def test_same_input_same_report():
-    jobs = synthetic(7, 400)
+    jobs = synthetic(7, 300)
     nodes = parse_cluster("2x8xH100-80GB")
     first = simulate(nodes, jobs)
     assert simulate(nodes, jobs) == first
-    assert first["jobs"]["submitted"] == 400 and first["wait_s"]["p95"] > 0
+    assert first["jobs"]["submitted"] == 300 and first["wait_s"]["p95"] > 0
 
 
 def test_text_report_renders():

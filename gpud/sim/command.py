@@ -54,12 +54,17 @@ def load_sched_config(path: str | None) -> SchedConfig:
         raise SimConfigError(f"{path}: {e}") from None
     except OSError as e:
         raise SimConfigError(f"{path}: {e.strerror}") from None
-    from .. import config as gpud_config  # the daemons' loader: one meaning for one file
+    from ..sched import config as sched_config
 
+    from_dict = getattr(sched_config, "sched_config_from_dict", None)
     try:
+        if from_dict is not None:
+            return from_dict(data, path)
+        from .. import config as gpud_config  # a core without its own reader: the daemons'
         return gpud_config.from_dict(data, path).sched
-    except (gpud_config.ConfigError, ValueError, TypeError) as e:
-        raise SimConfigError(str(e).splitlines()[0] if str(e) else f"{path}: invalid config") \
+    except ValueError as e:  # SchedConfigError and ConfigError are ValueErrors
+        message = (str(e).splitlines() or ["invalid config"])[0]
+        raise SimConfigError(message if message.startswith(path) else f"{path}: {message}") \
             from None
 
 

@@ -43,6 +43,13 @@ from ..sched.core import schedule as core_schedule
 from ..sched.plan import Plan
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
 from .report import Tally
+
+try:
+    from ..sched import usage as _usage
+    from ..sched.config import AccountConfig
+except ImportError:  # pragma: no cover - a core without usage decay or an account tree
+    _usage = None
+    AccountConfig = None  # type: ignore[assignment,misc]
 from .trace import TraceJob, TraceStats
 
 __all__ = ["Simulation", "simulate"]
@@ -53,8 +60,8 @@ log = logging.getLogger("gpud.sim")
 _END, _GRACE, _WAKE = 0, 1, 2
 # A core that keeps planning at one instant (zero grace, flip-flopping) must not hang us.
 MAX_PASSES_PER_INSTANT = 100
-# Preemption times kept for the core's rate cap when its config names no window.
-DEFAULT_PREEMPT_WINDOW_S = 3600.0
+# Preemption times handed to the core for its rate cap: the last minute, as the head does.
+PREEMPT_WINDOW_S = 60.0
 
 
 class _Job:
@@ -85,15 +92,15 @@ class _Job:
 class _Usage:
     """Decayed, billed GPU-seconds per (account, user), advanced with the virtual clock.
 
-    Running jobs add a rate per key; advancing by ``dt`` accrues ``rate * dt`` and applies
-    the configured decay.  Uses ``gpud.sched.usage`` when the core provides it, otherwise
-    plain accumulation without decay.
+    Running jobs add a billing rate per key (billed GPUs, fractions for shares); advancing
+    by ``dt`` decays every value and adds each rate's decayed integral, with the core's own
+    ``gpud.sched.usage`` arithmetic.  O(keys) per advance, however many jobs run.
     """
 
     def __init__(self, config: SchedConfig) -> None:
         self.values: dict[tuple[str, str], float] = {}
         self.rates: dict[tuple[str, str], float] = {}
-        self._advance = _usage_advancer(config)
+        self.half_life = getattr(config, "fairshare_half_life", None)
 
     def add_rate(self, key: tuple[str, str], rate: float) -> None:
         r = self.rates.get(key, 0.0) + rate
@@ -103,15 +110,19 @@ class _Usage:
             self.rates[key] = r
 
     def advance(self, dt: float) -> None:
-        if dt > 0:
-            self._advance(self.values, self.rates, dt)
-
-
-def _usage_advancer(config: SchedConfig) -> Callable[[dict, dict, float], None]:
-    def linear(values: dict, rates: dict, dt: float) -> None:
-        for key, rate in rates.items():
-            values[key] = values.get(key, 0.0) + rate * dt
-    return linear
+        if dt <= 0:
+            return
+        values, hl = self.values, self.half_life
+        if _usage is None:  # a core without usage decay: plain accumulation
+            for key, rate in self.rates.items():
+                values[key] = values.get(key, 0.0) + rate * dt
+            return
+        if hl:
+            factor = _usage.decay(1.0, dt, hl)
+            for key in values:
+                values[key] *= factor
+        for key, rate in self.rates.items():
+            values[key] = values.get(key, 0.0) + _usage.decayed_integral(rate, 0.0, dt, dt, hl)
 
 
 class Simulation:
@@ -120,12 +131,14 @@ class Simulation:
     def __init__(self, nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],
                  config: SchedConfig | None = None, *, until: float | None = None,
                  trace_stats: TraceStats | None = None, ignore_gpu_type: bool = False,
+                 exact_limits: bool = False,
                  schedule: Callable[[Snapshot, float], Plan] = core_schedule) -> None:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
         self.config = config if config is not None else SchedConfig()
         self.until = until
         self.trace_stats = trace_stats
         self.ignore_gpu_type = ignore_gpu_type
+        self.exact_limits = exact_limits
         self._schedule = schedule
         self._rows: Iterator[TraceJob] = iter(jobs)
         self._next_row: TraceJob | None = None
@@ -152,8 +165,11 @@ class Simulation:
         self.tally = Tally(total_gpus=self.total_gpus)
         self.usage = _Usage(self.config)
         self._recent_preemptions: deque[float] = deque()
-        self._weights: dict[str, float] = dict(getattr(self.config, "billing_weights", {}) or {})
+        self._weights: dict[str, float] = dict(getattr(self.config, "billing", {}) or {})
         self._started = False
+        self._run_has_submit = "submit_time" in RunningJob.__dataclass_fields__
+        # A schedule function other than the core may do anything: give it every event.
+        self._can_preempt = schedule is not core_schedule or _may_preempt(self.config)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -169,7 +185,8 @@ class Simulation:
             if t is None or (self.until is not None and t > self.until):
                 break
             self._advance(t)
-            self._apply_events(t)
+            if not self._apply_events(t):
+                continue
             if t != last_instant:
                 instant_passes, last_instant = 0, t
             if self.pending and instant_passes < MAX_PASSES_PER_INSTANT:
@@ -206,23 +223,60 @@ class Simulation:
             self.usage.advance(dt)
             self.clock = t
 
-    def _apply_events(self, t: float) -> None:
+    def _apply_events(self, t: float) -> bool:
+        """Apply every event due at ``t``; False when no pass could change anything."""
         heap = self._heap
+        changed = False
         while heap and heap[0][0] <= t:
             _, kind, _, job_id, attempt = heapq.heappop(heap)
             if kind == _WAKE:
                 self._wakes.discard(t)
+                changed = True
                 continue
             job = self.jobs.get(job_id)
             if job is None or job.attempt != attempt or job_id not in self.running:
                 continue  # stale: that run already ended
             if kind == _END:
                 self._end_run(job, t, natural=True)
+                changed = True
             elif kind == _GRACE and job.stop_mode is not None:
                 self._end_run(job, t, natural=False)
+                changed = True
+        arrived = []
         while self._next_row is not None and self._next_row.submit_s <= t:
-            self._arrive(self._next_row, t)
+            job_id = self._arrive(self._next_row, t)
+            if job_id is not None:
+                arrived.append(job_id)
             self._pull_row()
+        return changed or self._could_start_any(arrived)
+
+    def _could_start_any(self, job_ids: list[int]) -> bool:
+        """Whether a pass might act on these new jobs, when nothing else changed.
+
+        Without preemption and with no resource freed since the last pass, a new job can
+        only start where its GPUs are free now; if none of them fits anywhere, a pass
+        would start nothing and is skipped (the head's timer pass has no analogue here).
+        """
+        if not job_ids:
+            return False
+        if self._can_preempt:
+            return True
+        most_free: dict[str | None, int] = {None: 0}
+        for name, free in self._free.items():
+            if not free:
+                continue
+            most_free[None] = max(most_free[None], len(free))
+            models = self._models[name]
+            counts: dict[str, int] = {}
+            for i in free:
+                counts[models[i]] = counts.get(models[i], 0) + 1
+            for model, k in counts.items():
+                most_free[model] = max(most_free.get(model, 0), k)
+        for job_id in job_ids:
+            p = self.pending[job_id]
+            if p.gpus <= most_free.get(p.gpu_type, 0):
+                return True
+        return False
 
     def _push(self, t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
         self._seq += 1
@@ -233,24 +287,59 @@ class Simulation:
 
     # -- arrivals and ends ------------------------------------------------------------
 
-    def _arrive(self, row: TraceJob, t: float) -> None:
+    def _arrive(self, row: TraceJob, t: float) -> int | None:
         cfg = self.config
-        gpu_type = None if self.ignore_gpu_type else row.gpu_type
+        limit = self._limit(row)
+        refusal = self._refusal(row, limit)
+        if refusal is not None:
+            self.tally.infeasible[refusal] += 1
+            return None
         account = row.account or cfg.default_account
-        if gpu_type is not None and gpu_type not in self._max_gpus:
-            self.tally.infeasible["no_such_gpu_type"] += 1
-            return
-        if row.gpus > self._max_gpus[gpu_type]:
-            self.tally.infeasible["too_many_gpus"] += 1
-            return
-        limit = row.time_limit_s if row.time_limit_s is not None else \
-            getattr(cfg, "default_time_limit", None)
+        self._ensure_account(account)
         # A row older than the clock (an unsorted trace) arrives now: waits never go negative.
         submit = max(row.submit_s, t)
         job = _Job(row, account, row.qos or cfg.default_qos, submit, limit)
         self.jobs[row.seq] = job
         self.tally.submit(account, submit)
         self._make_pending(job)
+        return row.seq
+
+    def _limit(self, row: TraceJob) -> float | None:
+        """The job's time limit: the trace's; else its own duration with ``exact_limits``;
+        else the partition's maximum (what anyone may ask for), or unlimited."""
+        if row.time_limit_s is not None:
+            return row.time_limit_s
+        if self.exact_limits:
+            return max(row.duration_s, 1.0)
+        part = self._partition()
+        return getattr(part, "max_time", None)
+
+    def _partition(self) -> Any:
+        return getattr(self.config, "partitions", {}).get(self.config.default_partition)
+
+    def _refusal(self, row: TraceJob, limit: float | None) -> str | None:
+        """Why the head would refuse this job at submit (it could never run), or None."""
+        gpu_type = None if self.ignore_gpu_type else row.gpu_type
+        if gpu_type is not None and gpu_type not in self._max_gpus:
+            return "no_such_gpu_type"
+        if row.gpus > self._max_gpus[gpu_type]:
+            return "too_many_gpus"
+        qos = getattr(self.config, "qos", None)
+        if qos is not None and (row.qos or self.config.default_qos) not in qos:
+            return "no_such_qos"
+        max_time = getattr(self._partition(), "max_time", None)
+        if max_time is not None and (limit is None or limit > max_time):
+            return "over_time_limit"
+        return None
+
+    def _ensure_account(self, account: str) -> None:
+        """Trace accounts the config lacks join as top-level accounts with one share."""
+        accounts = getattr(self.config, "accounts", None)
+        if accounts is None or account in accounts or AccountConfig is None:
+            return
+        added = AccountConfig(name=account, users=("*",))
+        self.config = replace(self.config, accounts={**accounts, account: added})
+        self.tally.accounts_added.append(account)
 
     def _make_pending(self, job: _Job) -> None:
         row = job.trace
@@ -288,9 +377,8 @@ class Simulation:
     # -- one scheduler pass -----------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        window = getattr(self.config, "preempt_rate_window", None) or DEFAULT_PREEMPT_WINDOW_S
         recent = self._recent_preemptions
-        while recent and recent[0] <= self.clock - window:
+        while recent and recent[0] < self.clock - PREEMPT_WINDOW_S:
             recent.popleft()
         return Snapshot(nodes=self.nodes, pending=tuple(self.pending.values()),
                         running=tuple(self.running.values()), config=self.config,
@@ -342,9 +430,12 @@ class Simulation:
             job_id=s.job_id, user=job.user, account=job.account, partition=pend.partition,
             qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,
             mem_mb=s.mem_mb, start_time=t, time_limit=job.limit,
-            preempt_count=job.preempt_count, borrowed=s.borrowed)
+            preempt_count=job.preempt_count, borrowed=s.borrowed, **self._run_extra(job))
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
+
+    def _run_extra(self, job: _Job) -> dict[str, Any]:
+        return {"submit_time": job.submit} if self._run_has_submit else {}
 
     def _weight(self, models: dict[int, str], gpus: set[int]) -> float:
         if not self._weights or not gpus:
@@ -362,6 +453,14 @@ class Simulation:
         self.tally.preemptions += 1
         self._recent_preemptions.append(t)
         self._push(t + max(0.0, float(p.grace_time)), _GRACE, p.job_id, job.attempt)
+
+
+def _may_preempt(config: SchedConfig) -> bool:
+    """Whether the policy can preempt at all: some QOS preempts another, or quotas reclaim."""
+    qos = getattr(config, "qos", {}) or {}
+    accounts = getattr(config, "accounts", {}) or {}
+    return (any(getattr(q, "preempt", ()) for q in qos.values())
+            or any(getattr(a, "gpu_quota", None) is not None for a in accounts.values()))
 
 
 def simulate(nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],

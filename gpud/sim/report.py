@@ -56,6 +56,7 @@ class Tally:
     waiting_alloc_seconds: float = 0.0
     waiting_total_seconds: float = 0.0
     passes: int = 0
+    accounts_added: list[str] = field(default_factory=list)   # trace accounts not configured
 
     def account(self, name: str) -> AccountTally:
         acct = self.accounts.get(name)
@@ -141,6 +142,7 @@ class Tally:
                 "infeasible": dict(sorted(self.infeasible.items())),
             },
             "gpu_seconds": _round(total_gpu_s),
+            "accounts_added": sorted(self.accounts_added),
             "trace": trace,
             "cluster": {"nodes": nodes, "gpus": self.total_gpus},
             "simulated_s": _round(span),
