@@ -1,0 +1,562 @@
+"""The job executor: runs batch jobs on a worker, as their users, and remembers how they ended.
+
+Theory of operation
+-------------------
+Every job runs under ``jobwrap.py`` (see there): a small process that leads the job's session
+and process group, becomes the job's user only in its child, writes the job's exact wait
+status to a file, and outlives the worker.  The executor prepares the allocation's directory
+(``jobstore.py``: script, what the wrapper needs, a record of the run), starts the wrapper,
+watches its pid with a pidfd (psutil polling where the kernel has none), and enforces the
+time limit and the kill grace on its injected clock.  When the wrapper is gone it turns the
+status file into an ``Outcome``, saves it, and hands it to ``on_finished``.
+
+A stop (time limit, cancel, preemption) sends a signal to the whole group, then SIGCONT so a
+stopped job sees it, and SIGKILL when the grace runs out; fencing (``kill``) sends SIGKILL
+at once.  The first reason given is the one reported.  Stops are saved in the record, so a
+restarted worker still delivers the SIGKILL on time.
+
+Restarts: ``close()`` stops watching and never kills.  ``start()`` reads the directories
+again: a live wrapper (same pid *and* same process start time) is watched again; a dead one
+is finished from its status file, or as "lost" when it left none.  Outcomes stay on disk
+until ``ack()``, which leaves a small tombstone so that a repeated ``launch`` never runs an
+allocation twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import pwd
+import shutil
+import signal as signals
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psutil
+
+from ..units import format_duration
+from .jobstore import JobStore, Key, Saved
+from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
+
+__all__ = ["Executor", "GpuAssignment", "Launch", "Outcome", "output_path", "parse_signal"]
+
+log = logging.getLogger("gpud.worker.executor")
+
+PRUNE_EVERY = 3600.0            # seconds between tombstone prunes
+DEFAULT_SHELL = "/bin/bash"
+WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobwrap.py")
+# The wrapper may run as root: it never sees the job's environment (LD_PRELOAD, PYTHON*...).
+WRAPPER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+# Wrappers still running when their executor closed; polled later so that a process that
+# keeps running (an in-process restart, tests) reaps them.
+_DETACHED: list[subprocess.Popen] = []
+
+
+class _LaunchError(Exception):
+    """The job cannot start; the message is the user-facing reason."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """One allocation this executor runs or watches (mutable; event-loop thread only)."""
+
+    launch: Launch
+    pid: int | None = None           # the wrapper's pid, which is also the job's pgid
+    create_time: float | None = None  # the wrapper's start time as psutil reports it
+    start_time: float | None = None
+    deadline: float | None = None    # clock time of the time limit
+    stop_reason: str | None = None
+    kill_at: float | None = None     # clock time of the SIGKILL that ends a stop's grace
+    killed: bool = False             # SIGKILL sent
+    popen: subprocess.Popen | None = None   # None when adopted from an earlier executor
+    task: asyncio.Task | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    early: list[int] = field(default_factory=list)  # signals asked for before the spawn
+
+    @property
+    def key(self) -> Key:
+        return (self.launch.job_id, self.launch.attempt)
+
+    def record(self) -> dict[str, Any]:
+        return {"version": 1, "pid": self.pid, "create_time": self.create_time,
+                "start_time": self.start_time, "deadline": self.deadline,
+                "stop_reason": self.stop_reason, "kill_at": self.kill_at, "killed": self.killed,
+                "launch": self.launch.to_body()}
+
+    @classmethod
+    def from_saved(cls, saved: Saved) -> "_Job":
+        """Raises ValueError (or KeyError, TypeError) when the record is unusable."""
+        rec = saved.record
+        if rec is None:
+            raise ValueError("no record")
+        job = cls(Launch.from_body(rec["launch"]))
+        for name in ("create_time", "start_time", "deadline", "kill_at"):
+            value = rec.get(name)
+            setattr(job, name, float(value) if isinstance(value, (int, float)) else None)
+        job.stop_reason = rec["stop_reason"] if isinstance(rec.get("stop_reason"), str) else None
+        job.killed = rec.get("killed") is True
+        pid = rec.get("pid")
+        # No pid: the worker died between the spawn and the record; the wrapper wrote its own.
+        job.pid = pid if isinstance(pid, int) and pid > 0 else saved.wrapper_pid
+        return job
+
+
+class Executor:
+    """Runs, watches and stops this node's jobs; see the module docstring."""
+
+    def __init__(self, state_dir: str, node: str, *, on_started: Callable | None = None,
+                 on_finished: Callable | None = None, clock: Callable[[], float] = time.time,
+                 shell: str = DEFAULT_SHELL, poll_interval: float = 1.0) -> None:
+        """``on_started(job_id, attempt, pid, start_time)`` and ``on_finished(outcome)`` may be
+        plain or async.  ``poll_interval`` bounds how long the clock goes unchecked."""
+        self.node = node
+        self.store = JobStore(state_dir, clock)
+        self._on_started = on_started
+        self._on_finished = on_finished
+        self._clock = clock
+        self._shell = shell
+        self._poll = poll_interval
+        self._use_pidfd = hasattr(os, "pidfd_open")
+        self._python = sys.executable or shutil.which("python3") or "/usr/bin/python3"
+        self._jobs: dict[Key, _Job] = {}
+        self._outcomes: dict[Key, Outcome] = {}
+        self._closed = False
+        self._last_prune = float("-inf")
+
+    # -- the API the worker daemon calls ------------------------------------------------------
+
+    async def start(self) -> None:
+        """Pick up what is on disk: watch live jobs again, finish the ones that ended."""
+        self._closed = False
+        _reap_detached()
+        await asyncio.to_thread(self.store.setup)
+        found = await asyncio.to_thread(self.store.load)
+        self._last_prune = self._clock()
+        for saved in found:
+            known = self._jobs.get(saved.key)
+            if known is not None and known.task is None and known.pid is not None:
+                self._watch(known)  # this executor was closed and is started again
+            if known is not None or saved.key in self._outcomes:
+                continue
+            if saved.outcome is not None:
+                self._outcomes[saved.key] = saved.outcome
+                continue
+            try:
+                job = _Job.from_saved(saved)
+            except (KeyError, TypeError, ValueError):
+                log.error("job %d.%d: its record is unreadable; reported lost", *saved.key)
+                job = None
+            if job is None or job.key != saved.key:
+                await self._finish(saved.key, Outcome(
+                    *saved.key, None, None, "lost", "the worker's record of this job is unreadable",
+                    None, self._clock()))
+                continue
+            self._jobs[job.key] = job
+            if _alive(job.pid, job.create_time, saved.dir):
+                log.info("job %d.%d: watching it again (pid %d)", *job.key, job.pid)
+                self._watch(job)
+            else:
+                await self._conclude(job)
+
+    async def launch(self, launch: Launch) -> None:
+        """Start an allocation; a repeat of one running, finished or acknowledged does nothing."""
+        key = (launch.job_id, launch.attempt)
+        if self._closed:
+            log.warning("job %d.%d: executor closed; launch ignored", *key)
+            return
+        if key in self._jobs or key in self._outcomes or self.store.seen(key):
+            log.debug("job %d.%d: launched here before; repeat ignored", *key)
+            return
+        job = self._jobs[key] = _Job(launch)
+        _reap_detached()
+        try:
+            await asyncio.to_thread(self._prepare, job)
+            job.popen = await asyncio.to_thread(self._spawn, job)
+        except _LaunchError as e:
+            await self._finish(key, self._outcome(job, None, None, "launch_failed", str(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - a bad launch must never take the worker down
+            log.exception("job %d.%d: launch failed", *key)
+            await self._finish(key, self._outcome(job, None, None, "launch_failed",
+                                                  f"internal error while starting the job: {e}"))
+            return
+        job.pid = job.popen.pid
+        job.start_time = self._clock()
+        if launch.time_limit is not None:
+            job.deadline = job.start_time + launch.time_limit
+        job.create_time = _create_time(job.pid)
+        self._save_record(job)
+        for sig in job.early:
+            self._signal_group(job, sig)
+        log.info("job %d.%d started as %s (pid %d)", *key, launch.user, job.pid)
+        if not self._closed:
+            self._watch(job)
+        await _call(self._on_started, key[0], key[1], job.pid, job.start_time)
+
+    async def signal(self, job_id: int, attempt: int, sig: str | int = "TERM",
+                     grace: float | None = None, reason: str = "cancelled") -> bool:
+        """Stop a job: ``sig`` to its process group now, SIGKILL after ``grace`` seconds
+        (default: the launch's kill_grace).  With reason "signal" the signal is only
+        delivered, as ``scancel --signal`` does.  False when the job does not run here or
+        ``sig`` names no signal."""
+        job = self._jobs.get((job_id, attempt))
+        if job is None:
+            return False
+        signum = parse_signal(sig)
+        if signum is None:
+            log.warning("job %d.%d: unknown signal %r ignored", job_id, attempt, sig)
+            return False
+        if reason == "signal":
+            self._signal_group(job, signum)
+        elif signum == signals.SIGKILL:
+            self._kill_now(job, reason)
+        else:
+            self._begin_stop(job, signum, job.launch.kill_grace if grace is None else grace, reason)
+        return True
+
+    async def kill(self, job_id: int, attempt: int, reason: str = "killed") -> bool:
+        """Fencing: SIGKILL the job's whole group now.  False when it does not run here."""
+        job = self._jobs.get((job_id, attempt))
+        if job is None:
+            return False
+        self._kill_now(job, reason)
+        return True
+
+    def running(self) -> list[Key]:
+        """Allocations started here and not finished (including ones no longer watched)."""
+        return sorted(self._jobs)
+
+    def outcomes(self) -> list[Outcome]:
+        """Finished allocations the head has not acknowledged yet."""
+        return [self._outcomes[k] for k in sorted(self._outcomes)]
+
+    def ack(self, job_id: int, attempt: int) -> None:
+        """The head recorded this outcome: forget it, keeping only a tombstone."""
+        key = (job_id, attempt)
+        if self._outcomes.pop(key, None) is None:
+            return
+        self.store.acknowledge(key)
+        if self._clock() - self._last_prune >= PRUNE_EVERY:
+            self._last_prune = self._clock()
+            self.store.prune_tombstones()
+
+    async def close(self) -> None:
+        """Stop watching.  Jobs keep running; the next executor on this state_dir adopts them."""
+        self._closed = True
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job in self._jobs.values():
+            job.task = None
+            if job.popen is not None and job.popen.returncode is None:
+                _DETACHED.append(job.popen)
+
+    # -- launching ------------------------------------------------------------------------------
+
+    def _prepare(self, job: _Job) -> None:
+        """(thread) Resolve the user, build the environment, write the allocation's files."""
+        launch = job.launch
+        user, home, groups, switch = self._identity(launch)
+        env = dict(launch.env)
+        env.update({
+            "GPUD_JOB_ID": str(launch.job_id), "GPUD_JOB_NAME": launch.name,
+            "GPUD_NODENAME": self.node, "GPUD_SUBMIT_DIR": launch.submit_dir,
+            "GPUD_GPUS": ",".join(str(g.index) for g in launch.gpus),
+            "GPUD_JOB_ATTEMPT": str(launch.attempt),
+            # UUIDs survive any renumbering; an empty value hides every GPU.
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in launch.gpus),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "USER": user, "LOGNAME": user, "HOME": home,
+        })
+        env.update(launch.extra_env)
+        stdout = output_path(launch.stdout, launch, self.node)
+        stderr = output_path(launch.stderr, launch, self.node) if launch.stderr else stdout
+        job_dir = self.store.dir(job.key)
+        spec = {"user": user, "uid": launch.uid, "gid": launch.gid, "groups": groups,
+                "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
+                "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
+                "env": env}
+        try:
+            self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
+                              spec, job.record())
+        except OSError as e:
+            raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
+
+    def _identity(self, launch: Launch) -> tuple[str, str, list[int], bool]:
+        """(user, home, groups, switch_user): the job's user when root, else ourselves."""
+        if os.geteuid() != 0:
+            try:
+                pw = pwd.getpwuid(os.getuid())
+                return pw.pw_name, pw.pw_dir, [], False
+            except KeyError:
+                return launch.user, os.environ.get("HOME", "/"), [], False
+        try:
+            pw = pwd.getpwuid(launch.uid)
+        except KeyError:
+            raise _LaunchError(f"user {launch.user} (uid {launch.uid}) does not exist on node "
+                               f"{self.node}; add the user there or fix its user database") from None
+        if pw.pw_name != launch.user:
+            raise _LaunchError(f"uid {launch.uid} is {pw.pw_name} on node {self.node} but "
+                               f"{launch.user} on the head; make the user databases agree")
+        try:
+            groups = os.getgrouplist(pw.pw_name, launch.gid)
+        except OSError as e:
+            raise _LaunchError(f"cannot read the groups of {pw.pw_name}: {e.strerror}") from None
+        return pw.pw_name, pw.pw_dir, groups, True
+
+    def _spawn(self, job: _Job) -> subprocess.Popen:
+        """(thread) Start the wrapper as the leader of a new session."""
+        job_dir = self.store.dir(job.key)
+        try:
+            log_fd = os.open(os.path.join(job_dir, "wrapper.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                return subprocess.Popen(
+                    [self._python, "-I", "-S", WRAPPER, job_dir], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=log_fd, cwd="/", env=WRAPPER_ENV,
+                    start_new_session=True, close_fds=True)
+            finally:
+                os.close(log_fd)
+        except OSError as e:
+            raise _LaunchError(f"cannot start the job wrapper {self._python}: {e.strerror}") from None
+
+    # -- watching and stopping ------------------------------------------------------------------
+
+    def _watch(self, job: _Job) -> None:
+        job.task = asyncio.get_running_loop().create_task(
+            self._supervise(job), name=f"job {job.key[0]}.{job.key[1]}")
+
+    async def _supervise(self, job: _Job) -> None:
+        exited = self._exit_future(job)
+        try:
+            while not exited.done():
+                self._enforce(job)
+                job.wake.clear()
+                waker = asyncio.ensure_future(job.wake.wait())
+                try:
+                    await asyncio.wait((exited, waker), timeout=self._delay(job),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+            await self._conclude(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one job's trouble must not take the worker down
+            log.exception("job %d.%d: watcher failed", *job.key)
+        finally:
+            exited.cancel()
+
+    def _exit_future(self, job: _Job) -> asyncio.Future:
+        """Resolves once the wrapper has exited (a zombie counts)."""
+        loop = asyncio.get_running_loop()
+        if self._use_pidfd and job.pid is not None:
+            try:
+                fd = os.pidfd_open(job.pid)
+            except ProcessLookupError:
+                fut = loop.create_future()
+                fut.set_result(None)
+                return fut
+            except OSError:
+                self._use_pidfd = False  # a kernel without pidfds: poll instead
+            else:
+                return self._pidfd_future(loop, fd, job)
+        return asyncio.ensure_future(self._poll_exit(job))
+
+    def _pidfd_future(self, loop: asyncio.AbstractEventLoop, fd: int, job: _Job) -> asyncio.Future:
+        fut = loop.create_future()
+        # Checked with the pidfd open, so the pid cannot be recycled between check and watch.
+        if job.popen is None and not _alive(job.pid, job.create_time, self.store.dir(job.key)):
+            os.close(fd)
+            fut.set_result(None)
+            return fut
+        loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+        def release(_: asyncio.Future) -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+        fut.add_done_callback(release)
+        return fut
+
+    async def _poll_exit(self, job: _Job) -> None:
+        job_dir = self.store.dir(job.key)
+        while (job.popen.poll() is None if job.popen is not None
+               else _alive(job.pid, job.create_time, job_dir)):
+            await asyncio.sleep(self._poll)
+
+    def _delay(self, job: _Job) -> float | None:
+        """Seconds to the next deadline, at most the poll interval; None: no deadline."""
+        due = [t for t, pending in ((job.deadline, job.stop_reason is None),
+                                    (job.kill_at, not job.killed)) if t is not None and pending]
+        if not due:
+            return None
+        return min(max(0.0, min(due) - self._clock()), self._poll)
+
+    def _enforce(self, job: _Job) -> None:
+        now = self._clock()
+        if job.stop_reason is None and job.deadline is not None and now >= job.deadline:
+            log.info("job %d.%d: time limit reached", *job.key)
+            self._begin_stop(job, signals.SIGTERM, job.launch.kill_grace, "timeout")
+        if job.kill_at is not None and not job.killed and now >= job.kill_at:
+            log.info("job %d.%d: grace over, killing it", *job.key)
+            self._kill_now(job, job.stop_reason or "killed")
+
+    def _begin_stop(self, job: _Job, sig: int, grace: float, reason: str) -> None:
+        job.stop_reason = job.stop_reason or reason
+        kill_at = self._clock() + max(0.0, grace)
+        job.kill_at = kill_at if job.kill_at is None else min(job.kill_at, kill_at)
+        self._signal_group(job, sig)
+        if sig != signals.SIGCONT:
+            self._signal_group(job, signals.SIGCONT)  # a stopped job gets the signal now
+        self._save_record(job)
+        job.wake.set()
+
+    def _kill_now(self, job: _Job, reason: str) -> None:
+        job.stop_reason = job.stop_reason or reason
+        self._signal_group(job, signals.SIGKILL)
+        job.killed = True
+        self._save_record(job)
+        job.wake.set()
+
+    def _signal_group(self, job: _Job, sig: int) -> None:
+        if job.pid is None:  # still spawning: sent as soon as the wrapper exists
+            job.early.append(sig)
+            return
+        try:
+            os.killpg(job.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as e:
+            log.warning("job %d.%d: cannot signal its processes: %s", *job.key, e.strerror)
+
+    # -- finishing ------------------------------------------------------------------------------
+
+    async def _conclude(self, job: _Job) -> None:
+        """The wrapper is gone: clear leftovers, read its status, record the outcome."""
+        rc = None
+        if job.popen is not None:
+            rc = job.popen.poll()
+            if rc is None:
+                rc = await asyncio.to_thread(job.popen.wait)
+            self._signal_group(job, signals.SIGKILL)  # just reaped: the group id is still ours
+        elif job.pid is not None:
+            await asyncio.to_thread(_sweep_group, job.pid, job.create_time)
+        status = await asyncio.to_thread(self.store.status, job.key)
+        await self._finish(job.key, self._outcome_from(job, status, rc))
+
+    def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
+        if status is not None and isinstance(status.get("error"), str):
+            return self._outcome(job, None, None, "launch_failed", status["error"])
+        reason = job.stop_reason or "exited"
+        if status is not None and isinstance(status.get("exit_code"), int):
+            sig = status.get("signal") if isinstance(status.get("signal"), int) else None
+            return self._outcome(job, status["exit_code"], sig, reason, core=status.get("core") is True)
+        if rc is not None and rc < 0:  # the wrapper itself was killed, normally by our SIGKILL
+            return self._outcome(job, 0, -rc, reason)
+        if rc is None and job.killed:  # adopted, and our SIGKILL ended it
+            return self._outcome(job, 0, signals.SIGKILL, reason)
+        detail = self.store.wrapper_error(job.key)
+        return self._outcome(job, None, None, job.stop_reason or "lost",
+                             "the job ended without recording an exit status"
+                             + (f" ({detail})" if detail else ""))
+
+    def _outcome(self, job: _Job, exit_code: int | None, sig: int | None, reason: str,
+                 message: str | None = None, core: bool = False) -> Outcome:
+        if message is None:
+            if sig:
+                try:
+                    name = signals.Signals(sig).name
+                except ValueError:
+                    name = "unknown"
+                message = f"killed by signal {sig} ({name})" + (", core dumped" if core else "")
+            else:
+                message = f"exited with code {exit_code}"
+            if reason == "timeout":
+                message = f"time limit of {format_duration(job.launch.time_limit)} reached; {message}"
+            elif reason != "exited":
+                message = f"{reason}; {message}"
+        return Outcome(job.launch.job_id, job.launch.attempt, exit_code, sig, reason, message,
+                       job.start_time, self._clock())
+
+    async def _finish(self, key: Key, outcome: Outcome) -> None:
+        try:
+            await asyncio.to_thread(self.store.save_outcome, key, outcome)
+        except OSError as e:
+            log.error("job %d.%d: cannot save its outcome (%s); it lasts until restart",
+                      *key, e.strerror)
+        self._jobs.pop(key, None)
+        self._outcomes[key] = outcome
+        log.info("job %d.%d ended: %s: %s", *key, outcome.reason, outcome.message)
+        await _call(self._on_finished, outcome)
+
+    def _save_record(self, job: _Job) -> None:
+        if job.pid is None:  # still spawning: the record written after the spawn has it all
+            return
+        try:
+            self.store.save_record(job.key, job.record())
+        except OSError as e:
+            log.error("job %d.%d: cannot save its record: %s", *job.key, e.strerror)
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def _alive(pid: int | None, create_time: float | None, job_dir: str) -> bool:
+    """Is ``pid`` still this job's wrapper (running, and not a recycled pid)?"""
+    if pid is None:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is not None:
+            return abs(p.create_time() - create_time) < 0.1
+        return job_dir in p.cmdline()  # only the wrapper's pid file was left
+    except psutil.Error:
+        return False
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _sweep_group(pgid: int, since: float | None) -> None:
+    """SIGKILL what is left of a job whose wrapper was not our child.
+
+    By now the group id may be someone else's, so only processes that started after the
+    wrapper are killed."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return
+    for p in psutil.process_iter(["create_time"]):
+        try:
+            if os.getpgid(p.pid) == pgid and (since is None or p.info["create_time"] >= since - 0.1):
+                p.kill()
+        except (OSError, psutil.Error):
+            pass
+
+
+def _reap_detached() -> None:
+    _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]
+
+
+async def _call(fn: Callable | None, *args: Any) -> None:
+    """Run a callback, plain or async; its failure is logged, never raised into the executor."""
+    if fn is None:
+        return
+    try:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:  # noqa: BLE001
+        log.exception("executor callback %r failed", fn)

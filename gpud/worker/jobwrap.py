@@ -1,0 +1,166 @@
+"""The job wrapper: the first process of every job, between the worker and the job's bash.
+
+Theory of operation
+-------------------
+The executor starts ``python3 -I -S jobwrap.py <job dir>`` in a new session, so the wrapper
+leads the job's session and process group: whatever the job starts stays in that group
+(unless it makes a session of its own), and the worker stops a job by signalling the group.
+
+The wrapper keeps the worker's privileges and runs with a clean environment.  The job's
+environment never reaches a root process, where LD_PRELOAD and friends would load user code
+as root.  It reads ``exec.json`` from the job directory and forks; the child becomes the job's
+user (supplementary groups, gid, uid), changes to the working directory, opens the output
+files (so the user's permission checks apply and the files belong to the user) and execs
+``bash <script>`` with the job's environment.  A setup failure comes back as one line over a
+close-on-exec pipe, which simply closes when the exec succeeds.
+
+The wrapper outlives the worker: it waits for bash and writes the exact wait status to
+``status`` (atomically), so a restarted worker learns how a job ended although it was not its
+parent.  Then it SIGKILLs its own process group, which ends whatever the job left running in
+the background, the wrapper itself included.
+
+Signals sent to the group (cancel, time limit, ``scancel --signal``) reach the wrapper too.
+It catches them with a handler that only notes them: unlike SIG_IGN, a handler is reset by
+exec, so the job's processes keep the default dispositions.  A signal that came before the
+child existed (a cancel right after the launch) is raised again in the child before it does
+anything else; the caught signals stay blocked from that check until the child has reset its
+handlers, so none is swallowed on the way.  Only SIGKILL ends the wrapper early, and then the
+worker knows why.
+
+Stdlib only and no gpud imports: it runs with ``-S``, whatever the worker's environment.
+"""
+
+import json
+import os
+import signal
+import sys
+
+# Signals whose default action would end the wrapper before it can record the job's status.
+CAUGHT = tuple(
+    getattr(signal, name) for name in (
+        "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE",
+        "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGTSTP", "SIGTTIN", "SIGTTOU",
+    ) if hasattr(signal, name)
+)
+MAX_ERROR = 2000
+
+
+class SetupError(Exception):
+    """The job could not be started; the message is shown to the user as is."""
+
+
+RECEIVED = []  # signals that reached the wrapper, in order
+
+
+def _note(signum, frame):
+    RECEIVED.append(signum)
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def open_output(path):
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    except OSError as e:
+        raise SetupError(f"cannot open output file {path}: {e.strerror}") from None
+
+
+def become_job(spec):
+    """In the child: turn into the job's bash.  Returns only by raising SetupError."""
+    if spec["switch_user"]:
+        try:
+            os.setgroups(spec["groups"])
+            os.setgid(spec["gid"])
+            os.setuid(spec["uid"])
+        except OSError as e:
+            raise SetupError(f"cannot become user {spec['user']}: {e.strerror}") from None
+    work_dir = spec["work_dir"]
+    try:
+        os.chdir(work_dir)
+    except OSError as e:
+        raise SetupError(f"cannot change to working directory {work_dir}: {e.strerror}") from None
+    out = open_output(spec["stdout"])
+    err = out if spec["stderr"] == spec["stdout"] else open_output(spec["stderr"])
+    script = spec["script"]
+    try:
+        os.close(os.open(script, os.O_RDONLY))
+    except OSError as e:
+        raise SetupError(f"cannot read the job script {script}: {e.strerror}") from None
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in {null, out, err} - {0, 1, 2}:
+        os.close(fd)
+    shell = spec["shell"]
+    try:
+        os.execve(shell, [shell, script], spec["env"])
+    except OSError as e:
+        raise SetupError(f"cannot run {shell}: {e.strerror}") from None
+
+
+def run(spec):
+    """Start the job, wait for it, and return what ``status`` should say."""
+    r, w = os.pipe()  # both ends close-on-exec
+    signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
+    early = list(RECEIVED)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            for sig in CAUGHT:
+                signal.signal(sig, signal.SIG_DFL)
+            for sig in early:  # pending until the unblock, then acted on by the default action
+                os.kill(os.getpid(), sig)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, CAUGHT)
+            become_job(spec)
+            message = "the job's shell returned without running"
+        except SetupError as e:
+            message = str(e)
+        except BaseException as e:  # noqa: BLE001 - the parent must hear about anything
+            message = f"job setup failed: {type(e).__name__}: {e}"
+        os.write(w, message.encode(errors="replace")[:MAX_ERROR])
+        os._exit(127)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, CAUGHT)
+    os.close(w)
+    chunks = []
+    while True:
+        chunk = os.read(r, MAX_ERROR)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        return {"error": b"".join(chunks).decode(errors="replace").strip()}
+    if os.WIFSIGNALED(status):
+        return {"exit_code": 0, "signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)}
+    return {"exit_code": os.waitstatus_to_exitcode(status), "signal": None, "core": False}
+
+
+def main(argv):
+    for sig in CAUGHT:
+        signal.signal(sig, _note)
+    job_dir = argv[1]
+    write_atomic(os.path.join(job_dir, "wrapper.pid"), f"{os.getpid()}\n")
+    try:
+        with open(os.path.join(job_dir, "exec.json"), encoding="utf-8") as f:
+            result = run(json.load(f))
+    except Exception as e:  # noqa: BLE001 - recorded for the worker, never lost silently
+        result = {"error": f"job wrapper failed: {type(e).__name__}: {e}"}
+    write_atomic(os.path.join(job_dir, "status"), json.dumps(result) + "\n")
+    if os.getpgrp() == os.getpid():  # only ever kill a group this wrapper leads
+        os.killpg(0, signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

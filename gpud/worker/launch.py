@@ -1,0 +1,224 @@
+"""What the head asks a worker to run (``Launch``) and what the worker reports back (``Outcome``).
+
+``Launch.from_body`` is the only door for a ``launch`` message body: anything malformed is a
+``ValueError`` with a one-line reason, so a bad message is dropped and logged, never run.
+Unknown keys are ignored (a newer head may send more).  ``Outcome.to_body`` is the
+``finished`` message body of ``gpud.bus.base``.
+
+Exit codes follow Slurm's ``exit:signal``: a job killed by a signal has exit_code 0 and that
+signal; exit_code is None only when there is no exit at all ("launch_failed", "lost").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal as signals
+from dataclasses import dataclass, field
+from typing import Any
+
+REASONS = frozenset({"exited", "timeout", "cancelled", "preempted", "killed", "launch_failed", "lost"})
+MAX_ID = 2**63 - 1
+MAX_UID = 2**32 - 2
+DEFAULT_KILL_GRACE = 30.0
+_ENV_NAME = re.compile(r"^[^=\x00]+$")
+_OUTPUT_SPEC = re.compile(r"%(\d?)([%jxuN])")
+DEFAULT_OUTPUT = "gpud-%j.out"
+
+
+@dataclass(frozen=True)
+class GpuAssignment:
+    index: int
+    uuid: str   # a GPU or MIG device UUID, as CUDA_VISIBLE_DEVICES takes it
+
+
+@dataclass(frozen=True)
+class Launch:
+    job_id: int
+    attempt: int
+    name: str
+    user: str
+    uid: int
+    gid: int
+    script: str
+    work_dir: str
+    stdout: str | None           # pattern; None: gpud-%j.out in work_dir
+    stderr: str | None           # pattern; None: the stdout file
+    env: dict[str, str]          # the submitter's exported environment
+    gpus: tuple[GpuAssignment, ...]
+    cpus: int
+    mem_mb: int
+    time_limit: float | None     # seconds from start; None: unlimited
+    kill_grace: float            # seconds between the stop signal and SIGKILL
+    submit_dir: str
+    extra_env: dict[str, str] = field(default_factory=dict)  # applied last (MPS, MIG, ...)
+
+    @classmethod
+    def from_body(cls, d: dict) -> "Launch":
+        """Validate a ``launch`` body; ValueError with a one-line reason otherwise."""
+        if not isinstance(d, dict):
+            raise ValueError("launch body must be an object")
+        job_key = "job_id" if "job_id" in d else "job"   # the head says job_id, bus docs say job
+        work_dir = _text(d, "work_dir")
+        if not work_dir.startswith("/"):
+            raise ValueError(f"work_dir must be an absolute path, not {work_dir!r:.80}")
+        return cls(
+            job_id=_int(d, job_key, 0, MAX_ID),
+            attempt=_int(d, "attempt", 0, MAX_ID),
+            name=_text(d, "name", "job"),
+            user=_text(d, "user"),
+            uid=_int(d, "uid", 0, MAX_UID),
+            gid=_int(d, "gid", 0, MAX_UID),
+            script=_text(d, "script"),
+            work_dir=work_dir,
+            stdout=_text(d, "stdout", None),
+            stderr=_text(d, "stderr", None),
+            env=_env(d, "env"),
+            gpus=_gpus(d.get("gpus")),
+            cpus=_int(d, "cpus", 1, 1 << 20, default=1),
+            mem_mb=_int(d, "mem_mb", 0, MAX_ID, default=0),
+            time_limit=_seconds(d, "time_limit", None),
+            kill_grace=_seconds(d, "kill_grace", DEFAULT_KILL_GRACE, zero_ok=True),
+            submit_dir=_text(d, "submit_dir", work_dir),
+            extra_env=_env(d, "extra_env"),
+        )
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "attempt": self.attempt, "name": self.name, "user": self.user,
+            "uid": self.uid, "gid": self.gid, "script": self.script, "work_dir": self.work_dir,
+            "stdout": self.stdout, "stderr": self.stderr, "env": dict(self.env),
+            "gpus": [{"index": g.index, "uuid": g.uuid} for g in self.gpus],
+            "cpus": self.cpus, "mem_mb": self.mem_mb, "time_limit": self.time_limit,
+            "kill_grace": self.kill_grace, "submit_dir": self.submit_dir,
+            "extra_env": dict(self.extra_env),
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job_id: int
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    reason: str        # one of REASONS
+    message: str       # one line for people
+    start_time: float | None
+    end_time: float
+
+    def to_body(self) -> dict[str, Any]:
+        """The ``finished`` message body."""
+        return {"job": self.job_id, "attempt": self.attempt, "exit_code": self.exit_code,
+                "signal": self.signal, "reason": self.reason, "time": self.end_time,
+                "message": self.message}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt, "exit_code": self.exit_code,
+                "signal": self.signal, "reason": self.reason, "message": self.message,
+                "start_time": self.start_time, "end_time": self.end_time}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Outcome":
+        def opt_int(v: Any) -> int | None:
+            return None if v is None else int(v)
+
+        return cls(int(d["job_id"]), int(d["attempt"]), opt_int(d["exit_code"]),
+                   opt_int(d["signal"]), str(d["reason"]), str(d["message"]),
+                   None if d["start_time"] is None else float(d["start_time"]),
+                   float(d["end_time"]))
+
+
+def output_path(pattern: str | None, launch: Launch, node: str) -> str:
+    """An output file's absolute path: Slurm's %j %x %u %N %% expanded, relative to work_dir.
+
+    A digit pads the job id with zeros (``%6j``); other %-sequences are kept as written."""
+    values = {"j": str(launch.job_id), "x": launch.name, "u": launch.user, "N": node, "%": "%"}
+
+    def expand(m: re.Match) -> str:
+        width, spec = m.groups()
+        return values[spec].zfill(int(width)) if width and spec == "j" else values[spec]
+
+    path = _OUTPUT_SPEC.sub(expand, pattern or DEFAULT_OUTPUT)
+    return os.path.normpath(os.path.join(launch.work_dir, path))
+
+
+def parse_signal(sig: str | int) -> signals.Signals | None:
+    """``TERM``, ``SIGTERM``, ``term`` or ``15`` -> SIGTERM; None when it is no signal."""
+    if isinstance(sig, bool):
+        return None
+    try:
+        if isinstance(sig, int) or (isinstance(sig, str) and sig.strip().isdigit()):
+            return signals.Signals(int(sig))
+        name = sig.strip().upper()
+        return signals.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
+_MISSING: Any = object()
+
+
+def _int(d: dict, key: str, lo: int, hi: int, default: Any = _MISSING) -> int:
+    v = d.get(key)
+    if v is None:
+        if default is _MISSING:
+            raise ValueError(f"{key} is missing")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{key} must be an integer from {lo} to {hi}, not {v!r:.40}")
+    return v
+
+
+def _text(d: dict, key: str, default: Any = _MISSING) -> Any:
+    v = d.get(key)
+    if v is None:
+        if default is _MISSING:
+            raise ValueError(f"{key} is missing")
+        return default
+    if not isinstance(v, str) or not v or "\x00" in v:
+        raise ValueError(f"{key} must be a non-empty string without NUL, not {v!r:.40}")
+    return v
+
+
+def _seconds(d: dict, key: str, default: float | None, zero_ok: bool = False) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or v < 0 or (v == 0 and not zero_ok):
+        raise ValueError(f"{key} must be a {'non-negative' if zero_ok else 'positive'} "
+                         f"number of seconds, not {v!r:.40}")
+    return float(v)
+
+
+def _env(d: dict, key: str) -> dict[str, str]:
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"{key} must be an object")
+    for k, val in v.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k) or not isinstance(val, str) or "\x00" in val:
+            raise ValueError(f"{key} must map variable names to strings (bad entry {k!r:.40})")
+    return dict(v)
+
+
+def _gpus(v: Any) -> tuple[GpuAssignment, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ValueError("gpus must be a list")
+    out = []
+    for g in v:
+        if not isinstance(g, dict):
+            raise ValueError("each of gpus must be an object with index and uuid")
+        index, uuid = g.get("index"), g.get("uuid")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"gpu index must be a non-negative integer, not {index!r:.40}")
+        if not isinstance(uuid, str) or not uuid or "," in uuid or "\x00" in uuid:
+            raise ValueError(f"gpu uuid must be a non-empty string without commas, not {uuid!r:.40}")
+        out.append(GpuAssignment(index, uuid))
+    if len({g.index for g in out}) != len(out):
+        raise ValueError("gpus lists an index twice")
+    return tuple(out)
