@@ -23,18 +23,18 @@ does not report, ``finished`` is repeated by workers until acked, and a worker r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 import time
 from typing import Any, Callable
 
 from .. import __version__
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, node_cmd
 from ..config import Config
-from ..model import JobSpec, JobState, NodeInfo, SpecError
-from . import admission
-from .api import Caller, RequestError, SocketServer
-from .jobs import final_state, may_modify, requeue_changes
+from ..model import JobState, NodeInfo
+from .api import RequestError, SocketServer
+from .jobs import final_state, requeue_changes
+from .ops_jobs import OPS as JOB_OPS
 from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
 from .store import JobRecord, NodeRecord, Store, Txn
 
@@ -56,13 +56,12 @@ class Head:
         self.socket_path = socket_path or cfg.head.socket
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
-            "ping": self.op_ping, "submit": self.op_submit, "jobs": self.op_jobs,
-            "cancel": self.op_cancel, "nodes": self.op_nodes,
+            op: functools.partial(fn, self) for op, fn in {**JOB_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
-        self._submits: asyncio.Queue[tuple[JobRecord, asyncio.Future]] = asyncio.Queue()
-        self._lock = asyncio.Lock()          # one writer of job state at a time
+        self.submissions: asyncio.Queue[tuple[JobRecord, asyncio.Future]] = asyncio.Queue()
+        self.lock = asyncio.Lock()          # one writer of job state at a time
         self._stop_sent: dict[tuple[int, int], float] = {}
         self._usage: dict[tuple[str, str], float] = {}
         self.ready = asyncio.Event()         # set once the socket accepts requests
@@ -109,159 +108,15 @@ class Head:
 
     # -- socket operations ------------------------------------------------------------------
 
-    def is_admin(self, caller: Caller) -> bool:
-        return caller.uid in (0, os.geteuid()) or caller.user in self.admins
-
-    async def op_ping(self, caller: Caller, args: dict) -> dict:
-        return {"cluster": self.cfg.cluster, "version": __version__, "uid": caller.uid,
-                "user": caller.user, "admin": self.is_admin(caller)}
-
-    async def op_submit(self, caller: Caller, args: dict) -> dict:
-        try:
-            spec = JobSpec.from_request(args.get("spec"))
-        except SpecError as e:
-            raise RequestError(f"Batch job submission failed: {e}") from None
-        now = self.clock()
-        try:
-            resolved = admission.resolve(spec, caller.user, self.cfg.sched, self._node_infos())
-        except admission.Refused as e:
-            raise RequestError(f"Batch job submission failed: {e}") from None
-        job = JobRecord(
-            job_id=0, name=spec.name, user=caller.user, uid=caller.uid, gid=caller.gid,
-            account=resolved.account, partition=resolved.partition, qos=resolved.qos,
-            state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
-            mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
-            reason="Held" if spec.hold else None,
-        )
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._submits.put((job, fut))
-        saved: JobRecord = await fut
-        log.info("job %d submitted by %s (uid %d): %s gpus=%d", saved.job_id, caller.user, caller.uid,
-                 saved.name, saved.gpus)
-        return {"job_id": saved.job_id}
-
-    async def op_jobs(self, caller: Caller, args: dict) -> dict:
-        job_ids = _int_list(args.get("job_ids"), "job_ids")
-        users = _str_list(args.get("users"), "users")
-        states = _str_list(args.get("states"), "states")
-        if states:
-            bad = [s for s in states if s not in JobState.__members__]
-            if bad:
-                raise RequestError(f"invalid job state {bad[0]!r}; valid states: {', '.join(JobState.__members__)}")
-        since = args.get("since")
-        if since is not None and not isinstance(since, (int, float)):
-            raise RequestError("since must be a number (epoch seconds)")
-        if args.get("all"):
-            jobs = await self.store.find_jobs(job_ids=job_ids, states=states, since=since)
-        else:
-            jobs = sorted(self.store.active.values(), key=lambda j: j.job_id)
-            if job_ids is not None:
-                wanted = set(job_ids)
-                jobs = [j for j in jobs if j.job_id in wanted]
-            if states:
-                jobs = [j for j in jobs if j.state.value in states]
-        if users:
-            us = set(users)
-            jobs = [j for j in jobs if j.user in us or str(j.uid) in us]
-        return {"jobs": [j.to_public() for j in jobs]}
-
-    async def op_cancel(self, caller: Caller, args: dict) -> dict:
-        job_ids = _int_list(args.get("job_ids"), "job_ids")
-        users = _str_list(args.get("users"), "users")
-        sig = args.get("signal")
-        if sig is not None and (not isinstance(sig, str) or not sig):
-            raise RequestError("signal must be a signal name such as TERM or USR1")
-        if job_ids is None and not users:
-            raise RequestError("no job id or user given")
-        cancelled: list[int] = []
-        errors: list[str] = []
-        async with self._lock:
-            targets: list[JobRecord] = []
-            if job_ids is not None:
-                for jid in job_ids:
-                    job = self.store.active.get(jid)
-                    if job is None:
-                        done = await self.store.find_jobs(job_ids=[jid])
-                        errors.append(f"Kill job error on job id {jid}: "
-                                      + ("Job/step already completing or completed" if done else "Invalid job id specified"))
-                        continue
-                    if users and job.user not in users:
-                        continue
-                    targets.append(job)
-            else:
-                targets = [j for j in self.store.active.values() if j.user in set(users)]
-            now = self.clock()
-            txn = Txn(self.store)
-            stops: list[JobRecord] = []
-            for job in targets:
-                if not may_modify(job.uid, caller.uid, caller.user, self.admins, os.geteuid()):
-                    errors.append(f"Kill job error on job id {job.job_id}: Access/permission denied")
-                    continue
-                if sig is not None:
-                    if job.state.active and job.node:
-                        await self._send_signal(job, sig, grace=None, reason="signal")
-                        cancelled.append(job.job_id)
-                    else:
-                        errors.append(f"Kill job error on job id {job.job_id}: job is not running")
-                    continue
-                if job.state is JobState.PENDING:
-                    txn.transition(job, JobState.CANCELLED, now=now, event="cancelled",
-                                   detail=f"by {caller.user}", end_time=now, reason=None)
-                elif job.state is JobState.RUNNING:
-                    stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
-                                                detail=f"by {caller.user}", stop_reason="cancelled", stop_time=now))
-                cancelled.append(job.job_id)
-            await self.store.commit(txn)
-        for job in stops:
-            log.info("job %d (user %s) cancelled by %s on %s", job.job_id, job.user, caller.user, job.node)
-            await self._send_signal(job, "TERM", grace=self.cfg.head.kill_grace, reason="cancelled")
-        if cancelled:
-            self.kick()
-        return {"cancelled": cancelled, "errors": errors}
-
-    async def op_nodes(self, caller: Caller, args: dict) -> dict:
-        alloc: dict[str, list[JobRecord]] = {}
-        for j in self.store.active.values():
-            if j.state.active and j.node:
-                alloc.setdefault(j.node, []).append(j)
-        nodes = []
-        for name in sorted(self.store.nodes):
-            rec = self.store.nodes[name]
-            info = rec.info
-            jobs = alloc.get(name, [])
-            by_gpu: dict[int, list[int]] = {}
-            for j in jobs:
-                for i in j.gpu_indices:
-                    by_gpu.setdefault(i, []).append(j.job_id)
-            gpus = [dict(g, job_ids=by_gpu.get(g["index"], [])) for g in info.get("gpus", [])]
-            gpus_alloc = sum(1 for g in gpus if g["job_ids"])
-            nodes.append({
-                "name": name, "state": _display_state(rec.state, gpus_alloc, len(gpus), bool(jobs)),
-                "reason": rec.reason, "cpus": info.get("cpus", 0), "cpus_alloc": sum(j.cpus for j in jobs),
-                "mem_mb": info.get("mem_mb", 0), "mem_alloc_mb": sum(j.mem_mb for j in jobs),
-                "gpus_total": len(gpus), "gpus_alloc": gpus_alloc, "labels": info.get("labels", {}),
-                "last_seen": rec.last_seen, "gpus": gpus,
-            })
-        return {"nodes": nodes}
-
-    def _node_infos(self) -> list[NodeInfo]:
-        out = []
-        for rec in self.store.nodes.values():
-            try:
-                out.append(NodeInfo.from_dict(rec.info))
-            except (KeyError, TypeError, ValueError):
-                continue
-        return out
-
     # -- group commit of submissions ----------------------------------------------------------
 
     async def _submitter(self) -> None:
         while True:
-            batch = [await self._submits.get()]
-            while not self._submits.empty() and len(batch) < MAX_SUBMIT_BATCH:
-                batch.append(self._submits.get_nowait())
+            batch = [await self.submissions.get()]
+            while not self.submissions.empty() and len(batch) < MAX_SUBMIT_BATCH:
+                batch.append(self.submissions.get_nowait())
             try:
-                async with self._lock:
+                async with self.lock:
                     saved = await self.store.insert_jobs([j for j, _ in batch], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
                 log.exception("could not record %d submissions", len(batch))
@@ -292,7 +147,7 @@ class Head:
                 await asyncio.sleep(1)
 
     async def schedule_pass(self) -> Applied:
-        async with self._lock:
+        async with self.lock:
             now = self.clock()
             recent = tuple(await self.store.recent_preemptions(now - 60))
             snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent)
@@ -307,7 +162,7 @@ class Head:
         await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
         for job, p in applied.stops:
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
-            await self._send_signal(job, "TERM", grace=p.grace_time, reason="preempted")
+            await self.send_signal(job, "TERM", grace=p.grace_time, reason="preempted")
         return applied
 
     # -- messages to workers ------------------------------------------------------------------
@@ -327,7 +182,7 @@ class Head:
         assert job.node is not None
         await self.bus.publish(node_cmd(job.node), "launch", self.launch_body(job))
 
-    async def _send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str) -> None:
+    async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str) -> None:
         if job.node is None:
             return
         self._stop_sent[(job.job_id, job.attempt)] = self.clock()
@@ -417,7 +272,7 @@ class Head:
                 if job.state is JobState.COMPLETING and key in set(running):
                     sent = self._stop_sent.get(key, 0.0)
                     if now - sent > STOP_RESEND_AFTER:
-                        await self._send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
+                        await self.send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
                                                 reason=_stop_kind(job))
                 continue
             if job.launched_at is not None and now - job.launched_at > LAUNCH_RESEND_AFTER:
@@ -430,7 +285,7 @@ class Head:
         job = self.store.active.get(jid) if isinstance(jid, int) else None
         if job is None or job.attempt != attempt or job.node != node:
             return
-        async with self._lock:
+        async with self.lock:
             txn = Txn(self.store)
             txn.event(job, self.clock(), "started", f"pid {body.get('pid')}")
             await self.store.commit(txn)
@@ -444,7 +299,7 @@ class Head:
         exit_code = body.get("exit_code") if isinstance(body.get("exit_code"), int) else None
         sig = body.get("signal") if isinstance(body.get("signal"), int) else None
         end = self.clock()
-        async with self._lock:
+        async with self.lock:
             job = self.store.active.get(jid)
             if job is not None and job.attempt == attempt and job.node == node and job.state.active:
                 new = final_state(job, reason, exit_code, sig)
@@ -481,7 +336,7 @@ class Head:
 
     async def _node_down(self, rec: NodeRecord, now: float, reason: str) -> None:
         log.warning("node %s DOWN: %s", rec.name, reason)
-        async with self._lock:
+        async with self.lock:
             rec.state, rec.reason = DOWN, reason
             await self.store.upsert_node(rec)
             txn = Txn(self.store)
@@ -504,12 +359,7 @@ def _stop_kind(job: JobRecord) -> str:
     return "preempted" if (job.stop_reason or "").startswith("preempted") else "cancelled"
 
 
-def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:
-    if state != UP:
-        return state
-    if not busy:
-        return "IDLE"
-    return "ALLOCATED" if gpus_total and gpus_alloc == gpus_total else "MIXED"
+
 
 
 def _pairs(v: Any) -> list[tuple[int, int]] | None:
@@ -523,19 +373,3 @@ def _pairs(v: Any) -> list[tuple[int, int]] | None:
             return None
         out.append((p[0], p[1]))
     return out
-
-
-def _int_list(v: Any, name: str) -> list[int] | None:
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise RequestError(f"{name} must be a list of integers")
-    return v
-
-
-def _str_list(v: Any, name: str) -> list[str] | None:
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise RequestError(f"{name} must be a list of strings")
-    return v

@@ -1,0 +1,203 @@
+"""Socket operations on jobs and nodes: submit, list, cancel, node list.
+
+Each operation is ``async def op_x(head, caller, args) -> result`` and is listed in ``OPS``;
+the caller's identity comes from the socket (SO_PEERCRED), never from ``args``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..model import JobSpec, JobState, NodeInfo, SpecError
+from . import admission
+from .api import Caller, RequestError
+from .jobs import may_modify
+from .scheduling import UP
+from .store import JobRecord, Txn
+
+if TYPE_CHECKING:
+    from .daemon import Head
+
+log = logging.getLogger("gpud.head")
+
+
+def is_admin(head: "Head", caller: Caller) -> bool:
+    return caller.uid in (0, os.geteuid()) or caller.user in head.admins
+
+
+async def op_ping(head: "Head", caller: Caller, args: dict) -> dict:
+    return {"cluster": head.cfg.cluster, "version": __version__, "uid": caller.uid,
+            "user": caller.user, "admin": is_admin(head, caller)}
+
+
+async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
+    try:
+        spec = JobSpec.from_request(args.get("spec"))
+    except SpecError as e:
+        raise RequestError(f"Batch job submission failed: {e}") from None
+    now = head.clock()
+    try:
+        resolved = admission.resolve(spec, caller.user, head.cfg.sched, node_infos(head))
+    except admission.Refused as e:
+        raise RequestError(f"Batch job submission failed: {e}") from None
+    job = JobRecord(
+        job_id=0, name=spec.name, user=caller.user, uid=caller.uid, gid=caller.gid,
+        account=resolved.account, partition=resolved.partition, qos=resolved.qos,
+        state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
+        mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
+        reason="Held" if spec.hold else None,
+    )
+    fut: asyncio.Future = asyncio.get_running_loop().create_future()
+    await head.submissions.put((job, fut))
+    saved: JobRecord = await fut
+    log.info("job %d submitted by %s (uid %d): %s gpus=%d", saved.job_id, caller.user, caller.uid,
+             saved.name, saved.gpus)
+    return {"job_id": saved.job_id}
+
+
+async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
+    job_ids = _int_list(args.get("job_ids"), "job_ids")
+    users = _str_list(args.get("users"), "users")
+    states = _str_list(args.get("states"), "states")
+    if states:
+        bad = [s for s in states if s not in JobState.__members__]
+        if bad:
+            raise RequestError(f"invalid job state {bad[0]!r}; valid states: {', '.join(JobState.__members__)}")
+    since = args.get("since")
+    if since is not None and not isinstance(since, (int, float)):
+        raise RequestError("since must be a number (epoch seconds)")
+    if args.get("all"):
+        jobs = await head.store.find_jobs(job_ids=job_ids, states=states, since=since)
+    else:
+        jobs = sorted(head.store.active.values(), key=lambda j: j.job_id)
+        if job_ids is not None:
+            wanted = set(job_ids)
+            jobs = [j for j in jobs if j.job_id in wanted]
+        if states:
+            jobs = [j for j in jobs if j.state.value in states]
+    if users:
+        us = set(users)
+        jobs = [j for j in jobs if j.user in us or str(j.uid) in us]
+    return {"jobs": [j.to_public() for j in jobs]}
+
+
+async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
+    job_ids = _int_list(args.get("job_ids"), "job_ids")
+    users = _str_list(args.get("users"), "users")
+    sig = args.get("signal")
+    if sig is not None and (not isinstance(sig, str) or not sig):
+        raise RequestError("signal must be a signal name such as TERM or USR1")
+    if job_ids is None and not users:
+        raise RequestError("no job id or user given")
+    cancelled: list[int] = []
+    errors: list[str] = []
+    async with head.lock:
+        targets: list[JobRecord] = []
+        if job_ids is not None:
+            for jid in job_ids:
+                job = head.store.active.get(jid)
+                if job is None:
+                    done = await head.store.find_jobs(job_ids=[jid])
+                    errors.append(f"Kill job error on job id {jid}: "
+                                  + ("Job/step already completing or completed" if done else "Invalid job id specified"))
+                    continue
+                if users and job.user not in users:
+                    continue
+                targets.append(job)
+        else:
+            targets = [j for j in head.store.active.values() if j.user in set(users)]
+        now = head.clock()
+        txn = Txn(head.store)
+        stops: list[JobRecord] = []
+        for job in targets:
+            if not may_modify(job.uid, caller.uid, caller.user, head.admins, os.geteuid()):
+                errors.append(f"Kill job error on job id {job.job_id}: Access/permission denied")
+                continue
+            if sig is not None:
+                if job.state.active and job.node:
+                    await head.send_signal(job, sig, grace=None, reason="signal")
+                    cancelled.append(job.job_id)
+                else:
+                    errors.append(f"Kill job error on job id {job.job_id}: job is not running")
+                continue
+            if job.state is JobState.PENDING:
+                txn.transition(job, JobState.CANCELLED, now=now, event="cancelled",
+                               detail=f"by {caller.user}", end_time=now, reason=None)
+            elif job.state is JobState.RUNNING:
+                stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
+                                            detail=f"by {caller.user}", stop_reason="cancelled", stop_time=now))
+            cancelled.append(job.job_id)
+        await head.store.commit(txn)
+    for job in stops:
+        log.info("job %d (user %s) cancelled by %s on %s", job.job_id, job.user, caller.user, job.node)
+        await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
+    if cancelled:
+        head.kick()
+    return {"cancelled": cancelled, "errors": errors}
+
+
+async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
+    alloc: dict[str, list[JobRecord]] = {}
+    for j in head.store.active.values():
+        if j.state.active and j.node:
+            alloc.setdefault(j.node, []).append(j)
+    nodes = []
+    for name in sorted(head.store.nodes):
+        rec = head.store.nodes[name]
+        info = rec.info
+        jobs = alloc.get(name, [])
+        by_gpu: dict[int, list[int]] = {}
+        for j in jobs:
+            for i in j.gpu_indices:
+                by_gpu.setdefault(i, []).append(j.job_id)
+        gpus = [dict(g, job_ids=by_gpu.get(g["index"], [])) for g in info.get("gpus", [])]
+        gpus_alloc = sum(1 for g in gpus if g["job_ids"])
+        nodes.append({
+            "name": name, "state": _display_state(rec.state, gpus_alloc, len(gpus), bool(jobs)),
+            "reason": rec.reason, "cpus": info.get("cpus", 0), "cpus_alloc": sum(j.cpus for j in jobs),
+            "mem_mb": info.get("mem_mb", 0), "mem_alloc_mb": sum(j.mem_mb for j in jobs),
+            "gpus_total": len(gpus), "gpus_alloc": gpus_alloc, "labels": info.get("labels", {}),
+            "last_seen": rec.last_seen, "gpus": gpus,
+        })
+    return {"nodes": nodes}
+
+
+def node_infos(head: "Head") -> list[NodeInfo]:
+    out = []
+    for rec in head.store.nodes.values():
+        try:
+            out.append(NodeInfo.from_dict(rec.info))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:
+    if state != UP:
+        return state
+    if not busy:
+        return "IDLE"
+    return "ALLOCATED" if gpus_total and gpus_alloc == gpus_total else "MIXED"
+
+
+def _int_list(v: Any, name: str) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise RequestError(f"{name} must be a list of integers")
+    return v
+
+
+def _str_list(v: Any, name: str) -> list[str] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise RequestError(f"{name} must be a list of strings")
+    return v
+
+
+OPS = {"ping": op_ping, "submit": op_submit, "jobs": op_jobs, "cancel": op_cancel, "nodes": op_nodes}
