@@ -20,18 +20,21 @@ GPUs are fungible within a node (a reservation counts GPUs of its model, not ind
 is exact for whole GPUs on one node.  When GPU models are mixed on one node, a reservation
 without a model is charged against every model: conservative, it never delays one.
 
-Search is pruned: for a job needing ``g`` GPUs, nodes are tried in order of a lower bound
-(when running jobs alone would leave ``g`` GPUs free), and the scan stops once the lower
-bound passes the best exact answer.  Reservations and starts only ever delay a node, so the
-bounds stay valid for the whole pass; nodes where a victim was picked are re-checked apart.
+Search is pruned: for a job needing ``g`` GPUs, nodes wait in a heap keyed by a lower bound
+on when they could start it (first, when running jobs alone would leave ``g`` GPUs free; once
+reservations land on a node, the first instant it has ``g`` GPUs free at all), and the
+search stops once the smallest bound passes the best exact answer.  Reservations and starts
+only ever delay a node, so bounds stay valid for the whole pass and are only ever raised;
+nodes where a victim was picked (resources back early) are checked apart.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .placement import Cluster
 from .snapshot import RunningJob
@@ -39,7 +42,7 @@ from .snapshot import RunningJob
 INF = math.inf
 
 
-@dataclass
+@dataclass(slots=True)
 class Release:
     end: float                    # clamped to >= now
     gpus: tuple[int, ...]
@@ -48,7 +51,7 @@ class Release:
     job_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reservation:
     job_id: int
     node: int
@@ -109,7 +112,9 @@ class Timeline:
         self.dirty: set[int] = set()        # nodes whose lower bounds a victim made stale
         self._by_job: dict[int, tuple[int, Release]] = {}
         self._profiles: dict[int, dict[str | None, Profile]] = {}
-        self._bounds: dict[tuple[str, str | None, int], tuple[list[float], list[int]]] = {}
+        self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
+        self._version: dict[int, int] = {}                 # bumped on every change to a node
+        self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         for r in running:
             i = cluster.pos.get(r.node)
             if i is not None:
@@ -142,9 +147,14 @@ class Timeline:
                     -cpus, -mem, -1)
         return r
 
+    def version(self, i: int) -> int:
+        """A number that changes whenever anything on node ``i`` does."""
+        return self._version.get(i, 0)
+
     def _shift(self, i: int, t0: float, t1: float, gpus_for: Callable[[str | None], int],
                cpus: int, mem: int, sign: int) -> None:
         """Keep the node's cached profiles current: add a change over ``[t0, t1)``."""
+        self._version[i] = self._version.get(i, 0) + 1
         for model, prof in self._profiles.get(i, {}).items():
             prof.add(t0, t1, sign * gpus_for(model), cpus, mem)
 
@@ -221,6 +231,18 @@ class Timeline:
             k = j + 1      # every start up to times[j] would overlap the shortfall at times[j]
         return None
 
+    def _earliest_cached(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
+                         time_limit: float | None) -> float | None:
+        """earliest_on_node, remembered until the node changes (requests repeat a lot)."""
+        key = (i, gpus, cpus, mem, model, time_limit)
+        version = self._version.get(i, 0)
+        hit = self._exact.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
+        self._exact[key] = (version, t)
+        return t
+
     def no_delay(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float) -> bool:
         """Whether starting a job now on node ``i`` (until ``end``) leaves every reservation whole."""
         c = self.cluster
@@ -233,43 +255,64 @@ class Timeline:
 
     # -- the earliest start anywhere -------------------------------------------------------------
 
-    def _lower_bounds(self, partition: str, model: str | None, gpus: int) -> tuple[list[float], list[int]]:
-        key = (partition, model, gpus)
-        hit = self._bounds.get(key)
-        if hit is not None:
-            return hit
+    def _stream(self, partition: str, model: str | None, gpus: int) -> Iterator[tuple[float, int]]:
+        """(lower bound on the start, node) for jobs of ``gpus`` GPUs, in increasing order:
+        when running jobs alone would leave that many GPUs free.  Lazy, so a search that
+        ends early never looks at most nodes."""
         c = self.cluster
-        rows: list[tuple[float, int]] = []
+        have: dict[int, int] = {}
         for i in c.members.get(partition, ()):
-            if not c.up[i] or c.capacity(i, model) < gpus:
-                continue
-            have = c.free_count(i, model)
-            t = self.now
-            if have < gpus:
-                t = INF
-                for rel in sorted(self.releases[i], key=lambda r: r.end):
-                    have += c.count_matching(i, rel.gpus, model)
-                    if have >= gpus:
-                        t = rel.end
-                        break
-            if t < INF:
-                rows.append((t, i))
-        rows.sort()
-        hit = ([t for t, _ in rows], [i for _, i in rows])
-        self._bounds[key] = hit
-        return hit
+            if c.up[i] and c.capacity(i, model) >= gpus:
+                f = c.free_count(i, model)
+                if f >= gpus:
+                    yield self.now, i
+                else:
+                    have[i] = f
+        events = sorted((rel.end, i, k) for i in have for k, rel in enumerate(self.releases[i]) if rel.end < INF)
+        for end, i, k in events:
+            f = have.get(i)
+            if f is not None:
+                f += c.count_matching(i, self.releases[i][k].gpus, model)
+                if f >= gpus:
+                    del have[i]
+                    yield end, i
+                else:
+                    have[i] = f
+
+    def _first_instant(self, i: int, model: str | None, gpus: int) -> float:
+        """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size."""
+        p = self.profile(i, model)
+        for t, g in zip(p.times, p.gpus):
+            if g >= gpus:
+                return t
+        return INF
 
     def earliest(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None,
                  time_limit: float | None) -> tuple[float, int] | None:
         """(time, node) of the earliest start for the job anywhere in its partition."""
-        bounds, order = self._lower_bounds(partition, model, gpus)
+        key = (partition, model, gpus)
+        state = self._bounds.get(key)
+        if state is None:
+            state = self._bounds[key] = _Candidates([], self._stream(partition, model, gpus))
+        heap = state.heap
         best: tuple[float, int] | None = None
-        for k, i in enumerate(order):
-            if best is not None and bounds[k] >= best[0]:
+        seen: list[tuple[float, int]] = []
+        while True:
+            entry = state.smallest()
+            if entry is None or (best is not None and entry[0] >= best[0]):
                 break
-            t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
-            if t is not None and (best is None or t < best[0]):
+            bound, i = state.take()
+            tighter = self._first_instant(i, model, gpus)
+            if tighter > bound:      # reservations moved this node later: re-file it
+                if tighter < INF:
+                    heapq.heappush(heap, (tighter, i))
+                continue
+            seen.append((bound, i))
+            t = self._earliest_cached(i, gpus, cpus, mem, model, time_limit)
+            if t is not None and (best is None or (t, i) < best):
                 best = (t, i)
+        for entry in seen:
+            heapq.heappush(heap, entry)
         if self.dirty:
             members = self.cluster.members.get(partition, ())
             for i in sorted(self.dirty):
@@ -278,6 +321,31 @@ class Timeline:
                     if t is not None and (best is None or (t, i) < best):
                         best = (t, i)
         return best
+
+
+class _Candidates:
+    """Nodes for one request size: a heap of re-filed nodes merged with a lazy sorted stream."""
+
+    def __init__(self, heap: list[tuple[float, int]], stream: Iterator[tuple[float, int]]) -> None:
+        self.heap, self.stream = heap, stream
+        self.peek: tuple[float, int] | None = None
+        self.done = False
+
+    def smallest(self) -> tuple[float, int] | None:
+        if self.peek is None and not self.done:
+            self.peek = next(self.stream, None)
+            self.done = self.peek is None
+        if self.heap and (self.peek is None or self.heap[0] < self.peek):
+            return self.heap[0]
+        return self.peek
+
+    def take(self) -> tuple[float, int]:
+        entry = self.smallest()
+        assert entry is not None
+        if entry is self.peek:
+            self.peek = None
+            return entry
+        return heapq.heappop(self.heap)
 
 
 def _contains(sorted_list: Sequence[int], x: int) -> bool:

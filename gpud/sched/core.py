@@ -61,66 +61,76 @@ class _Pass:
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
         self._preemptor: Preemptor | None = None
+        self.targets = {name: frozenset(q.preempt) for name, q in self.cfg.qos.items()}
+        # QOS whose jobs can never preempt anything in this pass (no targets, no quotas)
+        self.may_preempt = {name: bool(t) or self.book.enabled for name, t in self.targets.items()}
+        self.reasons = self.plan.reasons
+        # Pruning caches, keyed by request shape.  Within a pass resources only shrink and
+        # reservations only grow, so what failed once fails again.
         self.failed_shapes: set[tuple] = set()        # placements that cannot succeed this pass
+        self.failed_preempts: set[tuple] = set()      # victim searches that found nothing
+        self.misfits: dict[tuple, str | None] = {}
+        self.vetoes: dict[tuple, tuple[int, bool]] = {}  # (node, request) -> (node version, vetoed)
         self.waiting: set[str] = set()                # partitions with a higher job waiting
         self.depth_left = self.cfg.backfill_depth if self.cfg.backfill else 0
 
     def run(self) -> Plan:
         # -- step 2: priorities
         plan = self.plan
-        for j in self.snap.pending:
-            f = self.prio.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
-            plan.factors[j.job_id] = f
-            plan.priorities[j.job_id] = sum(f.values())
+        plan.factors, plan.priorities = self.prio.for_jobs(self.snap.pending)
         # -- step 3: the ordered queue
         prio = plan.priorities
         queue = sorted(self.snap.pending, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
         borrowing: list[PendingJob] = []
+        may_borrow = not self.book.enabled
         for job in queue:
-            if not self.consider(job, may_borrow=not self.book.enabled):
+            if not self.consider(job, may_borrow):
                 borrowing.append(job)
         for job in borrowing:
-            self.consider(job, may_borrow=True)
+            self.consider(job, True)
         return plan
 
     # -- step 4: one job ----------------------------------------------------------------------------
     def consider(self, job: PendingJob, may_borrow: bool) -> bool:
         """Decide for ``job``; False when it would borrow and borrowing is not yet allowed."""
+        reasons = self.reasons
         # a. not eligible now
         if job.held or job.blocked_reason:
-            self.plan.reasons[job.job_id] = job.blocked_reason or "Held"
+            reasons[job.job_id] = job.blocked_reason or "Held"
             return True
         # b. cannot run as configured
-        refusal = self.misfit(job)
+        shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
+        key = (shape, job.qos, job.account)
+        refusal = self.misfits[key] if key in self.misfits else self.misfits.setdefault(key, self.misfit(job))
         if refusal:
-            self.plan.reasons[job.job_id] = refusal
+            reasons[job.job_id] = refusal
             return True
         # c. limits
-        if not self.book.qos_ok(job.qos, job.user, job.gpus):
-            self.plan.reasons[job.job_id] = "QOSMaxGRESPerUser"
+        book = self.book
+        limit = book.limit_reason(job.qos, job.user, job.account, job.gpus)
+        if limit:
+            reasons[job.job_id] = limit
             return True
-        if not self.book.limit_ok(job.account, job.gpus):
-            self.plan.reasons[job.job_id] = "AccountLimit"
-            return True
-        within = self.book.within(job.account, job.gpus)
+        within = not book.enabled or book.within(job.account, job.gpus)
         if not within and not may_borrow:
             return False
         # d. place now
         blocked = False
         if job.partition in self.waiting and not self.cfg.backfill:
             blocked = True   # strict priority order without backfill
-        elif self.shape(job) not in self.failed_shapes:
-            node, blocked = self.find(job)
+        elif shape not in self.failed_shapes:
+            node, blocked = self.find(job, shape)
             if node is not None:
                 self.start(job, node, borrowed=not within)
                 return True
-            self.failed_shapes.add(self.shape(job))
+            self.failed_shapes.add(shape)
         # e-g. wait for stopping jobs, preempt, or reserve
-        self.wait(job, within)
+        if self.depth_left > 0 or self.may_preempt.get(job.qos, True):
+            self.wait(job, shape, within)
         # h. why
-        if job.job_id not in self.plan.reasons:
-            first = job.partition not in self.waiting and not blocked
-            self.plan.reasons[job.job_id] = "Resources" if first else "Priority"
+        if job.job_id not in reasons:
+            first = not blocked and job.partition not in self.waiting
+            reasons[job.job_id] = "Resources" if first else "Priority"
         self.waiting.add(job.partition)
         return True
 
@@ -142,21 +152,24 @@ class _Pass:
             return "ReqNodeNotAvail"
         return None
 
-    @staticmethod
-    def shape(job: PendingJob) -> tuple:
-        return (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
-
     def end_of(self, job: PendingJob) -> float:
         return INF if job.time_limit is None else self.now + job.time_limit
 
-    def find(self, job: PendingJob) -> tuple[int | None, bool]:
-        c, end = self.cluster, self.end_of(job)
+    def find(self, job: PendingJob, shape: tuple) -> tuple[int | None, bool]:
+        c, tl, end = self.cluster, self.timeline, self.end_of(job)
+        vetoes = self.vetoes
 
         def delays_reservation(i: int) -> bool:
-            return not self.timeline.no_delay(i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end)
+            # remembered per (node, request) until the node changes: a busy queue asks often
+            version = tl.version(i)
+            hit = vetoes.get((i, shape))
+            if hit is None or hit[0] != version:
+                hit = vetoes[(i, shape)] = (version, not tl.no_delay(
+                    i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end))
+            return hit[1]
 
         return c.find(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type,
-                      self.cfg.placement_for(job.partition), self.timeline.reserved, delays_reservation)
+                      self.cfg.placement_for(job.partition), tl.reserved, delays_reservation)
 
     def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
         c = self.cluster
@@ -168,15 +181,17 @@ class _Pass:
                                       borrowed=borrowed and job.gpus > 0))
 
     # -- steps e-g: a job that cannot start now -----------------------------------------------------
-    def wait(self, job: PendingJob, within: bool) -> None:
-        qos = self.cfg.qos.get(job.qos)
-        targets = frozenset(qos.preempt) if qos is not None else frozenset()
+    def wait(self, job: PendingJob, shape: tuple, within: bool) -> None:
+        targets = self.targets.get(job.qos, frozenset())
+        reclaim = within and job.gpus > 0 and self.book.enabled
+        if self.depth_left <= 0 and not targets and not reclaim:
+            return
         pool = self.book.pool(job.account)
-        reclaim = self.book.enabled and within and job.gpus > 0
-        may_preempt = (bool(targets) or reclaim) and self.preemptor().worth_trying(targets, reclaim, pool)
+        pkey = (shape, targets, reclaim, pool)
+        may_preempt = ((bool(targets) or reclaim) and pkey not in self.failed_preempts
+                       and self.preemptor().worth_trying(targets, reclaim, pool))
         if self.depth_left <= 0 and not may_preempt:
             return
-        shape = self.shape(job)
         best = self.timeline.earliest(*shape)
         # e. resources already on their way back are enough
         if best is not None and best[0] <= self.now:
@@ -190,6 +205,7 @@ class _Pass:
                 self.reserve(job, choice.node, within)
                 self.plan.reasons[job.job_id] = "Resources"
                 return
+            self.failed_preempts.add(pkey)
         # g. reserve (backfill)
         if best is not None and self.depth_left > 0:
             self.depth_left -= 1

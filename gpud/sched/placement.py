@@ -81,8 +81,11 @@ class Cluster:
         self.free = [sorted(g for g in m if g not in t) for m, t in zip(self.model_of, taken)]
         self.members: dict[str, list[int]] = {}
         for name, p in cfg.partitions.items():
-            self.members[name] = [i for i, n in enumerate(self.nodes)
-                                  if any(fnmatchcase(n.name, pat) for pat in p.nodes)]
+            if "*" in p.nodes:
+                self.members[name] = list(range(len(self.nodes)))
+            else:
+                self.members[name] = [i for i, n in enumerate(self.nodes)
+                                      if any(fnmatchcase(n.name, pat) for pat in p.nodes)]
         self.node_indexes: list[list[FreeIndex]] = [[] for _ in self.nodes]
         self._indexes: dict[tuple[str, str | None], FreeIndex] = {}
         self._shapes: dict[str, list[Shape]] = {}

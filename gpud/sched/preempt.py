@@ -18,7 +18,9 @@ then lowest priority, then youngest (least work lost), then job id.  Taking them
 order until the job fits, then dropping any that turn out unnecessary (last first), frees
 what is needed with as little as possible.  Among nodes, the cheapest set wins: fewest
 non-borrowed victims, then lowest top victim priority, then least lost GPU-seconds, then
-fewest victims, then node order.  A node that carries reservations must still honour them
+fewest victims, then node order.  Nodes are visited in order of a lower bound on that cost
+(computed once per pass from their candidates), so the search stops as soon as no
+remaining node can beat the best set found.  A node that carries reservations must still honour them
 with the job placed at ``now``.
 """
 
@@ -69,10 +71,13 @@ class Preemptor:
         self.budget = rate_budget(recent, cfg, now)
         self.priority: dict[int, float] = {}
         per_node: dict[int, list[tuple[tuple, RunningJob]]] = {}
+        targets = {t for q in cfg.qos.values() for t in q.preempt}
         for r in running:
             i = cluster.pos.get(r.node)
             if i is None or not cluster.up[i] or not preemptible(r, cfg, now):
                 continue
+            if r.qos not in targets and not (r.borrowed and book.enabled):
+                continue          # nothing may ever preempt it
             p = priority(r)
             self.priority[r.job_id] = p
             per_node.setdefault(i, []).append((victim_order(r, p), r))
@@ -80,6 +85,44 @@ class Preemptor:
                            for i, v in sorted(per_node.items())}
         self.qos_running = {r.qos for v in self.candidates.values() for r in v}
         self.taken: set[int] = set()
+        # Lower bounds on the cost of any victim set on a node, per group of candidates (a
+        # QOS, or "borrowed" for reclaim), to visit nodes cheapest first and stop early.
+        # Taking victims only raises a node's true cost, so the bounds hold all pass.
+        self.bounds: dict[int, dict[str | None, tuple[int, float, float, int]]] = {}
+        for i, cands in self.candidates.items():
+            groups: dict[str | None, tuple[int, float, float, int]] = {}
+            for r in cands:
+                g = len(r.gpu_indices)
+                key = (0 if r.borrowed else 1, self.priority[r.job_id], max(1, g) * (now - r.start_time), g)
+                for name in (r.qos, None) if r.borrowed else (r.qos,):
+                    old = groups.get(name)
+                    groups[name] = key if old is None else (min(old[0], key[0]), min(old[1], key[1]),
+                                                            min(old[2], key[2]), old[3] + g)
+            self.bounds[i] = groups
+        # GPUs free now or on their way back, per node: with all candidates, an upper bound
+        self.soon = [len(f) for f in cluster.free]
+        for r in running:
+            i = cluster.pos.get(r.node)
+            if i is not None and r.stopping:
+                self.soon[i] += len(r.gpu_indices)
+        self._orders: dict[tuple, list[tuple[tuple[int, float, float], int, int]]] = {}
+
+    def _order(self, partition: str, targets: frozenset[str], reclaim: bool) -> list[tuple[tuple, int, int]]:
+        """(cost lower bound, node, most GPUs it could free) for nodes with candidates, cheapest first."""
+        key = (partition, targets, reclaim)
+        order = self._orders.get(key)
+        if order is None:
+            members = set(self.cluster.members.get(partition, ()))
+            groups = sorted(targets) + ([None] if reclaim else [])   # type: ignore[list-item]
+            order = []
+            for i, bound in self.bounds.items():
+                parts = [bound[g] for g in groups if g in bound]
+                if i in members and parts:
+                    order.append(((min(p[0] for p in parts), min(p[1] for p in parts), min(p[2] for p in parts)),
+                                  i, self.soon[i] + sum(p[3] for p in parts)))
+            order.sort()
+            self._orders[key] = order
+        return order
 
     def worth_trying(self, targets: frozenset[str], reclaim: bool, for_pool: Pool) -> bool:
         if self.budget <= 0 or not self.candidates:
@@ -89,12 +132,14 @@ class Preemptor:
     def select(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None,
                time_limit: float | None, targets: frozenset[str], reclaim: bool,
                for_pool: Pool) -> Choice | None:
-        members = set(self.cluster.members.get(partition, ()))
         best: Choice | None = None
-        for i, cands in self.candidates.items():
-            if i not in members:
+        for bound, i, most in self._order(partition, targets, reclaim):
+            if best is not None and bound > best.cost[:3]:
+                break
+            if most < gpus:
                 continue
-            choice = self._on_node(i, cands, gpus, cpus, mem, model, time_limit, targets, reclaim, for_pool)
+            choice = self._on_node(i, self.candidates[i], gpus, cpus, mem, model, time_limit, targets,
+                                   reclaim, for_pool)
             if choice is not None and (best is None or choice.cost < best.cost):
                 best = choice
         return best

@@ -149,6 +149,7 @@ class PriorityModel:
         self.w = cfg.weights
         self.fs = fairshare_factors(cfg, usage, members)
         self.max_gpus = max_gpus
+        self._fixed: dict[tuple, tuple[float, float, float, float, float]] = {}   # ..., their sum
         top_q = max((q.priority for q in cfg.qos.values()), default=0)
         top_p = max((p.priority for p in cfg.partitions.values()), default=0)
         self.qos_factor = {n: (max(0, q.priority) / top_q if top_q > 0 else 0.0) for n, q in cfg.qos.items()}
@@ -158,18 +159,37 @@ class PriorityModel:
     def factors(self, account: str, user: str, qos: str, partition: str, gpus: int,
                 submit_time: float, nice: int) -> dict[str, float]:
         """Weighted factors; their sum is the priority."""
-        w = self.w
-        age = min(1.0, max(0.0, self.now - submit_time) / self.cfg.max_age)
-        biggest = self.max_gpus.get(partition, 0)
-        size = min(1.0, gpus / biggest) if biggest > 0 else 0.0
-        return {
-            "age": w.age * age,
-            "fairshare": w.fairshare * self.fs.get((account, user), 0.0),
-            "job_size": w.job_size * size,
-            "qos": w.qos * self.qos_factor.get(qos, 0.0),
-            "partition": w.partition * self.part_factor.get(partition, 0.0),
-            "nice": float(-nice),
-        }
+        key = (account, user, qos, partition, gpus)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            w = self.w
+            biggest = self.max_gpus.get(partition, 0)
+            size = min(1.0, gpus / biggest) if biggest > 0 else 0.0
+            parts = (w.fairshare * self.fs.get((account, user), 0.0), w.job_size * size,
+                     w.qos * self.qos_factor.get(qos, 0.0), w.partition * self.part_factor.get(partition, 0.0))
+            fixed = self._fixed[key] = (*parts, sum(parts))
+        age = (self.now - submit_time) / self.cfg.max_age
+        age = 1.0 if age > 1.0 else (0.0 if age < 0.0 else age)
+        return {"age": self.w.age * age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
+                "partition": fixed[3], "nice": float(-nice)}
+
+    def for_jobs(self, jobs: Iterable) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
+        """(job -> weighted factors, job -> priority) for pending jobs (the hot loop of a pass)."""
+        factors: dict[int, dict[str, float]] = {}
+        priorities: dict[int, float] = {}
+        fixed_of, now, max_age, w_age = self._fixed, self.now, self.cfg.max_age, self.w.age
+        for j in jobs:
+            fixed = fixed_of.get((j.account, j.user, j.qos, j.partition, j.gpus))
+            if fixed is None:
+                self.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
+                fixed = fixed_of[(j.account, j.user, j.qos, j.partition, j.gpus)]
+            age = (now - j.submit_time) / max_age
+            age = w_age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age))
+            nice = float(-j.nice)
+            factors[j.job_id] = {"age": age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
+                                 "partition": fixed[3], "nice": nice}
+            priorities[j.job_id] = age + fixed[4] + nice
+        return factors, priorities
 
     def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
                  submit_time: float, nice: int) -> float:

@@ -57,6 +57,8 @@ class QuotaBook:
             name: tuple((a, cfg.accounts[a].gpu_limit) for a in cfg.account_chain(name)  # type: ignore[misc]
                         if cfg.accounts[a].gpu_limit is not None)
             for name in cfg.accounts}
+        self._chains: dict[str, tuple[str, ...]] = {}
+        self.qos_caps = {n: q.max_gpus_per_user for n, q in cfg.qos.items() if q.max_gpus_per_user is not None}
         self.used: dict[Pool, int] = defaultdict(int)            # pool -> GPUs in use (not stopping)
         self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
         self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
@@ -71,7 +73,10 @@ class QuotaBook:
         return self.pool_of.get(parent) if parent else None
 
     def _hold(self, account: str, qos: str, user: str, gpus: int) -> None:
-        for a in self.cfg.account_chain(account):
+        chain = self._chains.get(account)
+        if chain is None:
+            chain = self._chains[account] = self.cfg.account_chain(account)
+        for a in chain:
             self.held[a] += gpus
         self.per_user[(qos, user)] += gpus
 
@@ -89,6 +94,16 @@ class QuotaBook:
 
     def limit_ok(self, account: str, gpus: int) -> bool:
         return all(self.held[a] + gpus <= lim for a, lim in self.limits.get(account, ()))
+
+    def limit_reason(self, qos: str, user: str, account: str, gpus: int) -> str | None:
+        """The limit a job of ``gpus`` GPUs would break: Slurm's reason name, else None."""
+        cap = self.qos_caps.get(qos)
+        if cap is not None and self.per_user[(qos, user)] + gpus > cap:
+            return "QOSMaxGRESPerUser"
+        limits = self.limits.get(account)
+        if limits and not all(self.held[a] + gpus <= lim for a, lim in limits):
+            return "AccountLimit"
+        return None
 
     def qos_ok(self, qos: str, user: str, gpus: int) -> bool:
         q = self.cfg.qos.get(qos)
