@@ -168,6 +168,20 @@ _PARTITION_KEYS = {"name", "nodes", "default", "default_time", "max_time", "prio
 _QOS_KEYS = {"priority", "preempt", "preempt_mode", "grace_time", "max_gpus_per_user"}
 _ACCOUNT_KEYS = {"parent", "shares", "gpu_quota", "gpu_limit", "users"}
 
+# Every key these sections accept, for gpud/config.py's unknown-key check and the example
+# coverage test.  "*" stands for a name the site chooses ([qos.NAME], [accounts.NAME]);
+# "[]" for each [[partition]] table.  billing.weights maps GPU models and is free-form.
+KNOWN_KEYS: dict[str, frozenset[str]] = {
+    "": frozenset({"scheduler", "preemption", "billing", "partition", "qos", "accounts"}),
+    "scheduler": frozenset(_SECTION_KEYS["scheduler"]),
+    "scheduler.weights": frozenset(WEIGHT_NAMES),
+    "preemption": frozenset(_SECTION_KEYS["preemption"]),
+    "billing": frozenset(_SECTION_KEYS["billing"]),
+    "partition[]": frozenset(_PARTITION_KEYS),
+    "qos.*": frozenset(_QOS_KEYS),
+    "accounts.*": frozenset(_ACCOUNT_KEYS),
+}
+
 
 class _Reader:
     """Typed getters over one table that raise SchedConfigError naming the dotted key."""
