@@ -6,6 +6,8 @@ import ast
 import pathlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpud.sched.core import schedule
 
@@ -32,6 +34,11 @@ def test_reasons_for_jobs_that_cannot_start(job, reason):
     snap = snapshot([*nodes(1), node("x1", up=False)], [job], cfg=CFG)
     plan = schedule(snap, 0.0)
     assert plan.starts == [] and plan.reasons == {1: reason}
+
+
+def test_a_cluster_without_nodes_yet_waits():
+    plan = schedule(snapshot([], [pending(1, 1)]), 0.0)
+    assert plan.reasons == {1: "ReqNodeNotAvail"}
 
 
 def test_resources_for_the_first_waiter_priority_behind_it():
@@ -86,3 +93,21 @@ def test_the_core_is_pure():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+names = st.sampled_from(["n001", "n002", "ghost"])
+odd_pending = st.builds(
+    pending, st.integers(1, 6), st.integers(-1, 9), cpus=st.integers(-1, 80), mem_mb=st.integers(-5, 10**6),
+    qos=st.sampled_from(["normal", "gold"]), partition=st.sampled_from(["gpu", "x"]),
+    time_limit=st.one_of(st.none(), st.floats(-10, 1e6)), submit_time=st.floats(-1e6, 1e6),
+    gpu_type=st.sampled_from([None, "H100-80GB", "T4"]), held=st.booleans(), preempt_count=st.integers(0, 5))
+odd_running = st.builds(
+    running, st.integers(10, 16), names, st.lists(st.integers(-1, 9), max_size=9), cpus=st.integers(0, 80),
+    mem_mb=st.integers(0, 10**6), start_time=st.floats(-1e6, 1e6), time_limit=st.one_of(st.none(), st.floats(0, 1e6)),
+    stopping=st.booleans(), borrowed=st.booleans(), qos=st.sampled_from(["normal", "gold"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(odd_pending, max_size=8), st.lists(odd_running, max_size=6), st.floats(-1e6, 1e6))
+def test_odd_snapshots_never_crash_the_pass(pend, run, now):
+    schedule(snapshot(nodes(2), pend, run), now)

@@ -77,10 +77,13 @@ class _Pass:
     def run(self) -> Plan:
         # -- step 2: priorities
         plan = self.plan
-        plan.factors, plan.priorities = self.prio.for_jobs(self.snap.pending)
+        pending = self.snap.pending
+        if len({j.job_id for j in pending}) != len(pending):   # a bad snapshot: first of each id wins
+            pending = tuple({j.job_id: j for j in reversed(pending)}.values())[::-1]
+        plan.factors, plan.priorities = self.prio.for_jobs(pending)
         # -- step 3: the ordered queue
         prio = plan.priorities
-        queue = sorted(self.snap.pending, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
+        queue = sorted(pending, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
         borrowing: list[PendingJob] = []
         may_borrow = not self.book.enabled
         for job in queue:
@@ -145,6 +148,8 @@ class _Pass:
             return "InvalidAccount"
         if part.max_time is not None and (job.time_limit is None or job.time_limit > part.max_time):
             return "PartitionTimeLimit"
+        if job.gpus < 0 or job.cpus < 0 or job.mem_mb < 0:
+            return "BadConstraints"
         verdict = self.cluster.feasibility(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
         if verdict == "never":
             return "BadConstraints"

@@ -116,14 +116,14 @@ class Cluster:
 
     def feasibility(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None) -> str:
         """"ok" if some schedulable node could ever hold the job, "down" if only nodes that
-        are down or drained could, "never" if none could."""
+        are down or drained could (or the partition has no nodes yet), "never" if none could."""
         shapes = self._shapes.get(partition)
         if shapes is None:
             shapes = sorted({(self.up[i], self.total_cpus[i], self.total_mem[i],
                               tuple(sorted((mo, self.capacity(i, mo)) for mo in self.model_set[i])))
                              for i in self.members.get(partition, ())}, reverse=True)
             self._shapes[partition] = shapes
-        verdict = "never"
+        verdict = "never" if shapes else "down"
         for up, c, m, models in shapes:
             have = sum(n for _, n in models) if model is None else dict(models).get(model, 0)
             if have >= gpus and c >= cpus and m >= mem:
