@@ -119,9 +119,10 @@ class Harness:
         for ex in self.executors:
             await ex.close()
         for _, _, pid, _ in self.started:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
+            try:  # only a wrapper of ours that is still there: never a recycled pid
+                if executor_mod.WRAPPER in psutil.Process(pid).cmdline():
+                    os.killpg(pid, signal.SIGKILL)
+            except (OSError, psutil.Error):
                 pass
         executor_mod._reap_detached()
 
@@ -407,6 +408,28 @@ async def test_adopted_job_keeps_its_time_limit(h):
     outcome = await h.outcome(1)
     assert (outcome.reason, outcome.signal) == ("timeout", signal.SIGTERM)
     assert group_members(h.pid(1)) == []
+
+
+async def test_job_spawned_just_before_a_crash_is_found_by_its_wrapper_pid(h):
+    clock = FakeClock()
+    ex = h.executor(clock=clock)
+    await ex.start()
+    await ex.launch(h.launch("echo ready; while [ ! -e go ]; do sleep 0.02; done; exit 4", time_limit=50))
+    await h.output("gpud-1.out", "ready")
+    await ex.close()
+    record_path = os.path.join(h.state_dir, "jobs", "1.0", "record.json")
+    with open(record_path) as f:
+        record = json.load(f)
+    with open(record_path, "w") as f:  # the record as it was before the spawn
+        json.dump(dict(record, pid=None, create_time=None, start_time=None, deadline=None), f)
+    again = h.executor(clock=clock)
+    await again.start()
+    assert again.running() == [(1, 0)]
+    with open(record_path) as f:
+        assert json.load(f)["deadline"] == clock() + 50  # the time limit holds from adoption
+    (h.work_dir / "go").touch()
+    outcome = await h.outcome(1)
+    assert (outcome.reason, outcome.exit_code) == ("exited", 4)
 
 
 async def test_job_that_ended_unwatched_reports_its_exit_code(h):

@@ -139,30 +139,10 @@ class Executor:
         found = await asyncio.to_thread(self.store.load)
         self._last_prune = self._clock()
         for saved in found:
-            known = self._jobs.get(saved.key)
-            if known is not None and known.task is None and known.pid is not None:
-                self._watch(known)  # this executor was closed and is started again
-            if known is not None or saved.key in self._outcomes:
-                continue
-            if saved.outcome is not None:
-                self._outcomes[saved.key] = saved.outcome
-                continue
             try:
-                job = _Job.from_saved(saved)
-            except (KeyError, TypeError, ValueError):
-                log.error("job %d.%d: its record is unreadable; reported lost", *saved.key)
-                job = None
-            if job is None or job.key != saved.key:
-                await self._finish(saved.key, Outcome(
-                    *saved.key, None, None, "lost", "the worker's record of this job is unreadable",
-                    None, self._clock()))
-                continue
-            self._jobs[job.key] = job
-            if _alive(job.pid, job.create_time, saved.dir):
-                log.info("job %d.%d: watching it again (pid %d)", *job.key, job.pid)
-                self._watch(job)
-            else:
-                await self._conclude(job)
+                await self._resume(saved)
+            except Exception:  # noqa: BLE001 - one bad directory must not stop the worker
+                log.exception("job %d.%d: cannot pick it up again", *saved.key)
 
     async def launch(self, launch: Launch) -> None:
         """Start an allocation; a repeat of one running, finished or acknowledged does nothing."""
@@ -257,6 +237,41 @@ class Executor:
             job.task = None
             if job.popen is not None and job.popen.returncode is None:
                 _DETACHED.append(job.popen)
+
+    # -- restarting -----------------------------------------------------------------------------
+
+    async def _resume(self, saved: Saved) -> None:
+        """One allocation found on disk: keep its outcome, watch it again, or finish it."""
+        known = self._jobs.get(saved.key)
+        if known is not None and known.task is None and known.pid is not None:
+            self._watch(known)  # this executor was closed and is started again
+        if known is not None or saved.key in self._outcomes:
+            return
+        if saved.outcome is not None:
+            self._outcomes[saved.key] = saved.outcome
+            return
+        try:
+            job = _Job.from_saved(saved)
+        except (KeyError, TypeError, ValueError):
+            job = None
+        if job is None or job.key != saved.key:
+            log.error("job %d.%d: its record is unreadable; reported lost", *saved.key)
+            await self._finish(saved.key, Outcome(
+                *saved.key, None, None, "lost", "the worker's record of this job is unreadable",
+                None, self._clock()))
+            return
+        self._jobs[job.key] = job
+        if not _alive(job.pid, job.create_time, saved.dir):
+            await self._conclude(job)
+            return
+        log.info("job %d.%d: watching it again (pid %d)", *job.key, job.pid)
+        if job.start_time is None:  # found by its wrapper.pid: the limit counts from now
+            job.create_time = _create_time(job.pid)
+            job.start_time = self._clock()
+            if job.launch.time_limit is not None:
+                job.deadline = job.start_time + job.launch.time_limit
+            self._save_record(job)
+        self._watch(job)
 
     # -- launching ------------------------------------------------------------------------------
 
