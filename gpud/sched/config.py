@@ -30,6 +30,7 @@ from ..units import UnitError, parse_duration, parse_size_mb
 
 PLACEMENTS = ("binpack", "spread")
 PREEMPT_MODES = ("requeue", "cancel")
+IDLE_ACTIONS = ("none", "requeue", "cancel")   # what the head does to a job flagged GPU-idle
 WEIGHT_NAMES = ("age", "fairshare", "job_size", "qos", "partition")
 DAY = 86400.0
 
@@ -72,6 +73,11 @@ class PartitionConfig:
     placement: str | None = None             # None: [scheduler] placement
     default_mem_mb: int | None = None        # per job
     default_mem_per_gpu_mb: int | None = None
+    # Idle-GPU detection (gpud/head/telemetry.py): a running job whose every GPU stays under
+    # idle_threshold percent for idle_period is flagged, then idle_action is applied.
+    idle_threshold: float = 5.0              # percent utilization
+    idle_period: float | None = 3600.0       # seconds; None: never flag
+    idle_action: str = "none"                # "none" (flag only), "requeue" or "cancel"
 
 
 @dataclass(frozen=True)
@@ -120,12 +126,17 @@ class SchedConfig:
     backfill_depth: int = 100                # at most this many reservations per pass
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     billing: dict[str, float] = field(default_factory=dict)   # GPU model -> weight (default 1)
+    prices: dict[str, float] = field(default_factory=dict)    # GPU model -> price per GPU-hour (default 0)
     partitions: dict[str, PartitionConfig] = field(default_factory=_default_partitions)
     qos: dict[str, QosConfig] = field(default_factory=_default_qos)
     accounts: dict[str, AccountConfig] = field(default_factory=_default_accounts)
 
     def billing_weight(self, model: str) -> float:
         return self.billing.get(model, 1.0)
+
+    def price(self, model: str) -> float:
+        """Cost of one GPU-hour of ``model`` for reports (0 when no price is set)."""
+        return self.prices.get(model, 0.0)
 
     def placement_for(self, partition: str) -> str:
         p = self.partitions.get(partition)
@@ -161,10 +172,11 @@ _SECTION_KEYS = {
     "scheduler": {"fairshare_half_life", "max_age", "weights", "placement", "backfill",
                   "backfill_depth", "default_mem", "default_qos", "default_account"},
     "preemption": {"exempt_time", "max_per_job", "max_per_minute"},
-    "billing": {"weights"},
+    "billing": {"weights", "prices"},
 }
 _PARTITION_KEYS = {"name", "nodes", "default", "default_time", "max_time", "priority",
-                   "placement", "default_mem", "default_mem_per_gpu"}
+                   "placement", "default_mem", "default_mem_per_gpu", "idle_threshold", "idle_period",
+                   "idle_action"}
 _QOS_KEYS = {"priority", "preempt", "preempt_mode", "grace_time", "max_gpus_per_user"}
 _ACCOUNT_KEYS = {"parent", "shares", "gpu_quota", "gpu_limit", "users"}
 
@@ -279,6 +291,11 @@ def sched_config_from_dict(data: dict[str, Any], path: str = "<config>") -> Sche
         b.fail("billing.weights", "must be a table of GPU model = weight")
     bill = _Reader(bw, "billing.weights", set(bw), path)
     billing = {str(m): bill.number(m, 1.0) for m in bw}
+    bp = b.t.get("prices", {})
+    if not isinstance(bp, dict):
+        b.fail("billing.prices", "must be a table of GPU model = price per GPU-hour, e.g. { \"H100-80GB\" = 2.5 }")
+    price = _Reader(bp, "billing.prices", set(bp), path)
+    prices = {str(m): price.number(m, 0.0) for m in bp}
 
     preemption = PreemptionConfig(
         exempt_time=p.duration("exempt_time", PreemptionConfig.exempt_time) or 0.0,
@@ -317,6 +334,7 @@ def sched_config_from_dict(data: dict[str, Any], path: str = "<config>") -> Sche
         backfill_depth=s.integer("backfill_depth", 100) or 0,
         preemption=preemption,
         billing=billing,
+        prices=prices,
         partitions=partitions,
         qos=qos,
         accounts=accounts,
@@ -356,7 +374,12 @@ def _partitions(raw: Any, path: str) -> dict[str, PartitionConfig]:
             placement=r.string("placement", None, PLACEMENTS),
             default_mem_mb=r.size_mb("default_mem"),
             default_mem_per_gpu_mb=r.size_mb("default_mem_per_gpu"),
+            idle_threshold=r.number("idle_threshold", PartitionConfig.idle_threshold),
+            idle_period=r.duration("idle_period", PartitionConfig.idle_period, allow_unlimited=True) or None,
+            idle_action=r.string("idle_action", "none", IDLE_ACTIONS) or "none",
         )
+        if pc.idle_threshold > 100:
+            r.fail(r.key("idle_threshold"), f"is a percentage of utilization, 0 to 100, not {pc.idle_threshold:g}")
         if pc.max_time is not None and (pc.default_time is None or pc.default_time > pc.max_time):
             r.fail(r.key("default_time"), "must not exceed max_time; lower default_time or raise max_time")
         out[name] = pc
