@@ -1,6 +1,10 @@
 """`gpud`: the daemons and admin tools.
 
-    gpud head | worker | standalone | keygen | simulate
+    gpud head | worker | standalone | check-config | keygen | simulate
+
+Every daemon reads the same gpud.toml; an invalid one stops it before it starts, with the
+``FILE:LINE: message`` lines that ``gpud check-config`` prints.  Command-line flags override
+the file, at start and again at each reload of the head (SIGHUP, ``scontrol reconfigure``).
 """
 
 from __future__ import annotations
@@ -10,19 +14,18 @@ import logging
 import os
 import sys
 from dataclasses import replace
+from typing import Callable
 
 import click
 
 from . import config as config_mod
-from .config import Config, ConfigError
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from .config import LOG_LEVELS, Config, ConfigError
 
 
 def _common(f):
     opts = [
         click.option("--config", "config_path", metavar="PATH",
-                     help="Config file (default /etc/gpud/gpud.toml when it exists)."),
+                     help="Config file (default $GPUD_CONFIG, else /etc/gpud/gpud.toml when it exists)."),
         click.option("--broker", metavar="mqtt://HOST:PORT", help="MQTT broker URL."),
         click.option("--key-file", metavar="PATH", help="Cluster key file (mode 0600)."),
         click.option("--state-dir", metavar="DIR", help="Where the daemon keeps its state."),
@@ -34,31 +37,60 @@ def _common(f):
     return f
 
 
-def load_config(config_path, broker, key_file, state_dir, cluster, log_level) -> Config:
-    try:
-        cfg = config_mod.load(config_path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
+def build_config(config_path, broker, key_file, state_dir, cluster, log_level) -> Config:
+    """The file's config with the command-line flags applied; ConfigError when invalid."""
+    cfg = config_mod.load(config_path)
     if broker:
+        try:
+            config_mod.broker_url(broker)
+        except ValueError as e:
+            raise ConfigError(f"--broker: {e}") from None
         cfg = replace(cfg, broker=replace(cfg.broker, url=broker))
     if state_dir:
         cfg = replace(cfg, state_dir=os.path.abspath(state_dir))
     if key_file:
         cfg = replace(cfg, key_file=os.path.abspath(key_file))
     if cluster:
+        try:
+            config_mod.ident(cluster)
+        except ValueError as e:
+            raise ConfigError(f"--cluster: {e}") from None
         cfg = replace(cfg, cluster=cluster)
     if log_level:
         cfg = replace(cfg, log_level=log_level)
-    setup_logging(cfg.log_level)
     return cfg
+
+
+def start_config(command: str, configure: Callable[[], Config]) -> Config:
+    """``configure()`` for a daemon about to start: refuse an invalid config, set up logging."""
+    try:
+        cfg = configure()
+    except ConfigError as e:
+        for line in e.lines:
+            click.echo(line, err=True)
+        click.echo(f"gpud {command}: error: invalid configuration; not starting "
+                   "(gpud check-config lists the same problems)", err=True)
+        sys.exit(1)
+    setup_logging(cfg.log_level)
+    for line in cfg.warnings:
+        logging.getLogger("gpud.config").warning("%s", line)
+    return cfg
+
+
+class OneLineFormatter(logging.Formatter):
+    """One line per event, tracebacks included: journald and grep see whole events."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", " | ")
 
 
 def setup_logging(level: str) -> None:
     """One line per event on stderr; journald adds the time and unit."""
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
         "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt, stream=sys.stderr,
-                        force=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(fmt))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler], force=True)
 
 
 def _run(coro) -> None:
@@ -83,12 +115,16 @@ def main() -> None:
 @click.option("--socket", "socket_path", metavar="PATH", help="Unix socket for gpuctl (default /run/gpud/gpud.sock).")
 def head(socket_path, **kw) -> None:
     """Run the head daemon: job database, scheduler, gpuctl socket."""
-    cfg = load_config(**kw)
-    if socket_path:
-        cfg = replace(cfg, head=replace(cfg.head, socket=os.path.abspath(socket_path)))
+    def configure() -> Config:
+        cfg = build_config(**kw)
+        if socket_path:
+            cfg = replace(cfg, head=replace(cfg.head, socket=os.path.abspath(socket_path)))
+        return cfg
+
+    cfg = start_config("head", configure)
     from .head.service import run_head
 
-    _run(run_head(cfg))
+    _run(run_head(cfg, loader=configure))
 
 
 @main.command()
@@ -97,8 +133,11 @@ def head(socket_path, **kw) -> None:
 @click.option("--sim", metavar="SPEC", help="Simulate GPUs, e.g. 8xH100-80GB or 4xA100-80GB,2xA30-24GB.")
 def worker(name, sim, **kw) -> None:
     """Run the worker daemon: registers this node and runs the jobs the head assigns."""
-    cfg = load_config(**kw)
-    cfg = replace(cfg, worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim))
+    def configure() -> Config:
+        cfg = build_config(**kw)
+        return replace(cfg, worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim))
+
+    cfg = start_config("worker", configure)
     from .worker.daemon import run_worker
 
     _run(run_worker(cfg))
@@ -112,16 +151,42 @@ def worker(name, sim, **kw) -> None:
 @click.option("--port", type=int, default=0, show_default=True, help="Embedded broker port (0: any free port).")
 def standalone(socket_path, name, sim, port, **kw) -> None:
     """Head, one worker and an embedded MQTT broker in one process: a single GPU box."""
-    cfg = load_config(**kw)
-    cfg = replace(
-        cfg,
-        key_file=cfg.key_file if kw.get("key_file") else os.path.join(cfg.state_dir, "cluster.key"),
-        head=replace(cfg.head, socket=os.path.abspath(socket_path) if socket_path else os.path.join(cfg.state_dir, "gpud.sock")),
-        worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim),
-    )
+    def configure() -> Config:
+        cfg = build_config(**kw)
+        return replace(
+            cfg,
+            key_file=cfg.key_file if kw.get("key_file") else os.path.join(cfg.state_dir, "cluster.key"),
+            head=replace(cfg.head, socket=os.path.abspath(socket_path) if socket_path
+                         else os.path.join(cfg.state_dir, "gpud.sock")),
+            worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim),
+        )
+
+    cfg = start_config("standalone", configure)
     from .standalone import run_standalone
 
-    _run(run_standalone(cfg, port=port))
+    _run(run_standalone(cfg, port=port, loader=configure))
+
+
+@main.command("check-config")
+@click.argument("path", required=False, metavar="[PATH]")
+def check_config(path: str | None) -> None:
+    """Check a config file: print each problem as FILE:LINE: message and exit 1.
+
+    PATH defaults to $GPUD_CONFIG, else /etc/gpud/gpud.toml.  Exit 0: valid (warnings, if
+    any, are printed too); 1: invalid or unreadable; 2: wrong usage.
+    """
+    path = path or config_mod.default_path()
+    try:
+        cfg = config_mod.load(path)
+    except ConfigError as e:
+        for line in e.lines:
+            click.echo(line, err=True)
+        n = len(e.lines)
+        click.echo(f"gpud check-config: {path}: {n} problem{'s' if n != 1 else ''}", err=True)
+        sys.exit(1)
+    for line in cfg.warnings:
+        click.echo(line, err=True)
+    click.echo(f"{path}: OK")
 
 
 @main.command()

@@ -22,6 +22,11 @@ Operations (args -> result):
 ``cancel``   {"job_ids": [int]?, "users": [str]?, "signal": str?}
              -> {"cancelled": [int], "errors": [str]}
 ``nodes``    {} -> {"nodes": [NODE]}
+``reconfigure`` {} -> {"path": str|null, "restart_needed": [str]}   (root and admins only)
+             Re-reads the head's config file, as SIGHUP does; an invalid file is refused
+             with its first ``FILE:LINE: message`` and the running config is kept.
+``show_config`` {} -> {"path": str|null, "config": {...}}: the running config in gpud.toml's
+             shape (durations in seconds, sizes in MB, the broker password hidden).
 
 JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "state",
       "reason", "node", "gpus" (count requested), "gpu_ids" ([uuid]), "gpu_indices" ([int]),
@@ -43,7 +48,7 @@ VERSION = 1
 MAX_LINE = 16 * 1024 * 1024
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
-OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes"})
+OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config"})
 
 
 class ProtocolError(ValueError):

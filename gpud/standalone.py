@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from dataclasses import replace
+from typing import Callable
 
 from .config import Config
 from .keys import generate_key
@@ -20,7 +21,7 @@ from .keys import generate_key
 log = logging.getLogger("gpud.standalone")
 
 
-async def run_standalone(cfg: Config, *, port: int = 0) -> int:
+async def run_standalone(cfg: Config, *, port: int = 0, loader: Callable[[], Config] | None = None) -> int:
     from .bus.broker import EmbeddedBroker  # amqtt is only needed here
     from .head.daemon import Head
     from .head.service import run_head
@@ -48,7 +49,15 @@ async def run_standalone(cfg: Config, *, port: int = 0) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop)
-        head_task = asyncio.create_task(run_head(cfg, install_signals=False, on_head=heads.append), name="head")
+        url = broker.url
+
+        def reload_config() -> Config:  # the embedded broker's url is not in the file
+            new = loader() if loader is not None else cfg
+            return replace(new, broker=replace(new.broker, url=url))
+
+        loop.add_signal_handler(signal.SIGHUP, lambda: [_reload(h) for h in heads])
+        head_task = asyncio.create_task(run_head(cfg, install_signals=False, on_head=heads.append,
+                                                 loader=reload_config), name="head")
         while not heads and not head_task.done():
             await asyncio.sleep(0.01)
         if head_task.done():
@@ -72,3 +81,10 @@ async def run_standalone(cfg: Config, *, port: int = 0) -> int:
                 h.stop()
         codes = await asyncio.gather(head_task, worker_task)
     return max(codes)
+
+
+def _reload(head) -> None:
+    try:
+        head.reload("SIGHUP")
+    except ValueError:
+        pass  # ConfigError: Head.reload logged every problem and kept the running config

@@ -15,6 +15,10 @@ Four tasks in one TaskGroup:
                requeued (or NODE_FAIL with --no-requeue).  Time while the head itself is cut
                off from the broker does not count against the nodes.
 
+Reload (SIGHUP or the ``reconfigure`` op): ``reconfigure`` swaps in the new scheduling
+policy, admins, timeouts and log level between two passes; running jobs are not touched and
+settings that cannot change live are reported, not applied (``config.apply_live``).
+
 Nothing here trusts a message to arrive once: launches are re-sent for allocations a worker
 does not report, ``finished`` is repeated by workers until acked, and a worker reporting a
 (job, attempt) the head no longer assigns to it is told to kill it (fencing).
@@ -30,10 +34,12 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, node_cmd
-from ..config import Config
+from .. import config as config_mod
+from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
 from .api import RequestError, SocketServer
 from .jobs import final_state, requeue_changes
+from .ops_admin import OPS as ADMIN_OPS
 from .ops_jobs import OPS as JOB_OPS
 from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
 from .store import JobRecord, NodeRecord, Store, Txn
@@ -48,15 +54,16 @@ MAX_SUBMIT_BATCH = 1000
 
 class Head:
     def __init__(self, cfg: Config, bus: Bus, store: Store, *, clock: Callable[[], float] = time.time,
-                 socket_path: str | None = None) -> None:
+                 socket_path: str | None = None, loader: Callable[[], Config] | None = None) -> None:
         self.cfg = cfg
+        self.loader = loader or (lambda: config_mod.load(cfg.path))
         self.bus = bus
         self.store = store
         self.clock = clock
         self.socket_path = socket_path or cfg.head.socket
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
-            op: functools.partial(fn, self) for op, fn in {**JOB_OPS}.items()
+            op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
@@ -98,6 +105,31 @@ class Head:
 
     def kick(self) -> None:
         self._kick.set()
+
+    def reconfigure(self, new_cfg: Config) -> list[str]:
+        """Apply what can change live; the lines say which changes need a restart."""
+        old_level = self.cfg.log_level
+        self.cfg, notes = config_mod.apply_live(self.cfg, new_cfg)
+        self.admins = frozenset(self.cfg.head.admins)
+        if self.cfg.log_level != old_level:
+            logging.getLogger().setLevel(self.cfg.log_level.upper())
+        log.info("configuration reloaded from %s", self.cfg.path or "defaults")
+        for note in notes:
+            log.warning("reload: %s", note)
+        self.kick()
+        return notes
+
+    def reload(self, source: str) -> list[str]:
+        """Re-read the config (``source`` says who asked); ConfigError keeps the running one."""
+        log.info("configuration reload requested by %s", source)
+        try:
+            new_cfg = self.loader()
+        except ConfigError as e:
+            for line in e.lines:
+                log.error("reload refused: %s", line)
+            log.error("reload refused: the running configuration is kept")
+            raise
+        return self.reconfigure(new_cfg)
 
     async def _on_bus_connect(self) -> None:
         # Reconnected: whatever time we were away does not count against the nodes.
@@ -323,9 +355,8 @@ class Head:
     # -- liveness --------------------------------------------------------------------------
 
     async def _liveness(self) -> None:
-        period = max(0.05, min(1.0, self.cfg.head.node_timeout / 4))
-        while True:
-            await asyncio.sleep(period)
+        while True:  # node_timeout may change on reload
+            await asyncio.sleep(max(0.05, min(1.0, self.cfg.head.node_timeout / 4)))
             await self.check_nodes()
 
     async def check_nodes(self) -> None:

@@ -1,4 +1,8 @@
-"""`gpud head`: build the real pieces (SQLite store, MQTT bus) around ``Head`` and run it."""
+"""`gpud head`: build the real pieces (SQLite store, MQTT bus) around ``Head`` and run it.
+
+Signals: SIGTERM/SIGINT stop the head (a second one exits at once); SIGHUP re-reads the
+config file and applies it without touching running jobs (``Head.reload``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 from typing import Callable
 
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Will
-from ..config import Config
+from ..config import Config, ConfigError
 from ..keys import KeyFileError, load_key
 from .daemon import HEAD_SENDER, Head
 from .store import Store
@@ -26,6 +30,7 @@ def make_bus(cfg: Config, key: bytes):
         will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
         client_id=f"gpud-head-{cfg.cluster}", persistent=True,
         username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        tls=cfg.broker.tls,
     )
 
 
@@ -47,12 +52,25 @@ def install_stop_handlers(stop) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
 
 
+def install_reload_handler(head: Head) -> None:
+    """SIGHUP: reload the config; an invalid one is logged and the running one kept."""
+    def on_hup() -> None:
+        try:
+            head.reload("SIGHUP")
+        except ConfigError:
+            pass  # Head.reload logged every problem
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
+
+
 async def run_head(cfg: Config, *, install_signals: bool = True,
-                   on_head: Callable[[Head], None] | None = None) -> int:
+                   on_head: Callable[[Head], None] | None = None,
+                   loader: Callable[[], Config] | None = None) -> int:
     """Build the real pieces around ``Head`` and run it; the exit code for ``gpud head``.
 
     ``install_signals=False`` and ``on_head`` serve a caller that runs more than the head
     in its process (``gpud standalone``): it gets the ``Head`` to wait on and to stop.
+    ``loader`` re-reads the config for a reload, flags applied (default: the file alone).
     """
     try:
         key = load_key(cfg.key_file)
@@ -61,9 +79,10 @@ async def run_head(cfg: Config, *, install_signals: bool = True,
         return 1
     async with Store(cfg.database) as store:
         bus = make_bus(cfg, key)
-        head = Head(cfg, bus, store)
+        head = Head(cfg, bus, store, loader=loader)
         if install_signals:
             install_stop_handlers(head.stop)
+            install_reload_handler(head)
         if on_head is not None:
             on_head(head)
         async with bus:

@@ -409,7 +409,7 @@ def make_bus(cfg: Config, name: str, key: bytes) -> Any:
         cfg.broker.url, cfg.cluster, worker_sender(name), key,
         subscriptions=worker_subscriptions(name), will=worker_will(name),
         client_id=f"gpud-worker-{cfg.cluster}-{name}", persistent=True,
-        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file, tls=cfg.broker.tls,
     )
 
 
