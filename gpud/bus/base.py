@@ -10,7 +10,15 @@ suffix                direction   kinds (body)
                                   ``started`` {job, attempt, pid, time}
                                   ``finished`` {job, attempt, exit_code, signal, reason,
                                   time, message}
+                                  ``samples`` {t, iv, gpus: [[index, util, mem_mb, power_w,
+                                  temp_c, energy_j]], jobs: [[job, attempt, [gpu]]], slices,
+                                  procs}  (GPU telemetry; see gpud.worker.telemetry)
 ``head/status``       head→all    ``head_status`` {state: "online"|"offline"} (retained, will)
+``head/requests``     relay→head  ``request`` {id, part, parts, data, uid, gid, pid, user,
+                                  deadline}  (a gpuctl request relayed from another host;
+                                  senders ``relay:<name>`` and ``worker:<name>``; see
+                                  gpud.relay)
+``relay/<n>/replies`` head→relay  ``reply`` {id, part, parts, data}  (the response line)
 ``node/<n>/status``   worker→all  ``node_status`` {state: "online"|"offline"} (retained, will)
 ``node/<n>/cmd``      head→worker ``launch`` {job, attempt, ...see worker.executor.Launch}
                                   ``signal`` {job, attempt, signal, grace, reason}
@@ -32,6 +40,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 HEAD_EVENTS = "head/events"
 HEAD_STATUS = "head/status"
+HEAD_REQUESTS = "head/requests"
 
 
 def node_status(node: str) -> str:
@@ -40,6 +49,10 @@ def node_status(node: str) -> str:
 
 def node_cmd(node: str) -> str:
     return f"node/{node}/cmd"
+
+
+def relay_replies(name: str) -> str:
+    return f"relay/{name}/replies"
 
 
 @dataclass(frozen=True)

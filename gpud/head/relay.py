@@ -1,0 +1,179 @@
+"""The head's side of relayed gpuctl requests (``head/requests``; see ``gpud.relay``).
+
+Theory of operation
+-------------------
+A relay on a login node or a worker forwards each gpuctl request line, in one or more
+parts, with the uid, gid and pid its kernel reported for the caller.  The bus has already
+checked the envelope's signature, freshness and uniqueness, so the message comes from a
+holder of the cluster key and is not a replay; here the head also insists on the sender's
+role: only ``relay:<name>`` and ``worker:<name>`` may speak for users (the head itself,
+or any other name, may not).  That is the whole trust decision, as with munge: a host that
+has the key vouches for the uid its kernel saw.
+
+Once every part is in, the line goes through ``head.server.dispatch`` exactly like a line
+from the local socket, with a ``Caller`` built from the relayed identity, and the response
+line goes back to ``relay/<name>/replies`` in parts.  Each request runs as its own task, so
+a submission waiting for its group commit does not hold up the bus loop, and relayed
+submissions share commits like local ones; at most ``MAX_IN_FLIGHT`` run at once.
+
+A request whose deadline has passed is dropped unanswered: its relay has already told the
+user it timed out, and carrying it out now (say, when a restarted head's persistent session
+delivers it) would surprise them.  Malformed requests are logged in one line and, when they
+can be addressed, answered with an error so the user is not left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from .. import protocol
+from ..bus.base import Message, relay_replies
+from ..relay import (CHUNK_CHARS, BadRelayMessage, Identity, Part, Parts, parse_identity, parse_part,
+                     split_line, valid_name)
+from .api import Caller, user_name
+
+if TYPE_CHECKING:
+    from .daemon import Head
+
+log = logging.getLogger("gpud.head.relay")
+
+SENDER_ROLES = ("relay:", "worker:")
+MAX_IN_FLIGHT = 512               # relayed requests being answered at once
+MAX_BUFFERED_CHARS = 64 * 1024 * 1024   # parts of incomplete requests kept, all relays together
+CLOCK_SLACK = 2.0                 # seconds a relay's deadline may trail the head's clock
+
+
+def relay_name(sender: str) -> str | None:
+    """The relay's name for a sender allowed to relay (``relay:NAME``, ``worker:NAME``)."""
+    for role in SENDER_ROLES:
+        if sender.startswith(role):
+            name = sender[len(role):]
+            return name if valid_name(name) else None
+    return None
+
+
+class _Incomplete:
+    def __init__(self, ident: Identity, parts: int) -> None:
+        self.ident = ident
+        self.parts = Parts(parts)
+
+
+class RelayedRequests:
+    """Answers ``request`` messages on ``head/requests`` for one ``Head``."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self._incomplete: dict[tuple[str, str], _Incomplete] = {}
+        self._buffered = 0
+        self._tasks: set[asyncio.Task] = set()
+        self.answered = 0
+
+    async def handle(self, msg: Message) -> None:
+        """One verified message on ``head/requests``; never raises."""
+        name = relay_name(msg.sender)
+        if name is None:
+            log.warning("dropped %s on %s from %s: only relays and workers may relay requests",
+                        msg.kind, msg.topic, msg.sender)
+            return
+        if msg.kind != "request":
+            log.warning("dropped %s from %s: unknown kind on %s", msg.kind, msg.sender, msg.topic)
+            return
+        try:
+            part = parse_part(msg.body)
+        except BadRelayMessage as e:
+            log.warning("dropped request from %s: %s", msg.sender, e)
+            return
+        try:
+            ident = parse_identity(msg.body)
+        except BadRelayMessage as e:
+            log.warning("dropped request %s from %s: %s", part.id, msg.sender, e)
+            await self._reply(name, part.id, protocol.error(f"malformed relayed request ({e}); "
+                                                            "check that gpud versions agree"))
+            return
+        now = self.head.clock()
+        self._expire(now)
+        if ident.deadline + CLOCK_SLACK < now:
+            log.warning("dropped request %s from %s: its relay stopped waiting %.0fs ago "
+                        "(if this repeats, check that the hosts' clocks agree)",
+                        part.id, msg.sender, now - ident.deadline)
+            return
+        line = self._collect(msg.sender, part, ident)
+        if line is None:
+            return
+        if len(self._tasks) >= MAX_IN_FLIGHT:
+            log.warning("refused request %s from %s: %d relayed requests in progress", part.id,
+                        msg.sender, len(self._tasks))
+            await self._reply(name, part.id, protocol.error("gpud head is busy; try again shortly"))
+            return
+        task = asyncio.create_task(self._answer(name, part.id, ident, line), name=f"relayed {part.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop answering (for callers that keep the event loop running after the head)."""
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _collect(self, sender: str, part: Part, ident: Identity) -> bytes | None:
+        """Add a part; the whole line once it is complete (or a one-part request)."""
+        key = (sender, part.id)
+        inc = self._incomplete.get(key)
+        if inc is None:
+            if part.parts == 1:
+                return Parts(1).add(part)
+            if self._buffered + CHUNK_CHARS > MAX_BUFFERED_CHARS:
+                log.warning("dropped request %s from %s: too many large requests arriving at once",
+                            part.id, sender)
+                return None
+            inc = self._incomplete[key] = _Incomplete(ident, part.parts)
+        if ident != inc.ident:
+            log.warning("dropped request %s from %s: its parts disagree on who asked", part.id, sender)
+            self._forget(key)
+            return None
+        before = inc.parts.size
+        try:
+            line = inc.parts.add(part)
+        except BadRelayMessage as e:
+            log.warning("dropped request %s from %s: %s", part.id, sender, e)
+            self._forget(key)
+            return None
+        self._buffered += inc.parts.size - before
+        if line is not None:
+            self._forget(key)
+        return line
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        inc = self._incomplete.pop(key, None)
+        if inc is not None:
+            self._buffered -= inc.parts.size
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, inc in self._incomplete.items() if inc.ident.deadline + CLOCK_SLACK < now]:
+            log.warning("dropped request %s from %s: some of its parts never arrived", key[1], key[0])
+            self._forget(key)
+
+    async def _answer(self, name: str, rid: str, ident: Identity, line: bytes) -> None:
+        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=ident.user or user_name(ident.uid))
+        left = ident.deadline + CLOCK_SLACK - self.head.clock()
+        try:
+            async with asyncio.timeout(max(left, 0.0)):
+                answer = await self.head.server.dispatch(caller, line)
+        except TimeoutError:
+            log.warning("request %s from relay %s (uid %d) took longer than its relay waits; "
+                        "no answer sent", rid, name, ident.uid)
+            return
+        await self._reply(name, rid, answer)
+        self.answered += 1
+
+    async def _reply(self, name: str, rid: str, line: bytes) -> None:
+        parts = split_line(line)
+        topic = relay_replies(name)
+        try:
+            for i, data in enumerate(parts):
+                await self.head.bus.publish(topic, "reply", {"id": rid, "part": i, "parts": len(parts),
+                                                             "data": data})
+        except Exception as e:  # the bus queues while disconnected; anything else is logged
+            log.warning("could not answer request %s from relay %s: %s", rid, name, e)

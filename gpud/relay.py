@@ -1,0 +1,389 @@
+"""`gpud relay`: the gpuctl socket on a host that is not the head (a login node, a worker).
+
+Theory of operation
+-------------------
+Users work on login nodes, not on the head.  A relay serves the same Unix socket gpuctl
+talks to (``/run/gpud/gpud.sock`` by default) and forwards each request line to the head
+over MQTT, in a signed envelope, together with the uid, gid and pid the kernel reported
+for the caller (SO_PEERCRED), the way munge vouches for Slurm's clients.  The head trusts
+that identity because only holders of the cluster key can sign, and only from senders
+named ``relay:<name>`` or ``worker:<name>`` (``gpud.head.relay``).  The identity is never
+read from the request, so a caller cannot claim anyone else's.
+
+Wire format (topics under ``gpud/<cluster>/``):
+
+=========================  ============  =================================================
+``head/requests``          relay→head    ``request`` {id, part, parts, data, uid, gid, pid,
+                                         user, deadline}
+``relay/<name>/replies``   head→relay    ``reply`` {id, part, parts, data}
+=========================  ============  =================================================
+
+``data`` is a slice of the request (or response) line, split so that no envelope passes
+its size limit (a batch script may be megabytes, and so may sacct's answer); the receiver
+joins the ``parts`` by index, since QoS 1 does not promise order.  ``deadline`` is when
+the relay stops waiting (its clock): the head drops a request it reads after that, so a
+request the user was told had timed out is not carried out later, when a restarted head's
+persistent session delivers it.
+
+The relay answers by itself, at once, when it cannot succeed: the head's retained status
+says it is offline, too many requests are waiting, or nothing came back within
+``timeout`` seconds (then: ``head did not answer within Ns``).  It never re-sends a
+request: a submission must not run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from . import protocol, sdnotify
+from .bus.base import HEAD_REQUESTS, HEAD_STATUS, Bus, Message, relay_replies
+from .bus.envelope import new_id
+from .config import Config
+from .head.api import Caller, SocketServer
+
+log = logging.getLogger("gpud.relay")
+
+DEFAULT_TIMEOUT = 20.0          # seconds; below gpuctl's own 30 s, so the user hears why
+CHUNK_CHARS = 128 * 1024        # even escaped 6x (\uXXXX), a part stays under the 1 MiB envelope
+MAX_PARTS = protocol.MAX_LINE // CHUNK_CHARS + 2
+MAX_PENDING = 1024              # requests one relay waits on at once
+MAX_ID = 64
+MAX_NAME = 64
+MAX_USER = 64
+STOP_TIMEOUT = 10.0             # seconds a worker waits for its relay to close
+ID_MAX = 2**32 - 2              # uid/gid: (uid_t)-1 means "no id" and is never a caller
+
+
+class BadRelayMessage(ValueError):
+    """A relay message body of the wrong shape; the text says what, in one line."""
+
+
+# -- the wire format (sans-IO, used by both ends) -------------------------------------------------
+
+def split_line(line: bytes) -> list[str]:
+    """``line`` as text parts of at most CHUNK_CHARS; undecodable bytes survive the trip."""
+    text = line.decode("utf-8", "surrogateescape")
+    return [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+
+
+def valid_name(name: str) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= MAX_NAME and not any(c in name for c in "/+#\0") \
+        and name.isprintable() and not any(c.isspace() for c in name)
+
+
+@dataclass(frozen=True)
+class Part:
+    id: str
+    part: int
+    parts: int
+    data: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who asked, as the relay's kernel reported it."""
+
+    uid: int
+    gid: int
+    pid: int
+    user: str          # the relay host's name for uid; "" when it has none
+    deadline: float    # relay clock: when the relay stops waiting
+
+
+def parse_part(body: Any) -> Part:
+    if not isinstance(body, dict):
+        raise BadRelayMessage("body is not an object")
+    rid = body.get("id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID or not rid.isprintable():
+        raise BadRelayMessage("missing or invalid id")
+    part, parts, data = body.get("part"), body.get("parts"), body.get("data")
+    if not _is_int(parts) or not 1 <= parts <= MAX_PARTS:
+        raise BadRelayMessage(f"parts must be an integer from 1 to {MAX_PARTS}")
+    if not _is_int(part) or not 0 <= part < parts:
+        raise BadRelayMessage("part must be an integer below parts")
+    if not isinstance(data, str) or len(data) > CHUNK_CHARS:
+        raise BadRelayMessage(f"data must be a string of at most {CHUNK_CHARS} characters")
+    return Part(rid, part, parts, data)
+
+
+def parse_identity(body: dict) -> Identity:
+    uid, gid, pid = body.get("uid"), body.get("gid"), body.get("pid")
+    for what, v in (("uid", uid), ("gid", gid)):
+        if not _is_int(v) or not 0 <= v <= ID_MAX:
+            raise BadRelayMessage(f"{what} must be an integer from 0 to {ID_MAX}")
+    if not _is_int(pid) or pid < 0:
+        raise BadRelayMessage("pid must be a non-negative integer")
+    user = body.get("user", "")
+    if not isinstance(user, str) or len(user) > MAX_USER or (user and not valid_name(user)):
+        raise BadRelayMessage("user must be a short name without spaces")
+    deadline = body.get("deadline")
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+        raise BadRelayMessage("deadline must be a finite number")
+    return Identity(uid, gid, pid, user, float(deadline))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass
+class Parts:
+    """The parts of one line received so far."""
+
+    total: int
+    got: dict[int, str] = field(default_factory=dict)
+    size: int = 0
+
+    def add(self, p: Part) -> bytes | None:
+        """Record ``p``; the whole line once every part is in, else None."""
+        if p.parts != self.total:
+            raise BadRelayMessage(f"part {p.part} says {p.parts} parts, not {self.total}")
+        if p.part not in self.got:
+            self.got[p.part] = p.data
+            self.size += len(p.data)
+        if len(self.got) < self.total:
+            return None
+        return "".join(self.got[i] for i in range(self.total)).encode("utf-8", "surrogateescape")
+
+
+# -- the relay ----------------------------------------------------------------------------------
+
+class _Server(SocketServer):
+    """The gpuctl socket, with SO_PEERCRED identity; every line goes to the relay."""
+
+    def __init__(self, path: str, relay: "Relay") -> None:
+        super().__init__(path, {})
+        self.relay = relay
+
+    async def dispatch(self, caller: Caller, line: bytes) -> bytes:
+        return await self.relay.forward(caller, line)
+
+
+@dataclass
+class _Waiting:
+    future: asyncio.Future
+    parts: Parts | None = None
+
+
+class Relay:
+    """Serves ``socket_path`` and forwards to the head over ``bus``.
+
+    ``bus`` must be subscribed to ``relay_replies(name)`` and ``head/status``; the caller
+    owns it (``async with bus``).  ``run()`` until ``stop()``.
+    """
+
+    def __init__(self, bus: Bus, socket_path: str, name: str, *, timeout: float = DEFAULT_TIMEOUT,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not valid_name(name):
+            raise ValueError(f"invalid relay name {name!r}: use letters, digits, '-', '_' or '.'")
+        if not timeout > 0:
+            raise ValueError("relay timeout must be positive")
+        self.bus = bus
+        self.name = name
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.clock = clock
+        self.reply_topic = relay_replies(name)
+        self.server = _Server(socket_path, self)
+        self.head_online: bool | None = None     # from the head's retained status
+        self.ready = asyncio.Event()             # set once the socket accepts requests
+        self.forwarded = 0
+        self._waiting: dict[str, _Waiting] = {}
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            await self.server.start()
+        except RuntimeError:
+            raise RuntimeError(f"{self.socket_path} is already served (by a gpud head or another relay); "
+                               "stop it or give this relay another --socket") from None
+        try:
+            listener = asyncio.create_task(self._listen(), name="relay-replies")
+            self.ready.set()
+            log.info("relay %s ready on %s", self.name, self.socket_path)
+            stop = asyncio.create_task(self._stop.wait(), name="relay-stop")
+            await asyncio.wait({listener, stop}, return_when=asyncio.FIRST_COMPLETED)
+            for t in (listener, stop):
+                t.cancel()
+            await asyncio.gather(listener, stop, return_exceptions=True)
+        finally:
+            await self.server.close()
+            for w in self._waiting.values():
+                if not w.future.done():
+                    w.future.set_result(protocol.error(f"gpud relay {self.name} is shutting down; try again"))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- requests out ---------------------------------------------------------------------------
+
+    async def forward(self, caller: Caller, line: bytes) -> bytes:
+        """Send one request line to the head; the response line (possibly an error of ours)."""
+        if self.head_online is False:
+            return protocol.error("gpud head is offline (its broker connection dropped); "
+                                  "try again when it is back")
+        if len(self._waiting) >= MAX_PENDING:
+            return protocol.error(f"gpud relay {self.name} is busy ({MAX_PENDING} requests waiting); "
+                                  "try again shortly")
+        rid = new_id()
+        waiting = _Waiting(asyncio.get_running_loop().create_future())
+        self._waiting[rid] = waiting
+        # The head may know this uid under another name (or the relay may know none): send
+        # the name only when the relay host has one, and let the head look it up otherwise.
+        user = caller.user if caller.user != str(caller.uid) and valid_name(caller.user) else ""
+        sent = False
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.bus.wait_connected()
+                parts = split_line(line)
+                deadline = self.clock() + self.timeout
+                for i, data in enumerate(parts):
+                    await self.bus.publish(HEAD_REQUESTS, "request", {
+                        "id": rid, "part": i, "parts": len(parts), "data": data, "uid": caller.uid,
+                        "gid": caller.gid, "pid": caller.pid, "user": user, "deadline": deadline,
+                    })
+                sent = True
+                self.forwarded += 1
+                return await waiting.future
+        except TimeoutError:
+            if not sent:
+                return protocol.error(f"gpud relay {self.name} cannot reach the MQTT broker; "
+                                      "check that it runs and [broker] url in gpud.toml")
+            log.warning("relay %s: no answer from the head within %gs (uid %d)", self.name, self.timeout,
+                        caller.uid)
+            return protocol.error(f"head did not answer within {self.timeout:g}s; the request may still "
+                                  "have been carried out: check with gpuctl squeue")
+        finally:
+            self._waiting.pop(rid, None)
+
+    # -- replies in -----------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        async for msg in self.bus.messages():
+            self.on_message(msg)
+        log.warning("relay %s: the bus closed", self.name)
+
+    def on_message(self, msg: Message) -> None:
+        """One verified bus message; never raises."""
+        if msg.sender != "head":
+            log.warning("relay %s dropped %s from %s: only the head answers relays", self.name, msg.kind,
+                        msg.sender)
+        elif msg.topic == HEAD_STATUS and msg.kind == "head_status":
+            state = msg.body.get("state")
+            if state in ("online", "offline"):
+                if (state == "online") != self.head_online:
+                    log.info("relay %s: head is %s", self.name, state)
+                self.head_online = state == "online"
+        elif msg.topic == self.reply_topic and msg.kind == "reply":
+            try:
+                self._on_reply(parse_part(msg.body))
+            except BadRelayMessage as e:
+                log.warning("relay %s dropped a reply: %s", self.name, e)
+        else:
+            log.warning("relay %s dropped %s on %s: unexpected", self.name, msg.kind, msg.topic)
+
+    def _on_reply(self, p: Part) -> None:
+        waiting = self._waiting.get(p.id)
+        if waiting is None or waiting.future.done():
+            log.debug("relay %s: reply to %s, which no one waits for (timed out?)", self.name, p.id)
+            return
+        if waiting.parts is None:
+            waiting.parts = Parts(p.parts)
+        line = waiting.parts.add(p)
+        if line is not None:
+            waiting.future.set_result(line)
+
+
+# -- `gpud relay` and the worker's relay ---------------------------------------------------------
+
+def make_bus(cfg: Config, sender: str, name: str, key: bytes) -> Any:
+    from .bus.mqtt import MqttBus
+
+    # A clean session: replies to a relay that restarted are of no use to anyone.
+    return MqttBus(
+        cfg.broker.url, cfg.cluster, sender, key,
+        subscriptions=[relay_replies(name), HEAD_STATUS], persistent=False,
+        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        tls=cfg.broker.tls,
+    )
+
+
+async def run_relay(cfg: Config, *, socket_path: str | None = None, name: str | None = None,
+                    timeout: float = DEFAULT_TIMEOUT) -> int:
+    """``gpud relay``: serve gpuctl's socket here and forward to the head; the exit code."""
+    from .keys import KeyFileError, load_key
+
+    name = name or cfg.worker_name()
+    path = socket_path or cfg.head.socket
+    try:
+        key = load_key(cfg.key_file)
+        bus = make_bus(cfg, f"relay:{name}", name, key)
+        relay = Relay(bus, path, name, timeout=timeout)
+    except (KeyFileError, ValueError) as e:
+        print(f"gpud relay: error: {e}", file=sys.stderr)
+        return 1
+    _install_stop_handlers(relay)
+    try:
+        async with bus, sdnotify.lifecycle(relay.ready, what=f"gpud relay {name}"):
+            await relay.run()
+    except (RuntimeError, OSError) as e:
+        print(f"gpud relay: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def worker_relay(cfg: Config, name: str, key: bytes) -> AsyncIterator[Relay | None]:
+    """Around a worker's run: serve ``[worker] relay_socket`` when it is set.
+
+    A relay that cannot start is logged, not fatal: the node's jobs matter more than its
+    gpuctl socket.
+    """
+    path = cfg.worker.relay_socket
+    if not path:
+        yield None
+        return
+    bus = make_bus(cfg, f"worker:{name}", name, key)
+    relay = Relay(bus, path, name)
+
+    async def serve() -> None:
+        try:
+            async with bus:
+                await relay.run()
+        except Exception as e:
+            log.error("worker %s: cannot serve gpuctl at %s: %s (jobs are not affected)", name, path, e)
+
+    task = asyncio.create_task(serve(), name="relay")
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT)
+        if not done:
+            from .bus.mqtt import cancel_and_wait
+
+            await cancel_and_wait([task])
+
+
+def _install_stop_handlers(relay: Relay) -> None:
+    loop = asyncio.get_running_loop()
+    count = {"n": 0}
+
+    def on_signal(signame: str) -> None:
+        count["n"] += 1
+        if count["n"] > 1:
+            log.warning("%s received again: exiting now", signame)
+            raise SystemExit(1)
+        log.info("%s received: shutting down", signame)
+        relay.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
