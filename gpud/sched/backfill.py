@@ -25,7 +25,7 @@ on when they could start it (first, when running jobs alone would leave ``g`` GP
 reservations land on a node, the first instant it has ``g`` GPUs free at all), and the
 search stops once the smallest bound passes the best exact answer.  Reservations and starts
 only ever delay a node, so bounds stay valid for the whole pass and are only ever raised;
-nodes where a victim was picked (resources back early) are checked apart.
+a node where a victim was picked (resources back early) is re-filed at ``now``.
 """
 
 from __future__ import annotations
@@ -109,7 +109,6 @@ class Timeline:
         self.releases: list[list[Release]] = [[] for _ in range(n)]
         self.reservations: list[list[Reservation]] = [[] for _ in range(n)]
         self.reserved: set[int] = set()     # nodes carrying at least one reservation
-        self.dirty: set[int] = set()        # nodes whose lower bounds a victim made stale
         self._by_job: dict[int, tuple[int, Release]] = {}
         self._profiles: dict[int, dict[str | None, Profile]] = {}
         self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
@@ -134,7 +133,10 @@ class Timeline:
         """A victim picked in this pass: its resources come back at ``now``."""
         i, rel = self._by_job[job_id]
         old, rel.end = rel.end, self.now
-        self.dirty.add(i)
+        c = self.cluster
+        for (partition, model, gpus), state in self._bounds.items():   # it may be ready earlier now
+            if c.up[i] and c.capacity(i, model) >= gpus and _contains(c.members.get(partition, ()), i):
+                heapq.heappush(state.heap, (self.now, i))
         self._shift(i, self.now, old, lambda m: self.cluster.count_matching(i, rel.gpus, m), rel.cpus, rel.mem, 1)
 
     def reserve(self, job_id: int, i: int, start: float, time_limit: float | None,
@@ -313,13 +315,6 @@ class Timeline:
                 best = (t, i)
         for entry in seen:
             heapq.heappush(heap, entry)
-        if self.dirty:
-            members = self.cluster.members.get(partition, ())
-            for i in sorted(self.dirty):
-                if self.cluster.up[i] and _contains(members, i):
-                    t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
-                    if t is not None and (best is None or (t, i) < best):
-                        best = (t, i)
         return best
 
 

@@ -62,7 +62,7 @@ class _Pass:
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
         self._preemptor: Preemptor | None = None
         self.targets = {name: frozenset(q.preempt) for name, q in self.cfg.qos.items()}
-        # QOS whose jobs can never preempt anything in this pass (no targets, no quotas)
+        # False for a QOS whose jobs cannot preempt anything (more) in this pass
         self.may_preempt = {name: bool(t) or self.book.enabled for name, t in self.targets.items()}
         self.reasons = self.plan.reasons
         # Pruning caches, keyed by request shape.  Within a pass resources only shrink and
@@ -80,10 +80,8 @@ class _Pass:
         pending = self.snap.pending
         if len({j.job_id for j in pending}) != len(pending):   # a bad snapshot: first of each id wins
             pending = tuple({j.job_id: j for j in reversed(pending)}.values())[::-1]
-        plan.factors, plan.priorities = self.prio.for_jobs(pending)
-        # -- step 3: the ordered queue
-        prio = plan.priorities
-        queue = sorted(pending, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
+        # -- step 3: the ordered queue (priority, submit time, job id), built alongside
+        plan.factors, plan.priorities, queue = self.prio.for_jobs(pending)
         borrowing: list[PendingJob] = []
         may_borrow = not self.book.enabled
         for job in queue:
@@ -194,7 +192,12 @@ class _Pass:
         pool = self.book.pool(job.account)
         pkey = (shape, targets, reclaim, pool)
         may_preempt = ((bool(targets) or reclaim) and pkey not in self.failed_preempts
-                       and self.preemptor().worth_trying(targets, reclaim, pool))
+                       and (targets, reclaim, pool) not in self.failed_preempts)
+        if may_preempt and not self.preemptor().worth_trying(targets, reclaim, pool):
+            self.failed_preempts.add((targets, reclaim, pool))   # no candidates or budget left
+            if not reclaim:
+                self.may_preempt[job.qos] = False
+            may_preempt = False
         if self.depth_left <= 0 and not may_preempt:
             return
         best = self.timeline.earliest(*shape)

@@ -168,9 +168,10 @@ class Cluster:
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
         taken = set(gpu_indices)
-        if not taken <= set(self.free[i]) or cpus > self.cpus[i] or mem > self.mem[i]:
+        left = [g for g in self.free[i] if g not in taken]
+        if len(left) + len(taken) != len(self.free[i]) or cpus > self.cpus[i] or mem > self.mem[i]:
             raise AssertionError(f"over-allocation on {self.nodes[i].name}")  # a bug, never input
-        self.free[i] = [g for g in self.free[i] if g not in taken]
+        self.free[i] = left
         self.cpus[i] -= cpus
         self.mem[i] -= mem
         for idx in self.node_indexes[i]:

@@ -173,10 +173,14 @@ class PriorityModel:
         return {"age": self.w.age * age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
                 "partition": fixed[3], "nice": float(-nice)}
 
-    def for_jobs(self, jobs: Iterable) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
-        """(job -> weighted factors, job -> priority) for pending jobs (the hot loop of a pass)."""
+    def for_jobs(self, jobs: Iterable) -> tuple[dict[int, dict[str, float]], dict[int, float], list]:
+        """(job -> weighted factors, job -> priority, the jobs in queue order) for pending jobs.
+
+        Queue order: priority, then submit time, then job id.  This is the hot loop of a pass.
+        """
         factors: dict[int, dict[str, float]] = {}
         priorities: dict[int, float] = {}
+        order: list[tuple[float, float, int, object]] = []
         fixed_of, now, max_age, w_age = self._fixed, self.now, self.cfg.max_age, self.w.age
         for j in jobs:
             fixed = fixed_of.get((j.account, j.user, j.qos, j.partition, j.gpus))
@@ -188,9 +192,15 @@ class PriorityModel:
             nice = float(-j.nice)
             factors[j.job_id] = {"age": age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
                                  "partition": fixed[3], "nice": nice}
-            priorities[j.job_id] = age + fixed[4] + nice
-        return factors, priorities
+            p = priorities[j.job_id] = age + fixed[4] + nice
+            order.append((-p, j.submit_time, j.job_id, j))
+        order.sort()           # job ids are unique: the job itself is never compared
+        return factors, priorities, [t[3] for t in order]
 
     def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
                  submit_time: float, nice: int) -> float:
-        return sum(self.factors(account, user, qos, partition, gpus, submit_time, nice).values())
+        fixed = self._fixed.get((account, user, qos, partition, gpus))
+        if fixed is None:
+            return sum(self.factors(account, user, qos, partition, gpus, submit_time, nice).values())
+        age = (self.now - submit_time) / self.cfg.max_age
+        return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
