@@ -112,6 +112,8 @@ class Timeline:
         self._by_job: dict[int, tuple[int, Release]] = {}
         self._profiles: dict[int, dict[str | None, Profile]] = {}
         self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
+        self._changes = 0                                  # releases added or moved
+        self._events: tuple[int, list[tuple[float, int, int]]] | None = None
         self._version: dict[int, int] = {}                 # bumped on every change to a node
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         for r in running:
@@ -121,6 +123,7 @@ class Timeline:
                                      tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id))
 
     def _add(self, i: int, rel: Release) -> None:
+        self._changes += 1
         self.releases[i].append(rel)
         self._by_job[rel.job_id] = (i, rel)
 
@@ -133,6 +136,7 @@ class Timeline:
         """A victim picked in this pass: its resources come back at ``now``."""
         i, rel = self._by_job[job_id]
         old, rel.end = rel.end, self.now
+        self._changes += 1
         c = self.cluster
         for (partition, model, gpus), state in self._bounds.items():   # it may be ready earlier now
             if c.up[i] and c.capacity(i, model) >= gpus and _contains(c.members.get(partition, ()), i):
@@ -270,8 +274,7 @@ class Timeline:
                     yield self.now, i
                 else:
                     have[i] = f
-        events = sorted((rel.end, i, k) for i in have for k, rel in enumerate(self.releases[i]) if rel.end < INF)
-        for end, i, k in events:
+        for end, i, k in self._sorted_releases():
             f = have.get(i)
             if f is not None:
                 f += c.count_matching(i, self.releases[i][k].gpus, model)
@@ -280,6 +283,14 @@ class Timeline:
                     yield end, i
                 else:
                     have[i] = f
+
+    def _sorted_releases(self) -> list[tuple[float, int, int]]:
+        """(end, node, index in its releases) of every finite release, by end; shared by streams."""
+        if self._events is None or self._events[0] != self._changes:
+            events = sorted((rel.end, i, k) for i, rels in enumerate(self.releases)
+                            for k, rel in enumerate(rels) if rel.end < INF)
+            self._events = (self._changes, events)
+        return self._events[1]
 
     def _first_instant(self, i: int, model: str | None, gpus: int) -> float:
         """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size."""
