@@ -1,6 +1,6 @@
 """`gpud`: the daemons and admin tools.
 
-    gpud head | worker | standalone | check-config | keygen | simulate
+    gpud head | worker | relay | standalone | check-config | keygen | simulate
 
 Every daemon reads the same gpud.toml; an invalid one stops it before it starts, with the
 ``FILE:LINE: message`` lines that ``gpud check-config`` prints.  Command-line flags override
@@ -165,6 +165,22 @@ def standalone(socket_path, name, sim, port, **kw) -> None:
     from .standalone import run_standalone
 
     _run(run_standalone(cfg, port=port, loader=configure))
+
+
+@main.command()
+@_common
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="Unix socket to serve for gpuctl (default: [head] socket, /run/gpud/gpud.sock).")
+@click.option("--name", metavar="NAME", help="This relay's name (default: the host name).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=20.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for the head's answer.")
+def relay(socket_path, name, timeout, **kw) -> None:
+    """Serve gpuctl on a login node: requests go to the head over MQTT, signed, with the caller's uid."""
+    cfg = start_config("relay", lambda: build_config(**kw))
+    from .relay import run_relay
+
+    _run(run_relay(cfg, socket_path=os.path.abspath(socket_path) if socket_path else None, name=name,
+                   timeout=timeout))
 
 
 @main.command("check-config")

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -321,7 +322,7 @@ async def run_relay(cfg: Config, *, socket_path: str | None = None, name: str | 
     """``gpud relay``: serve gpuctl's socket here and forward to the head; the exit code."""
     from .keys import KeyFileError, load_key
 
-    name = name or cfg.worker_name()
+    name = name or socket.gethostname().split(".")[0]
     path = socket_path or cfg.head.socket
     try:
         key = load_key(cfg.key_file)

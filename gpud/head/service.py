@@ -12,7 +12,8 @@ import signal
 import sys
 from typing import Callable
 
-from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Will
+from .. import sdnotify
+from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will
 from ..config import Config, ConfigError
 from ..keys import KeyFileError, load_key
 from .daemon import HEAD_SENDER, Head
@@ -26,7 +27,7 @@ def make_bus(cfg: Config, key: bytes):
 
     return MqttBus(
         cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
-        subscriptions=[HEAD_EVENTS, "node/+/status"],
+        subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
         will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
         client_id=f"gpud-head-{cfg.cluster}", persistent=True,
         username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
@@ -85,6 +86,7 @@ async def run_head(cfg: Config, *, install_signals: bool = True,
             install_reload_handler(head)
         if on_head is not None:
             on_head(head)
-        async with bus:
+        # systemd (Type=notify) hears READY=1 once the socket accepts requests.
+        async with bus, sdnotify.lifecycle(head.ready, what="gpud head", enabled=install_signals):
             await head.run()
     return 0
