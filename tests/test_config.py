@@ -314,3 +314,25 @@ def test_every_scheduler_field_has_a_key_in_to_dict():
                      if f.name != "name" and not config.toml_key(f.name, keys[sec])]
     unmapped += [f"preemption.{f.name}" for f in fields(PreemptionConfig) if f.name not in keys["preemption"]]
     assert unmapped == []
+
+
+# -- nothing but ConfigError, whatever the file holds ----------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_KNOWN = config.known_keys()
+_NAMES = sorted({k for keys in _KNOWN.values() for k in keys} | {"gpu", "normal", "x", "*", "name"})
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 10 ** 6), st.floats(allow_nan=True),
+                     st.sampled_from(["", "1h", "unlimited", "64G", "gpu", "normal", "*", "x/y", "-3", "binpack"]))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(_NAMES), inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(_NAMES), _VALUES, max_size=6))
+def test_any_structure_gives_a_config_or_config_error(data):
+    try:
+        config.from_dict(data, "fuzz.toml")
+    except ConfigError as e:
+        assert e.lines and all(line.startswith("fuzz.toml") and "\n" not in line for line in e.lines)

@@ -101,3 +101,27 @@ def test_a_real_head_refuses_to_start_on_a_bad_config(tmp_path):
         assert not Path(cluster.socket).exists()
     finally:
         cluster.close()
+
+
+def test_log_lines_are_one_per_event():
+    import io
+    import logging
+
+    from gpud.cli import OneLineFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    log = logging.getLogger("gpud.test.oneline")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        log.exception("job 7 (user alice) on n1: handler failed")
+    finally:
+        log.removeHandler(handler)
+    text = stream.getvalue()
+    assert text.count("\n") == 1
+    assert text.startswith("ERROR gpud.test.oneline: job 7 (user alice) on n1: handler failed | Traceback")
+    assert "ValueError: bad | thing" in text
