@@ -18,7 +18,7 @@ with the names and memory sizes real drivers report.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NVML_SUCCESS = 0
 _ERROR_CODES = {
@@ -92,6 +92,8 @@ NVMLError_GpuIsLost = _CLASSES["GPU_IS_LOST"]
 NVMLError_Unknown = _CLASSES["UNKNOWN"]
 
 MIB = 1 << 20
+NVML_TEMPERATURE_GPU = 0
+NVML_DEVICE_MIG_ENABLE = 1
 # name as the driver reports it, memory the driver reports (MiB)
 BOARDS: dict[str, tuple[str, int]] = {
     "H100": ("NVIDIA H100 80GB HBM3", 81559),
@@ -106,11 +108,39 @@ BOARDS: dict[str, tuple[str, int]] = {
 
 
 @dataclass
+class FakeMigSlice:
+    uuid: str
+    memory_mib: int
+    used_mib: int = 0
+    procs: list[tuple[int, int]] = field(default_factory=list)   # (pid, MiB used)
+
+
+@dataclass
 class FakeGpu:
     name: str
     memory_mib: int
     uuid: str
     lost: bool = False  # every query on it fails with NVMLError_GpuIsLost
+    # telemetry readings; None: the board does not support it (NVMLError_NotSupported)
+    util: int | None = 0
+    used_mib: int = 512          # the driver's own reservation shows as used on an idle board
+    power_mw: int | None = 60_000
+    temp_c: int | None = 34
+    energy_mj: int | None = 0
+    procs: list[tuple[int, int]] = field(default_factory=list)   # (pid, MiB used)
+    mig: list[FakeMigSlice] | None = None   # MIG mode on, with these slices
+
+
+@dataclass(frozen=True)
+class _Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    usedGpuMemory: int | None
 
 
 @dataclass(frozen=True)
@@ -130,10 +160,19 @@ class _Handle:
         return f"<nvmlDevice_t {self.index}>"
 
 
+class _MigHandle:
+    __slots__ = ("parent", "slot")
+
+    def __init__(self, parent: _Handle, slot: int) -> None:
+        self.parent, self.slot = parent, slot
+
+
 class FakeNvml:
     """One fake host's NVML.  Pass it wherever code accepts the ``pynvml`` module."""
 
     NVML_SUCCESS = NVML_SUCCESS
+    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     NVMLError = NVMLError
     NVMLError_Uninitialized = NVMLError_Uninitialized
     NVMLError_InvalidArgument = NVMLError_InvalidArgument
@@ -193,20 +232,69 @@ class FakeNvml:
             raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
         return _Handle(self, index)
 
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str | bytes:
+    def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str | bytes:
         self.calls.append("nvmlDeviceGetUUID")
+        if isinstance(handle, _MigHandle):
+            return self._string(self._slice(handle).uuid)
         return self._string(self._gpu(handle).uuid)
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str | bytes:
         self.calls.append("nvmlDeviceGetName")
         return self._string(self._gpu(handle).name)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> _Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle | _MigHandle, version: int | None = None) -> _Memory:
         self.calls.append("nvmlDeviceGetMemoryInfo")
+        if isinstance(handle, _MigHandle):
+            sl = self._slice(handle)
+            return _Memory(total=sl.memory_mib * MIB, free=(sl.memory_mib - sl.used_mib) * MIB,
+                           used=sl.used_mib * MIB)
         gpu = self._gpu(handle)
         total = gpu.memory_mib * MIB
-        used = 512 * MIB  # the driver's own reservation shows as used on an idle board
+        used = gpu.used_mib * MIB
         return _Memory(total=total, free=total - used, used=used)
+
+    # -- telemetry ------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:
+        self.calls.append("nvmlDeviceGetUtilizationRates")
+        if isinstance(handle, _MigHandle):
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])  # as the real driver: none for slices
+        return _Utilization(gpu=self._reading(self._gpu(handle).util), memory=0)
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        self.calls.append("nvmlDeviceGetPowerUsage")
+        return self._reading(self._gpu(handle).power_mw)
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        self.calls.append("nvmlDeviceGetTemperature")
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        return self._reading(self._gpu(handle).temp_c)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
+        self.calls.append("nvmlDeviceGetTotalEnergyConsumption")
+        return self._reading(self._gpu(handle).energy_mj)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle | _MigHandle) -> list[_Process]:
+        self.calls.append("nvmlDeviceGetComputeRunningProcesses")
+        procs = self._slice(handle).procs if isinstance(handle, _MigHandle) else self._gpu(handle).procs
+        return [_Process(pid, used * MIB) for pid, used in procs]
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> tuple[int, int]:
+        self.calls.append("nvmlDeviceGetMigMode")
+        mode = int(self._gpu(handle).mig is not None)
+        return (mode, mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        self.calls.append("nvmlDeviceGetMaxMigDeviceCount")
+        return 7 if self._gpu(handle).mig is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
+        self.calls.append("nvmlDeviceGetMigDeviceHandleByIndex")
+        slices = self._gpu(handle).mig or []
+        if not 0 <= index < len(slices):
+            raise NVMLError(_ERROR_CODES["NOT_FOUND"])
+        return _MigHandle(handle, index)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -222,6 +310,18 @@ class FakeNvml:
         if gpu.lost:
             raise NVMLError(_ERROR_CODES["GPU_IS_LOST"])
         return gpu
+
+    def _slice(self, handle: _MigHandle) -> FakeMigSlice:
+        slices = self._gpu(handle.parent).mig or []
+        if not 0 <= handle.slot < len(slices):
+            raise NVMLError(_ERROR_CODES["NOT_FOUND"])
+        return slices[handle.slot]
+
+    @staticmethod
+    def _reading(value: int | None) -> int:
+        if value is None:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        return value
 
     def _string(self, value: str) -> str | bytes:
         return value.encode() if self.bytes_strings else value

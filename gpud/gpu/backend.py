@@ -13,8 +13,8 @@ contract (tests/test_gpu_backends.py runs the same suite over both):
 ``open_backend`` picks one: a sim spec always wins; otherwise NVML, and a host without a
 driver is a clear ``NoGpuError`` that tells the operator about ``--sim``.
 
-The protocol is deliberately small today: discovery is read-only and repeatable, and
-``close`` releases the driver.  MIG and MPS management will add methods here (listing and
+The protocol is deliberately small today: discovery is read-only and repeatable,
+``sample`` reads what each GPU is doing now (telemetry), and ``close`` releases the driver.  MIG and MPS management will add methods here (listing and
 applying slice layouts, starting control daemons); each will be a capability that both
 implementations provide, so the sim stays a faithful stand-in for real hardware.  Backends
 report problems as ``GpuError`` subclasses with one-line messages meant for operators.
@@ -22,7 +22,8 @@ report problems as ``GpuError`` subclasses with one-line messages meant for oper
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..model import GpuInfo
 
@@ -43,6 +44,40 @@ class SimSpecError(GpuError, ValueError):
     """A ``--sim`` spec that cannot be parsed."""
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """One running allocation on this host, as telemetry needs it: which GPUs, which job."""
+
+    job_id: int
+    attempt: int
+    gpus: tuple[int, ...]                 # GPU indices
+    env: Mapping[str, str] = field(default_factory=dict)   # the job's environment (sim reads it)
+
+
+@dataclass(frozen=True)
+class SliceSample:
+    """A MIG slice: NVML reports memory and processes for slices, but no utilization."""
+
+    uuid: str
+    mem_used_mb: int
+    util: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """What one GPU is doing now; None where the driver does not say."""
+
+    index: int
+    uuid: str
+    util: float | None            # percent of time a kernel ran, 0-100
+    mem_used_mb: int | None
+    power_w: float | None
+    temp_c: float | None
+    energy_mj: int | None = None  # the board's energy counter since driver load, millijoules
+    slices: tuple[SliceSample, ...] = ()
+    procs: tuple[tuple[int, int], ...] = ()   # (pid, MiB of GPU memory used)
+
+
 @runtime_checkable
 class GpuBackend(Protocol):
     """The GPUs of one host."""
@@ -51,6 +86,12 @@ class GpuBackend(Protocol):
 
     def discover(self) -> list[GpuInfo]:
         """Every working GPU, ordered by index.  Repeatable, no side effects."""
+        ...
+
+    def sample(self, assignments: Sequence[Assignment]) -> list[GpuSample]:
+        """One reading of every GPU, ordered by index.  ``assignments`` are the jobs running
+        here (the sim backend derives its numbers from what they declare).  A GPU that fails
+        to answer is left out; never raises for one bad GPU."""
         ...
 
     def close(self) -> None:

@@ -7,15 +7,25 @@ A model is ``<family>-<N>GB`` (``H100-80GB``, ``H200-141GB``, ``L40S-48GB``, any
 that shape) and its memory is ``N`` GiB.  Each simulated GPU gets a UUID derived from
 (node, index, model), so it is stable across restarts of the same worker and unique across
 nodes, exactly like a real board's UUID would be.
+
+Telemetry: a simulated GPU is as busy as the job on it says it is.  A job declares its
+utilization in its environment, ``GPUD_SIM_UTIL=85`` (percent; ``90,0`` gives its first GPU
+90 and the rest 0: the last value repeats), and optionally its memory per GPU,
+``GPUD_SIM_MEM_MB=20000``.  A job that declares nothing keeps its GPUs fully busy; a GPU
+without a job is idle.  Power follows utilization between a tenth of the board's TDP and
+all of it, and the energy counter integrates that power on the backend's clock.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import time
 import uuid
+from typing import Callable, Mapping, Sequence
 
 from ..model import GpuInfo
-from .backend import SimSpecError
+from .backend import Assignment, GpuSample, SimSpecError
 
 MAX_GPUS = 1024  # far beyond any real host; stops a typo from creating millions of GPUs
 
@@ -25,6 +35,14 @@ _UUID_NAMESPACE = uuid.UUID("6f1c2a8e-3d4b-5c6d-8e7f-0a1b2c3d4e5f")
 _GROUP = re.compile(r"^(\d+)\s*[xX]\s*(\S+)$")
 _MODEL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*(?:-[A-Za-z0-9_.]+)*)-(\d+)[gG][bB]$")
 _USAGE = "use COUNTxMODEL[,COUNTxMODEL...], e.g. 8xH100-80GB"
+
+SIM_UTIL_ENV = "GPUD_SIM_UTIL"
+SIM_MEM_ENV = "GPUD_SIM_MEM_MB"
+SIM_DEFAULT_UTIL = 100.0      # a job that declares nothing keeps its GPUs busy
+# Board power in watts by family (a simulated board draws a tenth of it when idle).
+SIM_TDP_W = {"H100": 700.0, "H200": 700.0, "B200": 1000.0, "A100": 400.0, "A30": 165.0,
+             "A10": 150.0, "L40S": 350.0, "L40": 300.0, "L4": 72.0, "V100": 300.0}
+SIM_DEFAULT_TDP_W = 300.0
 
 
 def parse_model(model: str) -> tuple[str, int]:
@@ -66,14 +84,17 @@ class SimBackend:
 
     name = "sim"
 
-    def __init__(self, spec: str, node: str) -> None:
+    def __init__(self, spec: str, node: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self.node = node
+        self._clock = clock
+        self._last: tuple[float, list[float]] | None = None   # (time, power per GPU) of the last sample
         self._gpus = [
             GpuInfo(index=i, uuid=sim_uuid(node, i, model), model=model,
                     memory_mb=parse_model(model)[1] * 1024)
             for i, model in enumerate(parse_spec(spec))
         ]
+        self._energy_mj = [0.0] * len(self._gpus)   # per GPU, integrated at each sample
         self._closed = False
 
     def discover(self) -> list[GpuInfo]:
@@ -81,8 +102,65 @@ class SimBackend:
             raise RuntimeError("sim GPU backend used after close()")
         return list(self._gpus)
 
+    def sample(self, assignments: Sequence[Assignment]) -> list[GpuSample]:
+        if self._closed:
+            raise RuntimeError("sim GPU backend used after close()")
+        util = [0.0] * len(self._gpus)
+        mem = [0] * len(self._gpus)
+        for a in assignments:
+            utils = declared_util(a.env)
+            mem_mb = _declared_int(a.env.get(SIM_MEM_ENV))
+            for n, index in enumerate(a.gpus):
+                if not 0 <= index < len(self._gpus):
+                    continue
+                u = utils[min(n, len(utils) - 1)]
+                util[index] = min(100.0, util[index] + u)   # shared GPUs add up, to a point
+                total = self._gpus[index].memory_mb
+                used = mem_mb if mem_mb is not None else int(total * u / 200)
+                mem[index] = min(total, mem[index] + used)
+        now = self._clock()
+        power = [_tdp(g.model) * (0.1 + 0.9 * u / 100) for g, u in zip(self._gpus, util)]
+        if self._last is not None:
+            elapsed = max(0.0, now - self._last[0])
+            for i, p in enumerate(self._last[1]):
+                self._energy_mj[i] += p * elapsed * 1000
+        self._last = (now, power)
+        return [
+            GpuSample(index=g.index, uuid=g.uuid, util=round(u, 1), mem_used_mb=m,
+                      power_w=round(p, 1), temp_c=round(30 + 0.5 * u, 1), energy_mj=int(e))
+            for g, u, m, p, e in zip(self._gpus, util, mem, power, self._energy_mj)
+        ]
+
     def close(self) -> None:
         self._closed = True
 
     def __repr__(self) -> str:
         return f"SimBackend({self.spec!r}, node={self.node!r})"
+
+
+def declared_util(env: Mapping[str, str]) -> list[float]:
+    """The per-GPU utilization a job declares in ``GPUD_SIM_UTIL``; the default when it
+    declares nothing usable."""
+    raw = env.get(SIM_UTIL_ENV)
+    if raw is None:
+        return [SIM_DEFAULT_UTIL]
+    out = []
+    for word in str(raw).split(","):
+        try:
+            v = float(word)
+        except ValueError:
+            return [SIM_DEFAULT_UTIL]
+        if not math.isfinite(v):
+            return [SIM_DEFAULT_UTIL]
+        out.append(max(0.0, min(100.0, v)))
+    return out or [SIM_DEFAULT_UTIL]
+
+
+def _declared_int(raw: str | None) -> int | None:
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw)
+
+
+def _tdp(model: str) -> float:
+    return SIM_TDP_W.get(model.split("-")[0], SIM_DEFAULT_TDP_W)

@@ -145,6 +145,7 @@ class Worker:
                     tg.create_task(self._connection_loop(), name="connection"),
                     tg.create_task(self._heartbeat_loop(), name="heartbeat"),
                     tg.create_task(self._command_loop(), name="commands"),
+                    tg.create_task(self._sampler().run(), name="telemetry"),
                 ]
                 outbox = tg.create_task(self._outbox_loop(), name="outbox")
                 self.ready.set()
@@ -267,6 +268,13 @@ class Worker:
                  outcome.attempt, self._user(outcome.job_id, outcome.attempt), self.name,
                  outcome.reason, outcome.exit_code, outcome.signal)
         self._outbox.put_nowait(("finished", outcome.to_body()))
+
+    def _sampler(self) -> Any:
+        from .telemetry import Sampler, assignments_from
+
+        return Sampler(self.backend, self._publish, lambda: assignments_from(self.executor),
+                       self.cfg.worker.sample_interval, clock=self.clock,
+                       connected=lambda: getattr(self.bus, "connected", True))
 
     def _user(self, job: int, attempt: int) -> str:
         return self._users.get((job, attempt), "?")

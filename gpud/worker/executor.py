@@ -212,6 +212,10 @@ class Executor:
         """Allocations started here and not finished (including ones no longer watched)."""
         return sorted(self._jobs)
 
+    def launches(self) -> list[Launch]:
+        """The launches of the allocations in running(), for telemetry."""
+        return [self._jobs[k].launch for k in sorted(self._jobs)]
+
     def outcomes(self) -> list[Outcome]:
         """Finished allocations the head has not acknowledged yet."""
         return [self._outcomes[k] for k in sorted(self._outcomes)]
