@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .gpu import mig
 from .units import UnitError, parse_duration, parse_size_mb
 
 
@@ -100,6 +101,8 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
     gpu_type: str | None = None
+    mig_profile: str | None = None  # MIG slices of this profile, e.g. "1g.10gb"; gpus = how many
+    gpu_mem_mb: int | None = None   # one device (slice, MPS share or GPU) with this much memory
     cpus: int = 1
     mem_mb: int | None = None      # None: the partition's default
     time_limit: float | None = None  # seconds; None: the partition's default
@@ -174,6 +177,7 @@ class JobSpec:
             if tl is not None and tl <= 0:
                 raise SpecError("time limit must be positive")
         kw["time_limit"] = tl
+        kw.update(_gpu_share(d, kw["gpus"]))
         for key, default in (("requeue", True), ("hold", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
@@ -183,6 +187,31 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _gpu_share(d: dict, gpus: int) -> dict[str, Any]:
+    """Validate a fractional GPU request: MIG slices of a profile, or a memory floor."""
+    kw: dict[str, Any] = {"mig_profile": None, "gpu_mem_mb": None}
+    profile, mem = d.get("mig_profile"), d.get("gpu_mem_mb")
+    if profile is not None and mem is not None:
+        raise SpecError("--gpu-mem cannot be combined with a MIG profile in --gpus; ask for one")
+    if profile is not None:
+        try:
+            kw["mig_profile"] = mig.parse_profile(profile)
+        except mig.MigError as e:
+            raise SpecError(str(e)) from None
+        kw["gpus"] = gpus or 1          # "--gpus 1g.10gb" means one slice
+    if mem is not None:
+        try:
+            mem = parse_size_mb(mem)
+        except UnitError as e:
+            raise SpecError(f"--gpu-mem: {e}") from None
+        if mem <= 0:
+            raise SpecError("--gpu-mem must be positive")
+        if gpus > 1:
+            raise SpecError("--gpu-mem asks for one device; use --gpus N for several whole GPUs")
+        kw["gpu_mem_mb"], kw["gpus"] = mem, 1
+    return kw
 
 
 def _opt_str(d: dict, key: str, default: str) -> str:
@@ -205,19 +234,77 @@ def _opt_int(d: dict, key: str, default: int, *, lo: int, hi: int) -> int:
     return v
 
 
+GPU_MODES = ("whole", "mig", "mps", "timeslice")
+MPS_MAX_CLIENTS = 48        # CUDA MPS serves at most 48 client processes per GPU
+
+
+@dataclass(frozen=True)
+class SliceInfo:
+    """One MIG GPU instance (with its compute instance) on a GPU."""
+
+    profile: str        # canonical catalog name, e.g. "1g.10gb"
+    start: int          # first memory slot of its placement
+    uuid: str           # "MIG-..." as CUDA_VISIBLE_DEVICES takes it
+    memory_mb: int
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SliceInfo":
+        start, mem = d["start"], d["memory_mb"]
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 16:
+            raise ValueError(f"MIG slice start slot must be 0-15, not {start!r}")
+        if isinstance(mem, bool) or not isinstance(mem, int) or mem < 0:
+            raise ValueError(f"MIG slice memory must be a whole number of MiB, not {mem!r}")
+        return cls(profile=str(d["profile"]), start=start, uuid=str(d["uuid"]), memory_mb=mem)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class GpuInfo:
-    """One physical GPU as its node reports it."""
+    """One physical GPU as its node reports it, with how it is shared (see GPU_MODES)."""
 
     index: int
     uuid: str
     model: str          # e.g. "H100-80GB", matched against --gpu-type and billing weights
     memory_mb: int
+    mode: str = "whole"             # "whole" | "mig" | "mps" | "timeslice"
+    dynamic: bool = False           # mig: the scheduler may re-lay free slices
+    slices: tuple[SliceInfo, ...] = ()
+    mps_max_clients: int = MPS_MAX_CLIENTS
+    mps_thread_percentage: int | None = None
+    replicas: int = 1               # timeslice: jobs that may share the GPU
+    relaid_at: float | None = None  # last re-layout (epoch seconds), for the minimum interval
 
     @classmethod
     def from_dict(cls, d: dict) -> "GpuInfo":
+        """Build from a registration; ValueError/KeyError/TypeError on anything malformed."""
+        mode = d.get("mode", "whole")
+        if mode not in GPU_MODES:
+            raise ValueError(f"GPU mode must be one of {', '.join(GPU_MODES)}, not {mode!r}")
+        dynamic = d.get("dynamic", False)
+        if not isinstance(dynamic, bool):
+            raise ValueError(f"GPU dynamic must be true or false, not {dynamic!r}")
+        clients = int(d.get("mps_max_clients", MPS_MAX_CLIENTS))
+        if not 1 <= clients <= MPS_MAX_CLIENTS:
+            raise ValueError(f"mps_max_clients must be 1-{MPS_MAX_CLIENTS}, not {clients}")
+        pct = d.get("mps_thread_percentage")
+        if pct is not None and not 1 <= int(pct) <= 100:
+            raise ValueError(f"mps_thread_percentage must be 1-100, not {pct!r}")
+        replicas = int(d.get("replicas", 1))
+        if not 1 <= replicas <= 1024:
+            raise ValueError(f"timeslice replicas must be 1-1024, not {replicas}")
+        relaid = d.get("relaid_at")
         return cls(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
-                   memory_mb=int(d["memory_mb"]))
+                   memory_mb=int(d["memory_mb"]), mode=mode, dynamic=dynamic,
+                   slices=tuple(SliceInfo.from_dict(s) for s in d.get("slices", ())),
+                   mps_max_clients=clients, mps_thread_percentage=None if pct is None else int(pct),
+                   replicas=replicas, relaid_at=None if relaid is None else float(relaid))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["slices"] = [s.to_dict() for s in self.slices]
+        return d
 
 
 @dataclass(frozen=True)
@@ -240,4 +327,4 @@ class NodeInfo:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "cpus": self.cpus, "mem_mb": self.mem_mb,
-                "gpus": [asdict(g) for g in self.gpus], "labels": dict(self.labels)}
+                "gpus": [g.to_dict() for g in self.gpus], "labels": dict(self.labels)}
