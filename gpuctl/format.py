@@ -18,6 +18,8 @@ STATE_CODES = {
     "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR",
     "OUT_OF_MEMORY": "OOM",
 }
+# Reasons a running job can carry, shown after its node (the head flags idle GPUs).
+RUNNING_FLAGS = frozenset({"GpuIdle"})
 NODE_STATE_SHORT = {
     "IDLE": "idle", "MIXED": "mix", "ALLOCATED": "alloc", "DRAIN": "drain", "DOWN": "down",
     "UNKNOWN": "unk",
@@ -90,6 +92,8 @@ def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True)
             where = f"({j.get('reason') or 'None'})"
         else:
             where = str(j["node"])
+            if j.get("reason") in RUNNING_FLAGS:
+                where += f" ({j['reason']})"
         rows.append((j.get("job_id", "?"), j.get("partition") or "-", _clip(j.get("name"), 24),
                      _clip(_user(j), 16), STATE_CODES.get(state, state), squeue_time(elapsed(j, now)),
                      j.get("gpus", 0), where))
@@ -118,15 +122,21 @@ def alloc_gpus(job: dict[str, Any]) -> int:
     return int(job.get("gpus") or 0) if job.get("start_time") is not None else 0
 
 
+def gpu_util(job: dict[str, Any]) -> str:
+    """GPU efficiency: the job's mean GPU utilization, blank until it has been sampled."""
+    mean = job.get("gpu_util_mean")
+    return "" if mean is None else f"{mean:.1f}%"
+
+
 def sacct_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
     rows = []
     for j in sorted(jobs, key=lambda j: j.get("job_id") or 0):
         rows.append((j.get("job_id", "?"), _clip(j.get("name"), 24), _clip(_user(j), 16),
                      j.get("account") or "-", j.get("state", "?"), exit_code(j),
                      format_duration(elapsed(j, now)), j.get("node") or "None assigned",
-                     alloc_gpus(j)))
+                     alloc_gpus(j), gpu_util(j)))
     return table(("JobID", "JobName", "User", "Account", "State", "ExitCode", "Elapsed", "NodeList",
-                  "AllocGPUS"), rows, right=(0, 5, 6, 8), header=header)
+                  "AllocGPUS", "GPUUtil"), rows, right=(0, 5, 6, 8, 9), header=header)
 
 
 def _models(node: dict[str, Any]) -> str:

@@ -27,12 +27,24 @@ Operations (args -> result):
              with its first ``FILE:LINE: message`` and the running config is kept.
 ``show_config`` {} -> {"path": str|null, "config": {...}}: the running config in gpud.toml's
              shape (durations in seconds, sizes in MB, the broker password hidden).
+``report``   {"since": float?, "until": float?, "by": "account"|"user"|"partition"|"gpu-type"?}
+             -> {"by", "since", "until", "prices": {model: price}, "total": ROW, "rows": [ROW]}
+             ROW: {"key", "gpu_hours", "billed", "cost", "util_mean" (%|null),
+             "idle_gpu_hours", "jobs"}; default window: the last 30 days (gpud/head/reports.py).
+``seff``     {"job_id": int} -> {"job": JOB, "now", "cluster", "gpu_model", "gpu_memory_mb",
+             "alloc_gpu_s", "sampled_s", "gpu_s", "util_gpu_s", "idle_gpu_s"}
+``telemetry`` {} -> {"now", "cluster", "nodes": [NODE + "sampled_at", each GPU + "util",
+             "mem_used_mb", "power_w", "temp_c", "users", "slices"], "queue": {partition:
+             {"pending", "running", "completing", "pending_gpus"}}, "jobs": [running job]}
 
 JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "state",
       "reason", "node", "gpus" (count requested), "gpu_ids" ([uuid]), "gpu_indices" ([int]),
       "cpus", "mem_mb", "time_limit" (s|null), "submit_time", "start_time", "end_time"
       (epoch seconds|null), "exit_code" (int|null), "signal" (int|null), "work_dir",
-      "stdout", "stderr", "attempt", "requeue_count", "preempt_count", "priority"}
+      "stdout", "stderr", "attempt", "requeue_count", "preempt_count", "priority",
+      "gpu_util_mean" (% over its sampled GPU-time|null), "gpu_util_max" (%|null),
+      "gpu_mem_max_mb" (most memory used on one of its GPUs|null), "energy_j" (null until
+      sampled)}  A running job whose GPUs sit idle has reason "GpuIdle".
 NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb",
        "gpus_total", "gpus_alloc", "labels", "last_seen",
        "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int]}]}
@@ -48,7 +60,8 @@ VERSION = 1
 MAX_LINE = 16 * 1024 * 1024
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
-OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config"})
+OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
+                 "report", "seff", "telemetry"})
 
 
 class ProtocolError(ValueError):

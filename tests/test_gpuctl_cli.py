@@ -293,7 +293,7 @@ def test_sacct_defaults_to_my_jobs_since_midnight(head, monkeypatch):
     assert r.exit_code == 0
     assert head.last("jobs") == {"users": [me], "all": True, "since": sacct.midnight(T0 + 500)}
     assert r.stdout.split("\n") == [
-        f"JobID JobName {'User'.ljust(len(me))} Account State  ExitCode  Elapsed NodeList AllocGPUS",
+        f"JobID JobName {'User'.ljust(len(me))} Account State  ExitCode  Elapsed NodeList AllocGPUS GPUUtil",
         f"    1 bad     {me.ljust(4)} default FAILED      3:0 00:01:01 gpu01            1",
         "",
     ]

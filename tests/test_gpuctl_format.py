@@ -46,15 +46,15 @@ def test_every_state_has_its_slurm_code():
 def test_sacct_table():
     jobs = [
         job(21, name="ok", state="COMPLETED", exit_code=0, node="gpu01", gpu_indices=[0, 1],
-            start_time=T0, end_time=T0 + 65),
+            start_time=T0, end_time=T0 + 65, gpu_util_mean=87.25),
         job(20, name="killed", state="CANCELLED", exit_code=0, signal=15, node="gpu02", gpus=1,
             start_time=T0, end_time=T0 + 5),
         job(22, name="wait", state="PENDING", gpus=4),
     ]
     assert fmt.sacct_table(jobs, T0 + 100).split("\n") == [
-        "JobID JobName User  Account State     ExitCode  Elapsed NodeList      AllocGPUS",
+        "JobID JobName User  Account State     ExitCode  Elapsed NodeList      AllocGPUS GPUUtil",
         "   20 killed  alice default CANCELLED     0:15 00:00:05 gpu02                 1",
-        "   21 ok      alice default COMPLETED      0:0 00:01:05 gpu01                 2",
+        "   21 ok      alice default COMPLETED      0:0 00:01:05 gpu01                 2   87.2%",
         "   22 wait    alice default PENDING        0:0 00:00:00 None assigned         0",
     ]
 

@@ -40,9 +40,12 @@ from ..model import JobState, NodeInfo
 from .api import RequestError, SocketServer
 from .jobs import final_state, requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
+from .metrics import HeadMetrics
 from .ops_jobs import OPS as JOB_OPS
+from .ops_telemetry import OPS as TELEMETRY_OPS
 from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
 from .store import JobRecord, NodeRecord, Store, Txn
+from .telemetry import Telemetry
 
 log = logging.getLogger("gpud.head")
 
@@ -63,7 +66,7 @@ class Head:
         self.socket_path = socket_path or cfg.head.socket
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
-            op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS}.items()
+            op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
@@ -73,6 +76,8 @@ class Head:
         self._usage: dict[tuple[str, str], float] = {}
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
+        self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
+        self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -84,6 +89,8 @@ class Head:
             rec.last_seen = now
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         await self.server.start()
+        if self.cfg.head.metrics_listen:
+            await self.metrics.start(self.cfg.head.metrics_listen)
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [
@@ -91,6 +98,7 @@ class Head:
                     tg.create_task(self._bus_loop(), name="bus"),
                     tg.create_task(self._scheduler(), name="scheduler"),
                     tg.create_task(self._liveness(), name="liveness"),
+                    tg.create_task(self.telemetry.run(), name="telemetry"),
                 ]
                 self.ready.set()
                 log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)
@@ -98,7 +106,12 @@ class Head:
                 for t in tasks:
                     t.cancel()
         finally:
+            await self.metrics.close()
             await self.server.close()
+            try:
+                await self.telemetry.flush()
+            except Exception:
+                log.exception("telemetry: last flush failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -180,6 +193,7 @@ class Head:
 
     async def schedule_pass(self) -> Applied:
         async with self.lock:
+            started = time.perf_counter()
             now = self.clock()
             recent = tuple(await self.store.recent_preemptions(now - 60))
             snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent)
@@ -188,6 +202,7 @@ class Head:
             await self.store.commit(txn)
             annotate(self.store, plan)
             self.passes += 1
+        self.metrics.observe_pass(time.perf_counter() - started)
         for job in applied.launches:
             log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user, job.node,
                      list(job.gpu_indices), job.attempt)
@@ -250,6 +265,8 @@ class Head:
             await self._on_started(node, body)
         elif msg.kind == "finished":
             await self._on_finished(node, body)
+        elif msg.kind == "samples":
+            await self.telemetry.ingest(node, body)
         else:
             log.warning("dropped unknown message kind %r from %s", msg.kind, msg.sender)
 

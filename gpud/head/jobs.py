@@ -24,6 +24,10 @@ def final_state(job: JobRecord, reason: str, exit_code: int | None, signal: int 
         return JobState.PENDING if stop == "preempted:requeue" and job.spec.requeue else JobState.PREEMPTED
     if stop == "cancelled":
         return JobState.CANCELLED
+    if stop == "requeue":   # scontrol requeue (head/ops_slurm.py)
+        return JobState.PENDING
+    if stop.startswith("idle:"):   # the partition's idle-GPU policy (head/telemetry.py)
+        return JobState.PENDING if stop == "idle:requeue" and job.spec.requeue else JobState.CANCELLED
     if reason == "timeout":
         return JobState.TIMEOUT
     if reason == "oom":

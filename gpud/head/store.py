@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import aiosqlite
 
@@ -111,6 +111,39 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE preemptions (time REAL NOT NULL);
     """,
+    # 2: GPU telemetry (gpud/head/telemetry.py): per-job aggregates, a bounded per-node series
+    """
+    ALTER TABLE jobs ADD COLUMN gpu_util_mean REAL;
+    ALTER TABLE jobs ADD COLUMN gpu_util_max REAL;
+    ALTER TABLE jobs ADD COLUMN gpu_mem_max_mb INTEGER;
+    ALTER TABLE jobs ADD COLUMN energy_j REAL;
+    CREATE TABLE job_telemetry (
+        job_id       INTEGER PRIMARY KEY,
+        sampled_s    REAL NOT NULL DEFAULT 0,
+        gpu_s        REAL NOT NULL DEFAULT 0,
+        util_gpu_s   REAL NOT NULL DEFAULT 0,
+        idle_gpu_s   REAL NOT NULL DEFAULT 0,
+        util_max     REAL,
+        mem_max_mb   INTEGER,
+        energy_j     REAL NOT NULL DEFAULT 0,
+        last_sample  REAL
+    );
+    CREATE TABLE node_series (
+        node        TEXT NOT NULL,
+        t           REAL NOT NULL,
+        gpus        INTEGER NOT NULL,
+        gpus_alloc  INTEGER NOT NULL,
+        util_mean   REAL,
+        util_max    REAL,
+        mem_used_mb REAL,
+        power_w     REAL,
+        temp_max    REAL,
+        samples     INTEGER NOT NULL,
+        PRIMARY KEY (node, t)
+    );
+    CREATE INDEX node_series_by_time ON node_series(t);
+    CREATE INDEX allocations_by_end ON allocations(end_time);
+    """,
 ]
 
 
@@ -148,6 +181,11 @@ class JobRecord:
     launched_at: float | None = None
     stop_reason: str | None = None
     stop_time: float | None = None
+    # GPU telemetry over all attempts (gpud/head/telemetry.py); None until sampled
+    gpu_util_mean: float | None = None
+    gpu_util_max: float | None = None
+    gpu_mem_max_mb: int | None = None
+    energy_j: float | None = None
     # not persisted: scheduler annotations refreshed every pass
     priority: float = 0.0
     expected_start: float | None = None
@@ -168,6 +206,8 @@ class JobRecord:
             "requeue_count": self.requeue_count, "preempt_count": self.preempt_count,
             "priority": self.priority, "borrowed": self.borrowed,
             "expected_start": self.expected_start, "comment": self.spec.comment,
+            "gpu_util_mean": self.gpu_util_mean, "gpu_util_max": self.gpu_util_max,
+            "gpu_mem_max_mb": self.gpu_mem_max_mb, "energy_j": self.energy_j,
         }
 
 
@@ -218,6 +258,8 @@ class Txn:
         self._store = store
         self._sql: list[tuple[str, tuple]] = []
         self._jobs: dict[int, JobRecord] = {}
+        # (before, after, event, now) of every transition, for Store.on_commit listeners
+        self.moves: list[tuple[JobRecord, JobRecord, str, float]] = []
 
     def transition(self, job: JobRecord, new: JobState, *, now: float, event: str,
                    detail: str | None = None, **changes: Any) -> JobRecord:
@@ -227,6 +269,7 @@ class Txn:
             check_job_transition(job.job_id, current.state, new)
         updated = replace(current, state=new, **changes)
         self._jobs[job.job_id] = updated
+        self.moves.append((current, updated, event, now))
         row = _to_row(updated)
         cols = [c for c in _PERSISTED if c != "job_id"]
         self._sql.append((
@@ -253,6 +296,8 @@ class Store:
         self.active: dict[int, JobRecord] = {}      # every non-terminal job
         self.nodes: dict[str, NodeRecord] = {}
         self._cols: list[str] = []
+        # Called with each committed Txn (metrics count outcomes here); must not raise.
+        self.on_commit: list[Callable[[Txn], None]] = []
 
     async def open(self) -> "Store":
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -330,6 +375,11 @@ class Store:
                 if mem is not None:  # keep scheduler annotations
                     job.priority, job.expected_start = mem.priority, mem.expected_start
                 self.active[job_id] = job
+        for listener in self.on_commit:
+            try:
+                listener(txn)
+            except Exception:  # an observer must never undo a committed transaction
+                log.exception("commit listener failed")
 
     async def insert_jobs(self, jobs: list[JobRecord], now: float) -> list[JobRecord]:
         """Insert new jobs in one transaction; returns them with their ids."""

@@ -1,0 +1,100 @@
+"""``gpuctl seff JOBID``: one job's efficiency, as Slurm's seff prints it, with its GPUs.
+
+GPU efficiency is the job's mean GPU utilization over the GPU-time that was sampled (the
+head's telemetry, every few seconds), shown against the GPU-walltime it was allocated;
+idle GPU-time is sampled GPU-time under 5 % utilization.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from gpud.units import format_duration
+
+from .common import job_ids, session
+
+IDLE_UTIL = 5  # percent, as the head counts idle GPU-time
+
+
+def group_name(gid: Any) -> str:
+    try:
+        import grp
+
+        return grp.getgrgid(int(gid)).gr_name
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return str(gid)
+
+
+def gigabytes(mb: float) -> str:
+    return f"{mb / 1024:.2f} GB"
+
+
+def seff_text(r: dict[str, Any]) -> str:
+    """seff's report for one ``seff`` op result."""
+    j = r["job"]
+    state = str(j.get("state", "?"))
+    lines = [f"Job ID: {j.get('job_id')}", f"Cluster: {r.get('cluster', '?')}",
+             f"User/Group: {j.get('user')}/{group_name(j.get('gid'))}"]
+    if state in ("RUNNING", "PENDING", "COMPLETING"):
+        lines.append(f"State: {state}")
+    else:
+        lines.append(f"State: {state} (exit code {j.get('exit_code') or 0})")
+    lines.append(f"Cores: {j.get('cpus', 1)}")
+    start, end = j.get("start_time"), j.get("end_time")
+    wall = 0.0 if start is None else max(0.0, (end if end is not None else float(r.get("now") or start)) - start)
+    lines.append(f"Job Wall-clock time: {format_duration(wall)}")
+    lines.append(f"Memory Efficiency: not measured ({gigabytes(j.get('mem_mb') or 0)} requested)")
+    gpus = len(j.get("gpu_indices") or []) or int(j.get("gpus") or 0)
+    if not gpus:
+        lines.append("GPUs: none requested")
+    else:
+        where = f" on {j['node']}" if j.get("node") else ""
+        model = r.get("gpu_model")
+        lines.append(f"GPUs: {gpus}" + (f" x {model}" if model else "") + where)
+        lines += _gpu_lines(r, j)
+    if state in ("RUNNING", "COMPLETING"):
+        lines.append("WARNING: Efficiency statistics may be misleading for RUNNING jobs.")
+    return "\n".join(lines)
+
+
+def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:
+    walltime = format_duration(r.get("alloc_gpu_s") or 0)
+    gpu_s = float(r.get("gpu_s") or 0)
+    if gpu_s <= 0:
+        return [f"GPU Efficiency: not sampled (0 of {walltime} GPU-walltime); telemetry may be off "
+                "or the job ran for less than one sample interval"]
+    mean = 100.0 * float(r.get("util_gpu_s") or 0) / gpu_s
+    idle = float(r.get("idle_gpu_s") or 0)
+    out = [f"GPU Utilized: {format_duration(r.get('util_gpu_s') or 0)} of {format_duration(gpu_s)} sampled "
+           f"GPU-time (mean {mean:.2f}%, max {float(j.get('gpu_util_max') or 0):.2f}%)",
+           f"GPU Efficiency: {mean:.2f}% of {walltime} GPU-walltime",
+           f"GPU Idle: {format_duration(idle)} of sampled GPU-time under {IDLE_UTIL}% "
+           f"({100.0 * idle / gpu_s:.2f}%)"]
+    peak = j.get("gpu_mem_max_mb")
+    if peak is not None:
+        size = r.get("gpu_memory_mb")
+        share = f" ({100.0 * peak / size:.2f}% of {gigabytes(size)})" if size else ""
+        out.append(f"GPU Memory Utilized: {gigabytes(peak)} at most on one GPU{share}")
+    energy = j.get("energy_j")
+    if energy is not None:
+        out.append(f"GPU Energy: {energy / 3.6e6:.3f} kWh")
+    return out
+
+
+@click.command("seff")
+@click.argument("job", metavar="JOBID")
+@click.option("--json", "as_json", is_flag=True, help="Print the head's numbers as JSON.")
+@click.pass_context
+def command(ctx: click.Context, job: str, as_json: bool) -> None:
+    """Summarize one job's CPU, memory and GPU efficiency, as Slurm's seff does."""
+    ids = job_ids((job,), "JOBID")
+    if len(ids) != 1:
+        raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42")
+    result = session(ctx).client.call("seff", job_id=ids[0])
+    if as_json:
+        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        click.echo(seff_text(result))

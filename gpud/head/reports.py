@@ -1,0 +1,173 @@
+"""Where the GPU-hours went: usage reports by account, user, partition or GPU type.
+
+Theory of operation
+-------------------
+A report covers a window ``[since, until)``.  Its unit is the **allocation** (one attempt
+of a job on its GPUs, a row of ``allocations``): the part of it inside the window, times its
+GPUs, is what the job's group was given.  For each GPU model in it (read from the node's
+registered GPUs):
+
+* GPU-hours        overlap seconds x GPUs / 3600;
+* billed units     GPU-hours x ``[billing] weights`` of the model (1 when unset), as the
+                   fair-share usage counts them;
+* cost             GPU-hours x ``[billing] prices`` of the model (0 when unset);
+* utilization      the job's sampled mean (``job_telemetry``: GPU-seconds of work over
+                   sampled GPU-seconds), weighted by the allocation's GPU-hours in the window;
+* idle GPU-hours   GPU-hours x the fraction of the job's sampled GPU-seconds under 5 %.
+
+Telemetry is kept per job, not per hour, so a job that straddles the window edge is assumed
+to have worked evenly over its life; allocations never sampled (telemetry off, or too short
+for one sample) count in GPU-hours, billing and cost, and not in utilization or idle time.
+
+``compute`` is pure (rows, prices, window in; rows out) so the arithmetic is tested by
+hand-computed numbers; ``build_report`` reads the store and calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+from ..sched.config import SchedConfig
+from .store import Store
+
+GROUPINGS = ("account", "user", "partition", "gpu-type")
+UNKNOWN_MODEL = "unknown"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: int
+    attempt: int
+    user: str
+    account: str
+    partition: str
+    node: str
+    gpu_indices: tuple[int, ...]
+    start: float
+    end: float | None          # None: still running
+
+
+@dataclass(frozen=True)
+class JobShares:
+    """A job's sampled fractions: utilization (0-1) and idle share of its GPU-time."""
+
+    util: float
+    idle: float
+
+
+@dataclass
+class ReportRow:
+    key: str
+    gpu_hours: float = 0.0
+    billed: float = 0.0
+    cost: float = 0.0
+    util_mean: float | None = None      # percent
+    idle_gpu_hours: float = 0.0
+    jobs: int = 0
+    # accumulators, not shown
+    _sampled_h: float = 0.0
+    _work_h: float = 0.0
+
+    def public(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        for k in ("gpu_hours", "billed", "cost", "idle_gpu_hours"):
+            d[k] = round(d[k], 6)
+        if d["util_mean"] is not None:
+            d["util_mean"] = round(d["util_mean"], 6)
+        return d
+
+
+def compute(allocations: Iterable[Allocation], shares: dict[int, JobShares],
+            model_of: Callable[[str, int], str], sched: SchedConfig, *, since: float, until: float,
+            now: float, by: str) -> tuple[list[ReportRow], ReportRow]:
+    """Rows grouped ``by`` (sorted by key) and the total; see the module docstring."""
+    if by not in GROUPINGS:
+        raise ValueError(f"cannot group by {by!r}; use one of {', '.join(GROUPINGS)}")
+    rows: dict[str, ReportRow] = {}
+    total = ReportRow("TOTAL")
+    jobs: dict[str, set[int]] = {}
+    all_jobs: set[int] = set()
+    for a in allocations:
+        end = min(a.end if a.end is not None else now, until)
+        overlap = end - max(a.start, since)
+        if overlap <= 0:
+            continue
+        per_model: dict[str, int] = {}
+        for i in a.gpu_indices:
+            m = model_of(a.node, i)
+            per_model[m] = per_model.get(m, 0) + 1
+        share = shares.get(a.job_id)
+        for model, count in per_model.items():
+            key = {"account": a.account, "user": a.user, "partition": a.partition, "gpu-type": model}[by]
+            hours = overlap * count / 3600.0
+            for row in (rows.setdefault(key, ReportRow(key)), total):
+                row.gpu_hours += hours
+                row.billed += hours * sched.billing_weight(model)
+                row.cost += hours * sched.price(model)
+                if share is not None:
+                    row._sampled_h += hours
+                    row._work_h += hours * share.util
+                    row.idle_gpu_hours += hours * share.idle
+            jobs.setdefault(key, set()).add(a.job_id)
+            all_jobs.add(a.job_id)
+    for row in list(rows.values()) + [total]:
+        row.util_mean = 100.0 * row._work_h / row._sampled_h if row._sampled_h > 0 else None
+    for key, row in rows.items():
+        row.jobs = len(jobs[key])
+    total.jobs = len(all_jobs)
+    return [rows[k] for k in sorted(rows)], total
+
+
+async def build_report(store: Store, sched: SchedConfig, *, since: float, until: float, now: float,
+                       by: str, live: dict[int, JobShares] | None = None) -> dict[str, Any]:
+    """The ``report`` op's result: rows, total and the window.  ``live``: fresher shares of
+    jobs whose telemetry is not written yet."""
+    allocations = await load_allocations(store, since, until)
+    shares = await load_shares(store, {a.job_id for a in allocations})
+    shares.update(live or {})
+    rows, total = compute(allocations, shares, models_from(store), sched, since=since, until=until,
+                          now=now, by=by)
+    return {"by": by, "since": since, "until": until, "rows": [r.public() for r in rows],
+            "total": total.public(), "prices": dict(sched.prices)}
+
+
+async def load_allocations(store: Store, since: float, until: float) -> list[Allocation]:
+    assert store.db is not None
+    q = ("SELECT a.job_id, a.attempt, j.user, j.account, j.partition, a.node, a.gpu_indices, a.start_time, "
+         "a.end_time FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
+         "WHERE a.start_time < ? AND (a.end_time IS NULL OR a.end_time > ?) ORDER BY a.job_id, a.attempt")
+    out = []
+    async with store.db.execute(q, (until, since)) as cur:
+        async for job_id, attempt, user, account, partition, node, gpus, start, end in cur:
+            job = store.active.get(job_id)
+            if end is None and (job is None or job.attempt != attempt or not job.state.active):
+                continue  # an allocation the head never closed (a crash mid-way): not running now
+            out.append(Allocation(job_id, attempt, user, account, partition, node,
+                                  tuple(json.loads(gpus)), start, end))
+    return out
+
+
+async def load_shares(store: Store, job_ids: set[int]) -> dict[int, JobShares]:
+    assert store.db is not None
+    out: dict[int, JobShares] = {}
+    ids = sorted(job_ids)
+    for n in range(0, len(ids), 500):   # SQLite's limit on host parameters
+        chunk = ids[n:n + 500]
+        async with store.db.execute(
+            f"SELECT job_id, gpu_s, util_gpu_s, idle_gpu_s FROM job_telemetry WHERE gpu_s > 0 "
+            f"AND job_id IN ({','.join('?' * len(chunk))})", chunk,
+        ) as cur:
+            async for job_id, gpu_s, util_gpu_s, idle_gpu_s in cur:
+                out[job_id] = JobShares(util=util_gpu_s / gpu_s, idle=idle_gpu_s / gpu_s)
+    return out
+
+
+def models_from(store: Store) -> Callable[[str, int], str]:
+    """GPU (node, index) -> model, from what the nodes registered."""
+    table: dict[tuple[str, int], str] = {}
+    for rec in store.nodes.values():
+        for g in rec.info.get("gpus", []):
+            table[(rec.name, g.get("index"))] = str(g.get("model", UNKNOWN_MODEL))
+    return lambda node, index: table.get((node, index), UNKNOWN_MODEL)

@@ -1,0 +1,423 @@
+"""GPU telemetry at the head: worker samples in; per-job aggregates, a bounded per-node
+series and idle-GPU flags out.
+
+Theory of operation
+-------------------
+Every worker publishes a compact ``samples`` message every ``sample_interval`` seconds
+(gpud/worker/telemetry.py): one row per GPU (utilization, memory, power, temperature and the
+energy used since its previous sample) and which allocation holds which GPU.  ``ingest``
+validates it (a bad one is dropped with one log line) and folds it into three things:
+
+* the **latest reading** of every node, in memory, for ``/metrics`` and ``gpuctl top``;
+* **per-job aggregates** (``JobUsage``).  A sample stands for ``iv`` seconds (the worker's
+  interval), so a job on G GPUs gains ``G * iv`` sampled GPU-seconds, ``sum(util) * iv / 100``
+  GPU-seconds of work, and idle GPU-seconds for each GPU under ``IDLE_UTIL``; the mean
+  utilization is work over sampled GPU-seconds.  Samples are attributed with the head's own
+  view (the job's node, attempt and GPUs), so a late sample of an ended attempt is ignored;
+* the **per-node series**: samples are averaged into buckets of ``telemetry_resolution``
+  seconds on the head's clock; a closed bucket becomes one ``node_series`` row, and rows
+  older than ``telemetry_retention`` are deleted, so the table holds at most
+  ``retention / resolution + 1`` rows per node however long the cluster runs.
+
+``flush`` writes what changed in one transaction: aggregates to ``job_telemetry`` and to the
+job's own columns (``gpu_util_mean`` ... which ``squeue``/``sacct`` read), closed buckets, and
+the retention cut.  It runs every ``FLUSH_EVERY`` seconds; a head crash loses at most that
+much telemetry, never a job.
+
+Idle GPUs: a RUNNING job whose every GPU reads under its partition's ``idle_threshold``
+for ``idle_period`` is flagged: reason ``GpuIdle`` and a ``gpu_idle`` event, through
+``Txn.transition`` like any other change.  With ``idle_action = "requeue"`` or ``"cancel"``
+the same transition moves it to COMPLETING (``stop_reason`` ``idle:requeue`` or
+``idle:cancel``, which ``head.jobs.final_state`` turns into PENDING or CANCELLED) and the
+worker is told to stop it.  A flagged job that gets busy again loses the flag.  A job that
+asked for ``--no-requeue`` is only flagged by a requeue policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..model import JobState
+from ..units import format_duration
+from .store import JobRecord, Txn
+
+if TYPE_CHECKING:
+    from .daemon import Head
+
+log = logging.getLogger("gpud.telemetry")
+
+IDLE_UTIL = 5.0              # percent: a GPU under this is idle in reports and aggregates
+FLUSH_EVERY = 10.0           # seconds between writes of aggregates and series
+IDLE_REASON = "GpuIdle"      # the flag squeue shows as the job's reason
+MAX_GPUS = 4096              # per sample; far beyond any real node
+MAX_JOBS = 4096
+MAX_EXTRAS = 16384           # slices and processes per sample
+MAX_INTERVAL = 3600.0        # a sample never stands for more than this many seconds
+
+
+class BadSamples(ValueError):
+    """A ``samples`` body of the wrong shape; the message says what, in one line."""
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    util: float | None
+    mem_used_mb: int | None
+    power_w: float | None
+    temp_c: float | None
+    energy_j: float | None     # used since the worker's previous sample
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """One validated ``samples`` message."""
+
+    node: str
+    time: float                                   # head clock at receipt
+    interval: float                               # seconds the sample stands for
+    gpus: dict[int, GpuReading]
+    jobs: dict[tuple[int, int], tuple[int, ...]] | None   # (job, attempt) -> GPU indices
+    slices: tuple[tuple[int, str, int], ...] = ()  # (GPU index, slice UUID, MiB used)
+    procs: tuple[tuple[int, int, int], ...] = ()   # (GPU index, pid, MiB used)
+
+
+@dataclass
+class JobUsage:
+    """Aggregates of one job over all its attempts (the ``job_telemetry`` row)."""
+
+    job_id: int
+    sampled_s: float = 0.0     # wall seconds covered by samples
+    gpu_s: float = 0.0         # GPU-seconds covered by samples
+    util_gpu_s: float = 0.0    # GPU-seconds of work: sum of util/100 x seconds
+    idle_gpu_s: float = 0.0    # GPU-seconds under IDLE_UTIL
+    util_max: float | None = None
+    mem_max_mb: int | None = None
+    energy_j: float = 0.0
+    last_sample: float | None = None
+    # memory only: the idle streak of the current attempt
+    attempt: int = 0
+    idle_since: float | None = None
+
+    @property
+    def util_mean(self) -> float | None:
+        return 100.0 * self.util_gpu_s / self.gpu_s if self.gpu_s > 0 else None
+
+    def add(self, readings: list[GpuReading], interval: float, now: float) -> None:
+        utils = [r.util for r in readings if r.util is not None]
+        self.sampled_s += interval
+        self.gpu_s += interval * len(utils)
+        self.util_gpu_s += interval * sum(utils) / 100.0
+        self.idle_gpu_s += interval * sum(1 for u in utils if u < IDLE_UTIL)
+        if utils:
+            self.util_max = max(utils + ([self.util_max] if self.util_max is not None else []))
+        mems = [r.mem_used_mb for r in readings if r.mem_used_mb is not None]
+        if mems:
+            self.mem_max_mb = max(mems + ([self.mem_max_mb] if self.mem_max_mb is not None else []))
+        self.energy_j += sum(r.energy_j for r in readings if r.energy_j is not None)
+        self.last_sample = now
+
+    def public(self) -> dict[str, Any]:
+        """The JOB record's telemetry fields."""
+        mean = self.util_mean
+        return {"gpu_util_mean": None if mean is None else round(mean, 2), "gpu_util_max": self.util_max,
+                "gpu_mem_max_mb": self.mem_max_mb, "energy_j": round(self.energy_j, 1)}
+
+
+_USAGE_COLS = ("sampled_s", "gpu_s", "util_gpu_s", "idle_gpu_s", "util_max", "mem_max_mb", "energy_j",
+               "last_sample")
+
+
+@dataclass
+class _Bucket:
+    """One node's samples within one series bucket."""
+
+    start: float
+    samples: int = 0
+    gpus: int = 0
+    gpus_alloc: int = 0
+    util: list[float] = field(default_factory=list)     # per-sample mean over GPUs
+    util_max: float | None = None
+    mem: list[float] = field(default_factory=list)      # per-sample total MiB used
+    power: list[float] = field(default_factory=list)    # per-sample total watts
+    temp_max: float | None = None
+
+    def row(self, node: str) -> tuple:
+        return (node, self.start, self.gpus, self.gpus_alloc, _mean(self.util), self.util_max,
+                _mean(self.mem), _mean(self.power), self.temp_max, self.samples)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+# -- parsing --------------------------------------------------------------------------------------
+
+def parse_samples(node: str, body: Any, now: float) -> NodeSample:
+    """Validate a ``samples`` body (see gpud.bus.base); BadSamples with one line otherwise."""
+    if not isinstance(body, dict):
+        raise BadSamples("body is not an object")
+    iv = body.get("iv")
+    if not _num(iv) or not 0 < iv <= MAX_INTERVAL:
+        raise BadSamples(f"iv must be seconds in (0, {MAX_INTERVAL:g}], not {iv!r}"[:200])
+    rows = body.get("gpus")
+    if not isinstance(rows, list) or len(rows) > MAX_GPUS:
+        raise BadSamples("gpus must be a list of [index, util, mem_mb, power_w, temp_c, energy_j]")
+    gpus: dict[int, GpuReading] = {}
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 6 or not _index(row[0]):
+            raise BadSamples("gpus must be a list of [index, util, mem_mb, power_w, temp_c, energy_j]")
+        util = _opt(row[1], 0, 100, "util")
+        mem = _opt(row[2], 0, 1 << 31, "mem_mb")
+        gpus[row[0]] = GpuReading(
+            index=row[0], util=util, mem_used_mb=None if mem is None else int(mem),
+            power_w=_opt(row[3], 0, 100_000, "power_w"), temp_c=_opt(row[4], -100, 300, "temp_c"),
+            energy_j=_opt(row[5], 0, 1e12, "energy_j"),
+        )
+    jobs = None
+    if "jobs" in body:
+        raw = body["jobs"]
+        if not isinstance(raw, list) or len(raw) > MAX_JOBS:
+            raise BadSamples("jobs must be a list of [job, attempt, [gpu indices]]")
+        jobs = {}
+        for item in raw:
+            if (not isinstance(item, list) or len(item) != 3 or not _index(item[0], 1 << 62)
+                    or not _index(item[1], 1 << 62) or not isinstance(item[2], list)
+                    or not all(_index(i) for i in item[2])):
+                raise BadSamples("jobs must be a list of [job, attempt, [gpu indices]]")
+            jobs[(item[0], item[1])] = tuple(item[2])
+    slices = _extras(body.get("slices", []), "slices", lambda r: _index(r[0]) and isinstance(r[1], str)
+                     and len(r[1]) <= 128 and _index(r[2], 1 << 31))
+    procs = _extras(body.get("procs", []), "procs", lambda r: _index(r[0]) and _index(r[1], 1 << 31)
+                    and _index(r[2], 1 << 31))
+    return NodeSample(node=node, time=now, interval=float(iv), gpus=gpus, jobs=jobs,
+                      slices=tuple(tuple(r) for r in slices), procs=tuple(tuple(r) for r in procs))
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _index(v: Any, hi: int = MAX_GPUS) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi
+
+
+def _opt(v: Any, lo: float, hi: float, what: str) -> float | None:
+    if v is None:
+        return None
+    if not _num(v) or not lo <= v <= hi:
+        raise BadSamples(f"{what} out of range: {v!r}"[:200])
+    return float(v)
+
+
+def _extras(raw: Any, what: str, ok) -> list[list]:
+    if not isinstance(raw, list) or len(raw) > MAX_EXTRAS or not all(
+            isinstance(r, list) and len(r) == 3 and ok(r) for r in raw):
+        raise BadSamples(f"{what} must be a list of 3-item rows")
+    return raw
+
+
+# -- the head side --------------------------------------------------------------------------------
+
+class Telemetry:
+    """Owned by the Head; reads its config, store, lock and clock."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.latest: dict[str, NodeSample] = {}        # node -> its last sample
+        self.usage: dict[int, JobUsage] = {}           # jobs sampled and not yet flushed out
+        self._dirty: set[int] = set()
+        self._buckets: dict[str, _Bucket] = {}        # node -> its open bucket
+        self._closed: list[tuple[str, _Bucket]] = []   # buckets waiting for the next flush
+        self.dropped = 0                               # malformed samples, for /metrics
+
+    @property
+    def resolution(self) -> float:
+        return self.head.cfg.head.telemetry_resolution
+
+    @property
+    def retention(self) -> float:
+        return self.head.cfg.head.telemetry_retention
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_EVERY)
+            try:
+                await self.flush()
+            except Exception:  # the disk said no: keep the aggregates, try again later
+                log.exception("telemetry flush failed; will retry")
+
+    # -- samples in -------------------------------------------------------------------------
+
+    async def ingest(self, node: str, body: Any) -> None:
+        now = self.head.clock()
+        try:
+            sample = parse_samples(node, body, now)
+        except BadSamples as e:
+            self.dropped += 1
+            log.warning("dropped samples from %s: %s", node, e)
+            return
+        self.latest[node] = sample
+        held = self._allocations(sample)
+        self._add_to_bucket(sample, sum(len(g) for _, g in held))
+        for job, gpus in held:
+            readings = [sample.gpus[i] for i in gpus if i in sample.gpus]
+            if not readings:
+                continue
+            usage = await self._usage(job.job_id)
+            usage.add(readings, sample.interval, now)
+            self._dirty.add(job.job_id)
+            job = self.head.store.active.get(job.job_id, job)   # _usage may have awaited
+            for k, v in usage.public().items():   # squeue and sacct see it at once
+                setattr(job, k, v)
+            if job.state is JobState.RUNNING:
+                await self._check_idle(job, usage, readings, now)
+
+    def _allocations(self, sample: NodeSample) -> list[tuple[JobRecord, tuple[int, ...]]]:
+        """The head's jobs on this node with their GPUs, limited to what the worker runs."""
+        out = []
+        for job in self.head.store.jobs_on_node(sample.node):
+            gpus = tuple(job.gpu_indices)
+            if sample.jobs is not None:
+                reported = sample.jobs.get((job.job_id, job.attempt))
+                if reported is None:
+                    continue  # not started there yet, or already gone
+                gpus = tuple(i for i in gpus if i in reported)
+            if gpus:
+                out.append((job, gpus))
+        return out
+
+    async def _usage(self, job_id: int) -> JobUsage:
+        usage = self.usage.get(job_id)
+        if usage is None:
+            usage = self.usage[job_id] = await self.load_usage(job_id)
+        return usage
+
+    async def load_usage(self, job_id: int) -> JobUsage:
+        """A job's aggregates as last written (empty when never sampled)."""
+        db = self.head.store.db
+        assert db is not None
+        async with db.execute(f"SELECT {', '.join(_USAGE_COLS)} FROM job_telemetry WHERE job_id=?",
+                              (job_id,)) as cur:
+            row = await cur.fetchone()
+        return JobUsage(job_id, **dict(zip(_USAGE_COLS, row))) if row else JobUsage(job_id)
+
+    def _add_to_bucket(self, sample: NodeSample, gpus_alloc: int) -> None:
+        start = math.floor(sample.time / self.resolution) * self.resolution
+        b = self._buckets.get(sample.node)
+        if b is None or b.start != start:
+            if b is not None:
+                self._closed.append((sample.node, b))
+            b = self._buckets[sample.node] = _Bucket(start)
+        utils = [g.util for g in sample.gpus.values() if g.util is not None]
+        b.samples += 1
+        b.gpus = max(b.gpus, len(sample.gpus))
+        b.gpus_alloc = max(b.gpus_alloc, gpus_alloc)
+        if utils:
+            b.util.append(sum(utils) / len(utils))
+            b.util_max = _max(b.util_max, max(utils))
+        mems = [g.mem_used_mb for g in sample.gpus.values() if g.mem_used_mb is not None]
+        if mems:
+            b.mem.append(float(sum(mems)))
+        powers = [g.power_w for g in sample.gpus.values() if g.power_w is not None]
+        if powers:
+            b.power.append(sum(powers))
+        temps = [g.temp_c for g in sample.gpus.values() if g.temp_c is not None]
+        if temps:
+            b.temp_max = _max(b.temp_max, max(temps))
+
+    # -- idle GPUs --------------------------------------------------------------------------
+
+    async def _check_idle(self, job: JobRecord, usage: JobUsage, readings: list[GpuReading],
+                          now: float) -> None:
+        part = self.head.cfg.sched.partitions.get(job.partition)
+        if part is None or not part.idle_period:
+            return
+        if usage.attempt != job.attempt:
+            usage.attempt, usage.idle_since = job.attempt, None
+        utils = [r.util for r in readings if r.util is not None]
+        if not utils:
+            return  # nothing to judge by (MIG slices report no utilization)
+        if max(utils) >= part.idle_threshold:
+            usage.idle_since = None
+            if job.reason == IDLE_REASON:
+                await self._mark(job, None, None, now, "gpu_busy",
+                                 f"GPUs busy again ({max(utils):g}%)")
+            return
+        if usage.idle_since is None:
+            usage.idle_since = now
+        if now - usage.idle_since < part.idle_period or job.reason == IDLE_REASON:
+            return
+        detail = f"every GPU under {part.idle_threshold:g}% for {format_duration(now - usage.idle_since)}"
+        action = part.idle_action
+        if action == "requeue" and not job.spec.requeue:
+            action, detail = "none", detail + "; not requeued: the job asked for --no-requeue"
+        log.warning("job %d (user %s) on %s: GPUs idle: %s; action %s", job.job_id, job.user, job.node,
+                    detail, action)
+        await self._mark(job, IDLE_REASON, action, now, "gpu_idle", f"{detail}; action {action}")
+
+    async def _mark(self, job: JobRecord, reason: str | None, action: str | None, now: float,
+                    event: str, detail: str) -> None:
+        """Flag (or unflag) a job, and stop it when ``action`` says so."""
+        head = self.head
+        async with head.lock:
+            current = head.store.active.get(job.job_id)
+            if current is None or current.state is not JobState.RUNNING or current.attempt != job.attempt:
+                return
+            txn = Txn(head.store)
+            if action in ("requeue", "cancel"):
+                updated = txn.transition(current, JobState.COMPLETING, now=now, event=event, detail=detail,
+                                         reason=reason, stop_reason=f"idle:{action}", stop_time=now)
+            else:
+                updated = txn.transition(current, JobState.RUNNING, now=now, event=event, detail=detail,
+                                         reason=reason)
+            await head.store.commit(txn)
+        if updated.state is JobState.COMPLETING:
+            await head.send_signal(updated, "TERM", grace=head.cfg.head.kill_grace,
+                                   reason="cancelled" if action == "cancel" else "preempted")
+            head.kick()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Write changed aggregates and closed buckets, and cut the series to its retention."""
+        now = self.head.clock()
+        current = math.floor(now / self.resolution) * self.resolution
+        for node, b in list(self._buckets.items()):
+            if b.start < current:   # no later sample closed it: the node went quiet
+                self._closed.append((node, b))
+                del self._buckets[node]
+        # Taken now: samples that arrive while the commit runs belong to the next flush.
+        dirty, self._dirty = self._dirty, set()
+        closed, self._closed = self._closed, []
+        txn = Txn(self.head.store)
+        for job_id in sorted(dirty):
+            u = self.usage[job_id]
+            txn.execute(
+                f"INSERT INTO job_telemetry(job_id, {', '.join(_USAGE_COLS)}) VALUES (?{', ?' * len(_USAGE_COLS)}) "
+                f"ON CONFLICT(job_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in _USAGE_COLS)}",
+                (job_id, *(getattr(u, c) for c in _USAGE_COLS)))
+            pub = u.public()
+            txn.execute("UPDATE jobs SET gpu_util_mean=?, gpu_util_max=?, gpu_mem_max_mb=?, energy_j=? "
+                        "WHERE job_id=?", (pub["gpu_util_mean"], pub["gpu_util_max"], pub["gpu_mem_max_mb"],
+                                           pub["energy_j"], job_id))
+        for node, b in closed:
+            txn.execute("INSERT OR REPLACE INTO node_series(node, t, gpus, gpus_alloc, util_mean, util_max, "
+                        "mem_used_mb, power_w, temp_max, samples) VALUES (?,?,?,?,?,?,?,?,?,?)", b.row(node))
+        txn.execute("DELETE FROM node_series WHERE t < ?", (now - self.retention,))
+        try:
+            await self.head.store.commit(txn)
+        except BaseException:
+            self._dirty |= dirty
+            self._closed = closed + self._closed
+            raise
+        for job_id in [j for j in self.usage if j not in self.head.store.active and j not in self._dirty]:
+            del self.usage[job_id]     # ended and written: the table has it now

@@ -1,0 +1,114 @@
+"""``gpuctl top``: the view of a known cluster state, compared with a snapshot; the verb on a
+pipe (plain text once) and on a terminal (live refreshes)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from gpuctl.commands.top import plain, render
+from tests.cluster import env_for_children
+from tests.fake_head import FakeHead, node
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "top.txt"
+NOW = time.mktime((2026, 11, 29, 14, 20, 5, 0, 0, -1))   # local time, as top prints it
+
+
+def gpu(index: int, util, mem, power, temp, job_ids=(), users=(), model="H100-80GB", memory=81920, slices=()):
+    return {"index": index, "uuid": f"GPU-{index}", "model": model, "memory_mb": memory, "job_ids": list(job_ids),
+            "users": list(users), "util": util, "mem_used_mb": mem, "power_w": power, "temp_c": temp,
+            "slices": list(slices)}
+
+
+def state() -> dict:
+    """Two nodes: gpu01 runs a busy job on two GPUs and an idle one on one; gpu02 has MIG slices
+    on one A100 and a GPU that has not been sampled; gpu10 is down."""
+    gpu01 = node("gpu01", gpus=0, state="MIXED")
+    gpu01["gpus"] = [gpu(0, 93.0, 61440, 655.0, 74.0, [42], ["alice"]),
+                     gpu(1, 88.5, 60000, 640.0, 72.0, [42], ["alice"]),
+                     gpu(2, 0.0, 300, 71.0, 31.0, [43], ["bob"]),
+                     gpu(3, 0.0, 0, 70.0, 30.0)]
+    gpu02 = node("gpu02", gpus=0, state="MIXED")
+    gpu02["gpus"] = [gpu(0, None, 12000, 180.0, 45.0, [44], ["carol"], model="A100-80GB",
+                         slices=[{"uuid": "MIG-5f2c0a51-aaaa-bbbb", "mem_used_mb": 9216},
+                                 {"uuid": "MIG-77e1c0de-cccc-dddd", "mem_used_mb": 2048}]),
+                     gpu(1, None, None, None, None, model="A100-80GB")]
+    gpu10 = node("gpu10", gpus=0, state="DOWN")
+    return {
+        "now": NOW, "cluster": "prod", "nodes": [gpu10, gpu02, gpu01],
+        "queue": {"gpu": {"pending": 5, "running": 2, "completing": 0, "pending_gpus": 12},
+                  "debug": {"pending": 0, "running": 1, "completing": 0, "pending_gpus": 0}},
+        "jobs": [
+            {"job_id": 42, "user": "alice", "account": "physics", "partition": "gpu", "name": "train-llm",
+             "node": "gpu01", "gpus": 2, "state": "RUNNING", "reason": None, "start_time": NOW - 3725,
+             "gpu_util_mean": 90.7},
+            {"job_id": 43, "user": "bob", "account": "physics", "partition": "gpu", "name": "notebook",
+             "node": "gpu01", "gpus": 1, "state": "RUNNING", "reason": "GpuIdle", "start_time": NOW - 7300,
+             "gpu_util_mean": 0.4},
+            {"job_id": 44, "user": "carol", "account": "vision", "partition": "debug", "name": "eval",
+             "node": "gpu02", "gpus": 1, "state": "RUNNING", "reason": None, "start_time": NOW - 65,
+             "gpu_util_mean": None},
+        ],
+    }
+
+
+def test_top_matches_its_snapshot():
+    got = plain(state(), width=100)
+    if os.environ.get("GPUD_UPDATE_SNAPSHOTS"):
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(got + "\n")
+    assert got + "\n" == SNAPSHOT.read_text()
+
+
+def test_a_terminal_gets_coloured_bars():
+    console = Console(width=100, record=True, force_terminal=True, color_system="standard", file=open(os.devnull, "w"))
+    console.print(render(state(), ascii_only=False))
+    text = console.export_text(styles=True)
+    assert "\u2588" * 9 in text and "\x1b[" in text
+
+
+def test_an_empty_cluster():
+    out = plain({"now": NOW, "cluster": "c", "nodes": [], "queue": {}, "jobs": []}, width=80)
+    assert out.splitlines()[0].endswith("0 nodes, 0 GPUs, 0 allocated, 0 busy")
+    assert "Queue: empty" in out
+
+
+def test_gpuctl_top_on_a_pipe_prints_the_snapshot_once():
+    with FakeHead() as head:
+        head.reply("telemetry", state())
+        env = dict(env_for_children(), COLUMNS="100")
+        r = subprocess.run([sys.executable, "-m", "gpuctl.main", "--socket", head.path, "top"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout == SNAPSHOT.read_text()
+        assert head.ops() == ["telemetry"]
+
+
+def test_gpuctl_top_on_a_terminal_refreshes_until_told_to_stop():
+    with FakeHead() as head:
+        head.reply("telemetry", state())
+        main, sub = pty.openpty()
+        try:
+            p = subprocess.Popen([sys.executable, "-m", "gpuctl.main", "--socket", head.path, "top", "-n", "3",
+                                  "-d", "0.2"], env=env_for_children(), stdin=sub, stdout=sub, stderr=sub)
+            os.close(sub)
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:   # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            assert p.wait(60) == 0
+        finally:
+            os.close(main)
+        assert head.ops() == ["telemetry"] * 3
+        assert b"cluster prod at " in out and "\u2588".encode() in out
