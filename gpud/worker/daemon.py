@@ -461,7 +461,13 @@ async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuB
             install_stop_handlers(worker)
         if on_worker is not None:
             on_worker(worker)
-        async with bus:
+        from .. import sdnotify
+        from ..relay import worker_relay
+
+        # systemd (Type=notify) hears READY=1 once the worker runs; [worker] relay_socket, when
+        # set, also serves gpuctl on this host (gpud.relay).
+        async with bus, sdnotify.lifecycle(worker.ready, what=f"gpud worker {name}", enabled=install_signals), \
+                worker_relay(cfg, name, key):
             await worker.run()
     except (GpuError, OSError, ValueError) as e:
         print(f"gpud worker: error: {e}", file=sys.stderr)
