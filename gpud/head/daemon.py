@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable
 
 from .. import __version__
-from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, node_cmd
+from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, node_cmd
 from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
@@ -43,6 +43,7 @@ from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
 from .ops_jobs import OPS as JOB_OPS
 from .ops_telemetry import OPS as TELEMETRY_OPS
+from .relay import RelayedRequests
 from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
 from .store import JobRecord, NodeRecord, Store, Txn
 from .telemetry import Telemetry
@@ -76,6 +77,7 @@ class Head:
         self._usage: dict[tuple[str, str], float] = {}
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
+        self.relayed = RelayedRequests(self)  # gpuctl requests from relays (head/requests)
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
 
@@ -247,6 +249,8 @@ class Head:
                 log.exception("dropped %s message from %s: handler failed", msg.kind, msg.sender)
 
     async def handle(self, msg: Message) -> None:
+        if msg.topic == HEAD_REQUESTS:
+            return await self.relayed.handle(msg)
         if msg.topic != HEAD_EVENTS:
             return  # node status topics: liveness is judged by heartbeats
         if not msg.sender.startswith("worker:"):
