@@ -432,6 +432,11 @@ def install_stop_handlers(worker: Worker) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    # systemd's `reload` sends SIGHUP; a worker's settings only change with a restart
+    # (which keeps its jobs running), so say so instead of dying.
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+        "worker %s: SIGHUP received; the worker reads its config only at start: restart it to apply "
+        "changes (running jobs are kept)", worker.name))
 
 
 async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuBackend | None = None,
