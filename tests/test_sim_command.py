@@ -73,6 +73,8 @@ def test_config_file_is_read(tmp_path):
     (["--cluster", "2x8xH100", "--trace", "t.csv"], "invalid GPU model"),
     (["--cluster", "1x1xH100-80GB", "--trace", "absent.csv"], "no such trace file"),
     (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--until", "soon"], "invalid --until"),
+    (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--pass-interval", "x"],
+     "invalid --pass-interval"),
     (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--config", "absent.toml"],
      "no such config file"),
     (["--cluster", "1x1xH100-80GB", "--trace", "bad.toml"], "missing column(s)"),

@@ -210,3 +210,19 @@ def test_percentile():
     assert percentile([1.0], 95) == 1.0
     assert percentile([0.0, 10.0], 50) == 5.0
     assert percentile([float(i) for i in range(101)], 95) == 95.0
+
+
+def test_no_pass_when_no_waiting_job_fits_the_free_gpus():
+    # j3 needs all 8 GPUs: j2's end at 10 frees 4, which no waiting job can use.
+    jobs = trace("j1,0,4,100,,a,,,", "j2,0,4,10,,a,,,", "j3,1,8,10,,a,,,")
+    r = simulate(parse_cluster("1x8xH100-80GB"), jobs)
+    assert r["scheduler_passes"] == 2      # t=0 and t=100
+    assert r["wait_s"]["max"] == 99 and r["makespan_s"] == 110
+
+
+def test_pass_interval_defers_starts_to_the_next_allowed_pass():
+    jobs = trace("j1,0,1,10,,a,,,", "j2,0,1,10,,a,,,", "j3,5,1,10,,a,,,")
+    r = simulate(parse_cluster("1x1xH100-80GB"), jobs, pass_interval=60)
+    # passes at 0 (j1), 60 (j2; j1 ended at 10), 120 (j3; j2 ended at 70)
+    assert r["scheduler_passes"] == 3
+    assert r["wait_s"]["max"] == 115 and r["makespan_s"] == 130

@@ -68,14 +68,14 @@ def load_sched_config(path: str | None) -> SchedConfig:
             from None
 
 
-def _parse_until(text: str | None) -> float | None:
+def _parse_duration_option(option: str, text: str | None) -> float | None:
     if text is None:
         return None
     try:
         return parse_duration(text, default_unit="s")
     except UnitError:
-        raise _OneLineError(f"invalid --until {text!r}: use seconds of trace time or a "
-                            f"suffix like 90s, 12h, 7d") from None
+        raise _OneLineError(f"invalid {option} {text!r}: use seconds or a suffix like "
+                            f"90s, 12h, 7d") from None
 
 
 @click.command("simulate", cls=_Command)
@@ -89,12 +89,22 @@ def _parse_until(text: str | None) -> float | None:
               help="Stop the virtual clock at this trace time (seconds, or 7d, 12h, ...).")
 @click.option("--ignore-gpu-type", is_flag=True,
               help="Let every job run on any GPU model (for traces whose gpu_type is not a model).")
+@click.option("--exact-limits", is_flag=True,
+              help="Give jobs without a time_limit_s their own duration as the limit "
+                   "(perfect estimates; default: the partition's max_time, or none).")
+@click.option("--pass-interval", metavar="DURATION", default="0",
+              help="At most one scheduler pass per this much simulated time (e.g. 5m): "
+                   "faster, at the cost of later starts (default 0: after every event).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def simulate(config_path: str | None, cluster_spec: str, trace_path: str,
-                     until: str | None, ignore_gpu_type: bool, as_json: bool) -> None:
+def simulate(config_path: str | None, cluster_spec: str, trace_path: str, until: str | None,
+             ignore_gpu_type: bool, exact_limits: bool, pass_interval: str,
+             as_json: bool) -> None:
     """Replay a job trace on a virtual cluster with the real scheduler; report waits,
     GPU allocation, per-account GPU time and preemptions."""
-    until_s = _parse_until(until)
+    until_s = _parse_duration_option("--until", until)
+    interval = _parse_duration_option("--pass-interval", pass_interval)
+    if interval is None:
+        raise _OneLineError("--pass-interval must be finite")
     try:
         nodes = parse_cluster(cluster_spec)
         config = load_sched_config(config_path)
@@ -107,7 +117,8 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str,
     stats = TraceStats()
     with f:
         sim = Simulation(nodes, iter_trace(f, stats, name=trace_path), config, until=until_s,
-                         trace_stats=stats, ignore_gpu_type=ignore_gpu_type)
+                         trace_stats=stats, ignore_gpu_type=ignore_gpu_type,
+                         exact_limits=exact_limits, pass_interval=interval)
         try:
             report = sim.run()
         except TraceError as e:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
@@ -131,7 +131,7 @@ class Simulation:
     def __init__(self, nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],
                  config: SchedConfig | None = None, *, until: float | None = None,
                  trace_stats: TraceStats | None = None, ignore_gpu_type: bool = False,
-                 exact_limits: bool = False,
+                 exact_limits: bool = False, pass_interval: float = 0.0,
                  schedule: Callable[[Snapshot, float], Plan] = core_schedule) -> None:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
         self.config = config if config is not None else SchedConfig()
@@ -139,6 +139,8 @@ class Simulation:
         self.trace_stats = trace_stats
         self.ignore_gpu_type = ignore_gpu_type
         self.exact_limits = exact_limits
+        self.pass_interval = max(0.0, float(pass_interval))
+        self._last_pass = -math.inf
         self._schedule = schedule
         self._rows: Iterator[TraceJob] = iter(jobs)
         self._next_row: TraceJob | None = None
@@ -154,6 +156,9 @@ class Simulation:
         self._free_cpus = {n.name: n.cpus for n in self.nodes}
         self._free_mem = {n.name: n.mem_mb for n in self.nodes}
         self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
+        self._node_model = {n.name: (n.gpus[0].model if len({g.model for g in n.gpus}) == 1
+                                     else None) for n in self.nodes}
+        self._pending_shapes: Counter[tuple[str | None, int]] = Counter()
         self._max_gpus: dict[str | None, int] = {None: 0}
         for n in self.nodes:
             self._max_gpus[None] = max(self._max_gpus[None], len(n.gpus))
@@ -187,10 +192,14 @@ class Simulation:
             self._advance(t)
             if not self._apply_events(t):
                 continue
+            if t < self._last_pass + self.pass_interval:
+                self._wake(self._last_pass + self.pass_interval)
+                continue
             if t != last_instant:
                 instant_passes, last_instant = 0, t
             if self.pending and instant_passes < MAX_PASSES_PER_INSTANT:
                 instant_passes += 1
+                self._last_pass = t
                 self._pass(t)
             elif self.pending and instant_passes == MAX_PASSES_PER_INSTANT:
                 instant_passes += 1
@@ -242,22 +251,21 @@ class Simulation:
             elif kind == _GRACE and job.stop_mode is not None:
                 self._end_run(job, t, natural=False)
                 changed = True
-        arrived = []
         while self._next_row is not None and self._next_row.submit_s <= t:
-            job_id = self._arrive(self._next_row, t)
-            if job_id is not None:
-                arrived.append(job_id)
+            if self._arrive(self._next_row, t) is not None:
+                changed = True
             self._pull_row()
-        return changed or self._could_start_any(arrived)
+        return changed and self._pass_could_act()
 
-    def _could_start_any(self, job_ids: list[int]) -> bool:
-        """Whether a pass might act on these new jobs, when nothing else changed.
+    def _pass_could_act(self) -> bool:
+        """Whether a pass now might start or preempt anything.
 
-        Without preemption and with no resource freed since the last pass, a new job can
-        only start where its GPUs are free now; if none of them fits anywhere, a pass
-        would start nothing and is skipped (the head's timer pass has no analogue here).
+        Without preemption a pass can only start jobs where their GPUs are free now; when no
+        waiting job's request (GPU count and type) fits in the GPUs free on any one node, a
+        pass would start nothing and is skipped.  Reasons and reservations it would have
+        refreshed are recomputed by the next pass that runs.
         """
-        if not job_ids:
+        if not self.pending:
             return False
         if self._can_preempt:
             return True
@@ -265,18 +273,23 @@ class Simulation:
         for name, free in self._free.items():
             if not free:
                 continue
-            most_free[None] = max(most_free[None], len(free))
-            models = self._models[name]
+            k = len(free)
+            if k > most_free[None]:
+                most_free[None] = k
+            model = self._node_model[name]
+            if model is not None:
+                if k > most_free.get(model, 0):
+                    most_free[model] = k
+                continue
             counts: dict[str, int] = {}
+            models = self._models[name]
             for i in free:
                 counts[models[i]] = counts.get(models[i], 0) + 1
-            for model, k in counts.items():
-                most_free[model] = max(most_free.get(model, 0), k)
-        for job_id in job_ids:
-            p = self.pending[job_id]
-            if p.gpus <= most_free.get(p.gpu_type, 0):
-                return True
-        return False
+            for m, c in counts.items():
+                if c > most_free.get(m, 0):
+                    most_free[m] = c
+        return any(gpus <= most_free.get(gpu_type, 0)
+                   for (gpu_type, gpus), n in self._pending_shapes.items() if n > 0)
 
     def _push(self, t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
         self._seq += 1
@@ -343,6 +356,8 @@ class Simulation:
 
     def _make_pending(self, job: _Job) -> None:
         row = job.trace
+        gpu_type = None if self.ignore_gpu_type else row.gpu_type
+        self._pending_shapes[(gpu_type, row.gpus)] += 1
         self.pending[row.seq] = PendingJob(
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
@@ -393,10 +408,12 @@ class Simulation:
             self._preempt(p, t)
         later = [w for w in plan.expected_starts.values() if w > t and math.isfinite(w)]
         if later:
-            w = min(later)
-            if w not in self._wakes and (self.until is None or w <= self.until):
-                self._wakes.add(w)
-                self._push(w, _WAKE)
+            self._wake(min(later))
+
+    def _wake(self, w: float) -> None:
+        if w not in self._wakes and (self.until is None or w <= self.until):
+            self._wakes.add(w)
+            self._push(w, _WAKE)
 
     def _start(self, s, t: float) -> None:
         job = self.jobs.get(s.job_id)
@@ -413,6 +430,7 @@ class Simulation:
             log.warning("plan start of job %d on %s does not fit; skipped", s.job_id, s.node)
             return
         del self.pending[s.job_id]
+        self._pending_shapes[(pend.gpu_type, pend.gpus)] -= 1
         free.difference_update(want)
         self._free_cpus[s.node] -= s.cpus
         self._free_mem[s.node] -= s.mem_mb
