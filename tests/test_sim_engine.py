@@ -226,3 +226,67 @@ def test_pass_interval_defers_starts_to_the_next_allowed_pass():
     # passes at 0 (j1), 60 (j2; j1 ended at 10), 120 (j3; j2 ended at 70)
     assert r["scheduler_passes"] == 3
     assert r["wait_s"]["max"] == 115 and r["makespan_s"] == 130
+
+
+def cfg(data: dict):
+    from gpud.sched.config import sched_config_from_dict
+    return sched_config_from_dict(data, "<test>")
+
+
+def test_trace_accounts_join_the_tree():
+    r = simulate(parse_cluster("1x2xH100-80GB"), trace("x,0,1,5,,a,,,", "y,0,1,5,,b,,,", "z,0,1,5,,,,,"))
+    assert r["accounts_added"] == ["a", "b"]
+    assert set(r["accounts"]) == {"a", "b", "default"}
+    assert r["jobs"]["completed"] == 3
+
+
+def test_qos_preemption_through_the_real_core():
+    # low j1 runs from 0; high j2 arrives at 700 (past the 600 s exempt time) and preempts
+    # it; j1's 30 s grace ends at 730, j2 runs 730-740, j1 runs again 740-1740.
+    config = cfg({"qos": {"normal": {}, "high": {"priority": 100, "preempt": ["low"]},
+                          "low": {"grace_time": "30s"}}})
+    rows = HEADER.replace("time_limit_s", "time_limit_s,qos") + \
+        "j1,0,1,1000,,a,,,,low\n" + "j2,700,1,10,,b,,,,high\n"
+    r = simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+    assert r["preemptions"] == 1 and r["jobs"]["restarts"] == 1
+    assert r["accounts"]["b"]["mean_wait_s"] == 30
+    assert r["accounts"]["a"]["gpu_seconds"] == 730 + 1000
+    assert r["makespan_s"] == 1740
+
+
+def test_refusals_and_partition_limits():
+    config = cfg({"partition": [{"name": "gpu", "max_time": "100s", "default_time": "50s"}],
+                  "qos": {"normal": {}}})
+    rows = HEADER.replace("time_limit_s", "time_limit_s,qos") + (
+        "long,0,1,10,,a,,,200,\n"      # asks for more than max_time
+        "qos,0,1,10,,a,,,,gold\n"      # no such QOS
+        "cut,0,1,150,,a,,,,\n")        # no limit given: max_time applies, ends TIMEOUT
+    r = simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+    assert r["jobs"]["infeasible"] == {"no_such_qos": 1, "over_time_limit": 1}
+    assert r["jobs"]["ended"] == {"TIMEOUT": 1}
+    assert r["accounts"]["a"]["gpu_seconds"] == 100
+
+
+def test_exact_limits_give_jobs_their_duration():
+    seen = {}
+
+    def spy(snap, now):
+        seen.update({p.job_id: p.time_limit for p in snap.pending})
+        return schedule(snap, now)
+
+    jobs = trace("a,0,1,30,,x,,,", "b,0,1,40,,x,,,15")
+    Simulation(parse_cluster("1x1xH100-80GB"), jobs, exact_limits=True, schedule=spy).run()
+    assert seen == {1: 30, 2: 15}
+
+
+def test_billing_weights_shape_fair_share_usage():
+    config = cfg({"billing": {"weights": {"H100-80GB": 2.0}}, "scheduler": {"fairshare_half_life": "unlimited"}})
+    usage = []
+
+    def spy(snap, now):
+        usage.append(dict(snap.usage))
+        return schedule(snap, now)
+
+    Simulation(parse_cluster("1x2xH100-80GB"), trace("a,0,0.5,100,u,x,,,", "b,200,1,1,u,x,,,"),
+               config, schedule=spy).run()
+    assert usage[-1][("x", "u")] == pytest.approx(0.5 * 2.0 * 100)

@@ -11,8 +11,13 @@ Time moves only from event to event.  Events are trace arrivals (pulled one row 
 from the streaming trace reader, so the trace is never all in memory), run ends
 (completion or time limit), the ends of preemption grace periods, and wake-ups at the
 expected starts the core reserved.  All events at one timestamp are applied together and
-followed by one scheduler pass; a pass that changes nothing new is not repeated.  Stale
-events (a run end for an attempt that was preempted) are recognised by attempt number.
+followed by at most one scheduler pass.  Stale events (a run end for an attempt that was
+preempted) are recognised by attempt number.
+
+Passes are the whole cost (the core rebuilds its working state from each snapshot), so a
+pass runs only when it could act: some waiting job's request fits in the GPUs free on one
+node, or the policy can preempt.  ``pass_interval`` further spaces passes out on the
+virtual clock, trading later starts for speed on long traces.
 
 A preempted job is signalled (its run becomes ``stopping``, the GPUs stay busy) and its
 GPUs free when the grace time ends; as in the head, the stop decides over how the process
@@ -21,8 +26,10 @@ time, with ``preempt_count`` + 1) or, in ``cancel`` mode, ends PREEMPTED.  A req
 runs its whole duration again.  A run lasts its trace duration or its time limit,
 whichever is shorter (then it ends TIMEOUT).
 
-Jobs that can never start (more GPUs than any node has, or a GPU type the cluster lacks)
-are refused at arrival and counted, like the head refusing them at submit.
+Jobs that can never start (more GPUs than any node has, a GPU type the cluster lacks, an
+unknown QOS, a time limit over the partition's) are refused at arrival and counted, like
+the head refusing them at submit.  Trace accounts the config lacks join the account tree
+with one share each, so any trace runs under any config.
 
 Speed: nodes are built once; pending and running views are immutable and kept in dicts
 keyed by job id, so a snapshot is two ``tuple(dict.values())`` copies.  Usage accrues per
@@ -38,18 +45,12 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..sched.config import SchedConfig
+from ..sched import usage as sched_usage
+from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
-from ..sched.plan import Plan
+from ..sched.plan import Plan, Preemption, Start
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
 from .report import Tally
-
-try:
-    from ..sched import usage as _usage
-    from ..sched.config import AccountConfig
-except ImportError:  # pragma: no cover - a core without usage decay or an account tree
-    _usage = None
-    AccountConfig = None  # type: ignore[assignment,misc]
 from .trace import TraceJob, TraceStats
 
 __all__ = ["Simulation", "simulate"]
@@ -100,7 +101,7 @@ class _Usage:
     def __init__(self, config: SchedConfig) -> None:
         self.values: dict[tuple[str, str], float] = {}
         self.rates: dict[tuple[str, str], float] = {}
-        self.half_life = getattr(config, "fairshare_half_life", None)
+        self.half_life = config.fairshare_half_life
 
     def add_rate(self, key: tuple[str, str], rate: float) -> None:
         r = self.rates.get(key, 0.0) + rate
@@ -113,16 +114,12 @@ class _Usage:
         if dt <= 0:
             return
         values, hl = self.values, self.half_life
-        if _usage is None:  # a core without usage decay: plain accumulation
-            for key, rate in self.rates.items():
-                values[key] = values.get(key, 0.0) + rate * dt
-            return
         if hl:
-            factor = _usage.decay(1.0, dt, hl)
+            factor = sched_usage.decay(1.0, dt, hl)
             for key in values:
                 values[key] *= factor
         for key, rate in self.rates.items():
-            values[key] = values.get(key, 0.0) + _usage.decayed_integral(rate, 0.0, dt, dt, hl)
+            values[key] = values.get(key, 0.0) + sched_usage.decayed_integral(rate, 0.0, dt, dt, hl)
 
 
 class Simulation:
@@ -151,7 +148,6 @@ class Simulation:
         self.jobs: dict[int, _Job] = {}
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
-        self._node_by_name = {n.name: n for n in self.nodes}
         self._free = {n.name: {g.index for g in n.gpus} for n in self.nodes}
         self._free_cpus = {n.name: n.cpus for n in self.nodes}
         self._free_mem = {n.name: n.mem_mb for n in self.nodes}
@@ -170,9 +166,7 @@ class Simulation:
         self.tally = Tally(total_gpus=self.total_gpus)
         self.usage = _Usage(self.config)
         self._recent_preemptions: deque[float] = deque()
-        self._weights: dict[str, float] = dict(getattr(self.config, "billing", {}) or {})
         self._started = False
-        self._run_has_submit = "submit_time" in RunningJob.__dataclass_fields__
         # A schedule function other than the core may do anything: give it every event.
         self._can_preempt = schedule is not core_schedule or _may_preempt(self.config)
 
@@ -325,10 +319,10 @@ class Simulation:
         if self.exact_limits:
             return max(row.duration_s, 1.0)
         part = self._partition()
-        return getattr(part, "max_time", None)
+        return part.max_time if part is not None else None
 
-    def _partition(self) -> Any:
-        return getattr(self.config, "partitions", {}).get(self.config.default_partition)
+    def _partition(self) -> PartitionConfig | None:
+        return self.config.partitions.get(self.config.default_partition)
 
     def _refusal(self, row: TraceJob, limit: float | None) -> str | None:
         """Why the head would refuse this job at submit (it could never run), or None."""
@@ -337,18 +331,17 @@ class Simulation:
             return "no_such_gpu_type"
         if row.gpus > self._max_gpus[gpu_type]:
             return "too_many_gpus"
-        qos = getattr(self.config, "qos", None)
-        if qos is not None and (row.qos or self.config.default_qos) not in qos:
+        if (row.qos or self.config.default_qos) not in self.config.qos:
             return "no_such_qos"
-        max_time = getattr(self._partition(), "max_time", None)
-        if max_time is not None and (limit is None or limit > max_time):
+        part = self._partition()
+        if part is not None and part.max_time is not None and (limit is None or limit > part.max_time):
             return "over_time_limit"
         return None
 
     def _ensure_account(self, account: str) -> None:
         """Trace accounts the config lacks join as top-level accounts with one share."""
-        accounts = getattr(self.config, "accounts", None)
-        if accounts is None or account in accounts or AccountConfig is None:
+        accounts = self.config.accounts
+        if account in accounts:
             return
         added = AccountConfig(name=account, users=("*",))
         self.config = replace(self.config, accounts={**accounts, account: added})
@@ -362,8 +355,7 @@ class Simulation:
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
             mem_mb=self.config.default_mem_mb, time_limit=job.limit, submit_time=job.submit,
-            gpu_type=None if self.ignore_gpu_type else row.gpu_type,
-            preempt_count=job.preempt_count)
+            gpu_type=gpu_type, preempt_count=job.preempt_count)
 
     def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
         job_id = job.trace.seq
@@ -415,7 +407,7 @@ class Simulation:
             self._wakes.add(w)
             self._push(w, _WAKE)
 
-    def _start(self, s, t: float) -> None:
+    def _start(self, s: Start, t: float) -> None:
         job = self.jobs.get(s.job_id)
         if job is None or s.job_id not in self.pending or s.node not in self._free:
             log.warning("plan starts job %s on %s, which is not possible; skipped", s.job_id, s.node)
@@ -448,19 +440,16 @@ class Simulation:
             job_id=s.job_id, user=job.user, account=job.account, partition=pend.partition,
             qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,
             mem_mb=s.mem_mb, start_time=t, time_limit=job.limit,
-            preempt_count=job.preempt_count, borrowed=s.borrowed, **self._run_extra(job))
+            preempt_count=job.preempt_count, borrowed=s.borrowed, submit_time=job.submit)
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
 
-    def _run_extra(self, job: _Job) -> dict[str, Any]:
-        return {"submit_time": job.submit} if self._run_has_submit else {}
-
     def _weight(self, models: dict[int, str], gpus: set[int]) -> float:
-        if not self._weights or not gpus:
-            return 1.0
-        return sum(self._weights.get(models[i], 1.0) for i in gpus) / len(gpus)
+        """Mean billing weight of these GPUs: a job is billed its share times it."""
+        weight = self.config.billing_weight
+        return sum(weight(models[i]) for i in gpus) / len(gpus) if gpus else 1.0
 
-    def _preempt(self, p, t: float) -> None:
+    def _preempt(self, p: Preemption, t: float) -> None:
         job = self.jobs.get(p.job_id)
         run = self.running.get(p.job_id)
         if job is None or run is None or job.stop_mode is not None:
@@ -475,10 +464,8 @@ class Simulation:
 
 def _may_preempt(config: SchedConfig) -> bool:
     """Whether the policy can preempt at all: some QOS preempts another, or quotas reclaim."""
-    qos = getattr(config, "qos", {}) or {}
-    accounts = getattr(config, "accounts", {}) or {}
-    return (any(getattr(q, "preempt", ()) for q in qos.values())
-            or any(getattr(a, "gpu_quota", None) is not None for a in accounts.values()))
+    return (any(q.preempt for q in config.qos.values())
+            or any(a.gpu_quota is not None for a in config.accounts.values()))
 
 
 def simulate(nodes: tuple[NodeView, ...], jobs: Iterable[TraceJob],
