@@ -81,3 +81,20 @@ async def test_forged_requests_over_real_mqtt_are_dropped(tmp_path, mosquitto): 
 def gpuctl(c: Cluster, socket_path: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuctl.main", "--socket", socket_path, *args], env=c.env,
                           capture_output=True, text=True, cwd=str(c.root), timeout=60)
+
+
+def test_relay_start_errors_are_one_line(tmp_path, mosquitto):  # noqa: F811
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        cases = [
+            (["--socket", c.socket], "is already served (by a gpud head or another relay)"),
+            (["--socket", str(tmp_path / "r.sock"), "--key-file", str(tmp_path / "nokey")], "not found"),
+            (["--socket", str(tmp_path / "r.sock"), "--name", "a/b"], "invalid relay name"),
+        ]
+        for args, message in cases:
+            r = subprocess.run([sys.executable, "-m", "gpud.cli", "relay", "--config", str(c.config), *args],
+                               env=c.env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1, r.stderr
+            lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gpud relay: error:")]
+            assert len(lines) == 1 and message in lines[0], r.stderr
+        assert c.head.poll() is None and c.gpuctl("squeue").returncode == 0   # the head's socket is intact
