@@ -204,6 +204,9 @@ class HeadConfig:
     metrics_listen: str | None = setting(None, listen_address)   # Prometheus /metrics; None: off
     telemetry_resolution: float = setting(60.0, duration(positive=True))  # series bucket (seconds)
     telemetry_retention: float = setting(2 * 86400.0, duration(positive=True))  # series kept (seconds)
+    slurm_compat_env: bool = setting(False, flag, live=True)  # jobs also get SLURM_* variables
+    mail_command: str | None = setting(None, text, live=True)  # sends --mail-type notices; None: no mail
+    cron_tick: float = setting(60.0, duration(positive=True), live=True)  # s per scrontab minute (tests)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from . import syntax
 from .gpu import mig
 from .units import UnitError, parse_duration, parse_size_mb
 
@@ -114,6 +115,17 @@ class JobSpec:
     signal: str | None = None      # signal sent before SIGKILL at preemption / time limit
     hold: bool = False
     comment: str | None = None
+    # Slurm compatibility (see gpud.syntax for the notations)
+    array: str | None = None        # task indices and %limit, e.g. "0-99%10"
+    dependency: str | None = None   # e.g. "afterok:12:13,singleton"
+    begin_time: float | None = None  # epoch seconds: not eligible before
+    deadline: float | None = None   # epoch seconds: cancelled if it cannot end by then
+    open_mode: str | None = None    # "append" or "truncate" (default) for output files
+    mail_type: str | None = None    # e.g. "END,FAIL"
+    mail_user: str | None = None
+    kill_on_invalid_dep: bool = False  # cancel, rather than keep, a never-satisfiable job
+    skip_if_active: bool = False    # do not submit when a job of this name is pending/running
+    test_only: bool = False         # only estimate the start; submit nothing
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -178,15 +190,56 @@ class JobSpec:
                 raise SpecError("time limit must be positive")
         kw["time_limit"] = tl
         kw.update(_gpu_share(d, kw["gpus"]))
-        for key, default in (("requeue", True), ("hold", False)):
+        for key, default in (("requeue", True), ("hold", False), ("kill_on_invalid_dep", False),
+                             ("skip_if_active", False), ("test_only", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
                 raise SpecError(f"{key} must be true or false")
             kw[key] = v
+        kw.update(_slurm_fields(d))
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+MAIL_TYPES = frozenset({"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
+                        "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"})
+
+
+def _slurm_fields(d: dict) -> dict[str, Any]:
+    """Validate the Slurm-compatibility fields (arrays, dependencies, times, mail)."""
+    kw: dict[str, Any] = {}
+    try:
+        array = d.get("array")
+        if array is not None:
+            kw["array"] = syntax.parse_array(array).format()
+        dep = d.get("dependency")
+        if dep is not None:
+            parsed = syntax.parse_dependency(dep)
+            kw["dependency"] = parsed.format() if parsed else None
+    except syntax.SyntaxProblem as e:
+        raise SpecError(str(e)) from None
+    for key in ("begin_time", "deadline"):
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e11):
+            raise SpecError(f"{key} must be a time in epoch seconds, not {v!r}")
+        kw[key] = None if v is None else float(v)
+    mode = d.get("open_mode")
+    if mode is not None and mode not in ("append", "truncate"):
+        raise SpecError(f"open_mode must be append or truncate, not {mode!r}")
+    kw["open_mode"] = mode
+    mail = d.get("mail_type")
+    if mail is not None:
+        words = [w.strip().upper() for w in str(mail).split(",") if w.strip()] if isinstance(mail, str) else None
+        if not words or any(w not in MAIL_TYPES for w in words):
+            raise SpecError(f"invalid mail_type {mail!r}: use {', '.join(sorted(MAIL_TYPES))}")
+        kw["mail_type"] = ",".join(words)
+    user = d.get("mail_user")
+    if user is not None and (not isinstance(user, str) or not user or "\x00" in user or len(user) > 256):
+        raise SpecError(f"invalid mail_user {user!r}")
+    kw["mail_user"] = user
+    return kw
 
 
 def _gpu_share(d: dict, gpus: int) -> dict[str, Any]:

@@ -14,13 +14,36 @@ socket (SO_PEERCRED).
 Operations (args -> result):
 
 ``ping``     {} -> {"cluster": str, "version": str, "uid": int, "user": str, "admin": bool}
-``submit``   {"spec": JobSpec fields} -> {"job_id": int}
+``submit``   {"spec": JobSpec fields} -> {"job_id": int, "warnings": [str], "tasks": int?,
+             "skipped": bool?}   For an array, job_id is the array's id (its first task's).
+             With spec.skip_if_active and a pending or running job of the caller with the
+             same name: that job's id and "skipped": true, nothing inserted.  With
+             spec.test_only: {"test_only": true, "start_time": float|null, "node", "partition",
+             "cpus", "gpus", "reason", "warnings"}, nothing inserted.
 ``jobs``     {"job_ids": [int]?, "users": [str]?, "states": [str]?, "all": bool?,
              "since": float?} -> {"jobs": [JOB]}
              Without ``all`` only pending and active jobs are listed (squeue); with it,
-             finished ones too (sacct).
-``cancel``   {"job_ids": [int]?, "users": [str]?, "signal": str?}
+             finished ones too (sacct).  An array's id in job_ids selects all its tasks.
+``cancel``   {"job_ids": [int]?, "array_tasks": [[int, int]]?, "users": [str]?, "signal": str?}
              -> {"cancelled": [int], "errors": [str]}
+             Naming jobs (here and in the ops below): a job id, or an array's id for all
+             its tasks, in job_ids; one task ``123_4`` as [123, 4] in array_tasks.
+``hold``, ``release``, ``requeue``  {"job_ids"?, "array_tasks"?, "user": bool? (hold only:
+             a user hold even by an admin)} -> {"done": [str], "errors": [str]}
+``update_job`` {"job_ids"?, "array_tasks"?, "changes": {Key: str}} -> {"done", "errors"}
+             Keys as scontrol spells them (case-insensitive): TimeLimit, Nice, Partition,
+             QOS, Account, Dependency, Comment, JobName, StartTime, Deadline,
+             ArrayTaskThrottle.  Owners may only lower limits; root and admins anything.
+``update_node`` {"nodes": "gpu[01-02]", "state": "DRAIN"|"RESUME", "reason": str?}
+             -> {"done", "errors"}   (root and admins only)
+``show``     {"kind": "job", "job_ids"?, "array_tasks"?} -> {"jobs": [JOB + request details]}
+             {"kind": "node", "names": [str]?} -> {"nodes": [NODE + "partitions"]}
+             {"kind": "partition", "names": [str]?} -> {"partitions": [PARTITION]}
+``scrontab_get`` {"user": str?} -> {"text": str, "entries": [{"entry_id", "line", "schedule",
+             "next_run", "last_job_id", "active"}]}
+``scrontab_set`` {"text": str, "entries": [{"line", "schedule", "spec"}], "user": str?}
+             -> {"entries": int}   The entries are the text's, parsed by gpuctl into job
+             specs; the head parses the text again and checks both agree.
 ``nodes``    {} -> {"nodes": [NODE]}
 ``reconfigure`` {} -> {"path": str|null, "restart_needed": [str]}   (root and admins only)
              Re-reads the head's config file, as SIGHUP does; an invalid file is refused
@@ -45,9 +68,14 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       "gpu_util_mean" (% over its sampled GPU-time|null), "gpu_util_max" (%|null),
       "gpu_mem_max_mb" (most memory used on one of its GPUs|null), "energy_j" (null until
       sampled)}  A running job whose GPUs sit idle has reason "GpuIdle".
+      Slurm features: "display_id" ("123" or "<array id>_<task>"), "array_job_id",
+      "array_task_id", "array_throttle", "dependency", "begin_time", "deadline",
+      "hold" ("user"|"admin"|null), "nice", "cron_entry" (null unless scrontab submitted it)
 NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb",
        "gpus_total", "gpus_alloc", "labels", "last_seen",
        "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int]}]}
+PARTITION: {"name", "default", "state", "nodes" (patterns), "node_names", "default_time",
+       "max_time", "priority", "gpus_total", "cpus_total", "jobs_pending", "jobs_running"}
 """
 
 from __future__ import annotations
@@ -61,7 +89,9 @@ MAX_LINE = 16 * 1024 * 1024
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
-                 "report", "seff", "telemetry"})
+                 "report", "seff", "telemetry",
+                 "hold", "release", "requeue", "update_job", "update_node", "show",
+                 "scrontab_get", "scrontab_set"})
 
 
 class ProtocolError(ValueError):

@@ -41,7 +41,10 @@ from .api import RequestError, SocketServer
 from .jobs import final_state, requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
+from .cron import OPS as CRON_OPS
 from .ops_jobs import OPS as JOB_OPS
+from .ops_slurm import OPS as SLURM_OPS
+from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .relay import RelayedRequests
 from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
@@ -67,11 +70,13 @@ class Head:
         self.socket_path = socket_path or cfg.head.socket
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
-            op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS}.items()
+            op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
+                                                 **SLURM_OPS, **CRON_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
-        self.submissions: asyncio.Queue[tuple[JobRecord, asyncio.Future]] = asyncio.Queue()
+        # (the jobs of one submission: one, or an array's tasks; its future)
+        self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
         self.lock = asyncio.Lock()          # one writer of job state at a time
         self._stop_sent: dict[tuple[int, int], float] = {}
         self._usage: dict[tuple[str, str], float] = {}
@@ -80,6 +85,7 @@ class Head:
         self.relayed = RelayedRequests(self)  # gpuctl requests from relays (head/requests)
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
+        self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -101,6 +107,7 @@ class Head:
                     tg.create_task(self._scheduler(), name="scheduler"),
                     tg.create_task(self._liveness(), name="liveness"),
                     tg.create_task(self.telemetry.run(), name="telemetry"),
+                    tg.create_task(self.slurm.run(), name="scrontab"),
                 ]
                 self.ready.set()
                 log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)
@@ -164,16 +171,18 @@ class Head:
                 batch.append(self.submissions.get_nowait())
             try:
                 async with self.lock:
-                    saved = await self.store.insert_jobs([j for j, _ in batch], self.clock())
+                    saved = await self.store.insert_jobs([j for js, _ in batch for j in js], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
                 log.exception("could not record %d submissions", len(batch))
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(RequestError(f"Batch job submission failed: database error: {e}"))
                 continue
-            for (_, fut), job in zip(batch, saved):
+            at = 0
+            for jobs, fut in batch:
                 if not fut.done():
-                    fut.set_result(job)
+                    fut.set_result(saved[at:at + len(jobs)])
+                at += len(jobs)
             self.kick()
 
     # -- scheduler loop -----------------------------------------------------------------------
@@ -198,7 +207,8 @@ class Head:
             started = time.perf_counter()
             now = self.clock()
             recent = tuple(await self.store.recent_preemptions(now - 60))
-            snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent)
+            snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent,
+                                  await self.slurm.before_pass(now))
             plan = run_core(snap, now)
             txn, applied = plan_to_txn(self.store, plan, now)
             await self.store.commit(txn)
@@ -225,6 +235,7 @@ class Head:
             "gpus": [{"index": i, "uuid": u} for i, u in zip(job.gpu_indices, job.gpu_uuids)],
             "cpus": job.cpus, "mem_mb": job.mem_mb, "time_limit": job.time_limit,
             "kill_grace": self.cfg.head.kill_grace, "submit_dir": spec.work_dir, "extra_env": {},
+            **self.slurm.launch_fields(job),
         }
 
     async def _send_launch(self, job: JobRecord) -> None:

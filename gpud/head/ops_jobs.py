@@ -6,14 +6,14 @@ the caller's identity comes from the socket (SO_PEERCRED), never from ``args``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..model import JobSpec, JobState, NodeInfo, SpecError
-from . import admission
+from . import admission, slurm
 from .api import Caller, RequestError
 from .jobs import may_modify
 from .scheduling import UP
@@ -40,6 +40,8 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
     now = head.clock()
+    models = {g.model for n in node_infos(head) for g in n.gpus}
+    spec = replace(spec, gpu_type=slurm.resolve_gpu_type(spec.gpu_type, models))
     try:
         resolved = admission.resolve(spec, caller.user, head.cfg.sched, node_infos(head))
     except admission.Refused as e:
@@ -51,12 +53,8 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
         mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
         reason="Held" if spec.hold else None,
     )
-    fut: asyncio.Future = asyncio.get_running_loop().create_future()
-    await head.submissions.put((job, fut))
-    saved: JobRecord = await fut
-    log.info("job %d submitted by %s (uid %d): %s gpus=%d", saved.job_id, caller.user, caller.uid,
-             saved.name, saved.gpus)
-    return {"job_id": saved.job_id}
+    # arrays, dependencies, --skip-if-active, --test-only; the group commit as before
+    return await slurm.submit(head, caller, job)
 
 
 async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
@@ -71,12 +69,12 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
     if since is not None and not isinstance(since, (int, float)):
         raise RequestError("since must be a number (epoch seconds)")
     if args.get("all"):
-        jobs = await head.store.find_jobs(job_ids=job_ids, states=states, since=since)
+        jobs = await head.store.find_jobs(job_ids=job_ids, states=states, since=since, arrays=True)
     else:
         jobs = sorted(head.store.active.values(), key=lambda j: j.job_id)
-        if job_ids is not None:
+        if job_ids is not None:  # an array's id selects its tasks
             wanted = set(job_ids)
-            jobs = [j for j in jobs if j.job_id in wanted]
+            jobs = [j for j in jobs if j.job_id in wanted or j.array_job_id in wanted]
         if states:
             jobs = [j for j in jobs if j.state.value in states]
     if users:
@@ -87,27 +85,21 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
 
 async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
     job_ids = _int_list(args.get("job_ids"), "job_ids")
+    refs = slurm.parse_refs(args)   # job_ids, and array_tasks for 123_4
     users = _str_list(args.get("users"), "users")
     sig = args.get("signal")
     if sig is not None and (not isinstance(sig, str) or not sig):
         raise RequestError("signal must be a signal name such as TERM or USR1")
-    if job_ids is None and not users:
+    if not refs and not users:
         raise RequestError("no job id or user given")
     cancelled: list[int] = []
     errors: list[str] = []
     async with head.lock:
         targets: list[JobRecord] = []
-        if job_ids is not None:
-            for jid in job_ids:
-                job = head.store.active.get(jid)
-                if job is None:
-                    done = await head.store.find_jobs(job_ids=[jid])
-                    errors.append(f"Kill job error on job id {jid}: "
-                                  + ("Job/step already completing or completed" if done else "Invalid job id specified"))
-                    continue
-                if users and job.user not in users:
-                    continue
-                targets.append(job)
+        if refs:
+            found, missing = await slurm.resolve(head, refs)
+            errors += [f"Kill job error on job id {m.removeprefix('job ')}" for m in missing]
+            targets = [j for j in found if not users or j.user in users]
         else:
             targets = [j for j in head.store.active.values() if j.user in set(users)]
         now = head.clock()

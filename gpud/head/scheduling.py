@@ -36,7 +36,10 @@ def node_info(store: Store, name: str) -> NodeInfo | None:
         return None
 
 
-def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...]) -> Snapshot:
+def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...],
+                   blocked: dict[int, str] | None = None) -> Snapshot:
+    """``blocked``: why pending jobs may not start now (slurm.SlurmSupport.before_pass)."""
+    blocked = blocked or {}
     nodes = []
     for rec in store.nodes.values():
         info = node_info(store, rec.name)
@@ -55,7 +58,7 @@ def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[
                 job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
                 qos=j.qos, gpus=j.gpus, cpus=j.cpus, mem_mb=j.mem_mb, time_limit=j.time_limit,
                 submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
-                preempt_count=j.preempt_count, held=j.spec.hold,
+                preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked.get(j.job_id),
             ))
         elif j.state.active and j.node is not None:
             running.append(RunningJob(

@@ -144,6 +144,38 @@ MIGRATIONS: list[str] = [
     CREATE INDEX node_series_by_time ON node_series(t);
     CREATE INDEX allocations_by_end ON allocations(end_time);
     """,
+    # 3: Slurm compatibility (slurm.py, arrays.py, deps.py, cron.py): array tasks,
+    # dependencies, begin times, holds, and scrontab entries with the last slot each fired
+    """
+    ALTER TABLE jobs ADD COLUMN array_job_id INTEGER;
+    ALTER TABLE jobs ADD COLUMN array_task_id INTEGER;
+    ALTER TABLE jobs ADD COLUMN array_throttle INTEGER;
+    ALTER TABLE jobs ADD COLUMN dependency TEXT;
+    ALTER TABLE jobs ADD COLUMN begin_time REAL;
+    ALTER TABLE jobs ADD COLUMN deadline REAL;
+    ALTER TABLE jobs ADD COLUMN hold_kind TEXT;
+    ALTER TABLE jobs ADD COLUMN cron_entry INTEGER;
+    CREATE INDEX jobs_by_array ON jobs(array_job_id, array_task_id);
+    CREATE TABLE scrontabs (
+        uid     INTEGER PRIMARY KEY,
+        user    TEXT NOT NULL,
+        text    TEXT NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE cron_entries (
+        entry_id    INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid         INTEGER NOT NULL,
+        gid         INTEGER NOT NULL,
+        user        TEXT NOT NULL,
+        line        INTEGER NOT NULL,
+        schedule    TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        last_slot   INTEGER NOT NULL,
+        last_job_id INTEGER,
+        created     REAL NOT NULL
+    );
+    CREATE INDEX cron_entries_by_uid ON cron_entries(uid);
+    """,
 ]
 
 
@@ -186,6 +218,15 @@ class JobRecord:
     gpu_util_max: float | None = None
     gpu_mem_max_mb: int | None = None
     energy_j: float | None = None
+    # Slurm compatibility (gpud/head/slurm.py, arrays.py, deps.py, cron.py)
+    array_job_id: int | None = None   # the array's id (its first task's job id)
+    array_task_id: int | None = None
+    array_throttle: int | None = None  # at most this many tasks of the array run at once
+    dependency: str | None = None     # canonical dependency text; updatable
+    begin_time: float | None = None   # not eligible before (epoch seconds)
+    deadline: float | None = None     # cancelled when it cannot end by then
+    hold_kind: str | None = None      # "user" or "admin" while held
+    cron_entry: int | None = None     # the scrontab entry that submitted it
     # not persisted: scheduler annotations refreshed every pass
     priority: float = 0.0
     expected_start: float | None = None
@@ -208,7 +249,19 @@ class JobRecord:
             "expected_start": self.expected_start, "comment": self.spec.comment,
             "gpu_util_mean": self.gpu_util_mean, "gpu_util_max": self.gpu_util_max,
             "gpu_mem_max_mb": self.gpu_mem_max_mb, "energy_j": self.energy_j,
+            "display_id": self.display_id, "array_job_id": self.array_job_id,
+            "array_task_id": self.array_task_id, "array_throttle": self.array_throttle,
+            "dependency": self.dependency, "begin_time": self.begin_time,
+            "deadline": self.deadline, "hold": self.hold_kind, "nice": self.spec.nice,
+            "cron_entry": self.cron_entry,
         }
+
+    @property
+    def display_id(self) -> str:
+        """``123`` or, for an array task, ``<array id>_<task>`` as squeue shows it."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
 
 
 _PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "expected_start")]
@@ -381,23 +434,42 @@ class Store:
             except Exception:  # an observer must never undo a committed transaction
                 log.exception("commit listener failed")
 
-    async def insert_jobs(self, jobs: list[JobRecord], now: float) -> list[JobRecord]:
-        """Insert new jobs in one transaction; returns them with their ids."""
+    async def insert_jobs(self, jobs: list[JobRecord], now: float, *,
+                          also: Callable[[list[JobRecord]], list[tuple[str, tuple]]] | None = None,
+                          ) -> list[JobRecord]:
+        """Insert new jobs in one transaction; returns them with their ids.
+
+        Array tasks: a negative ``array_job_id`` is a placeholder; every task carrying it gets
+        the job id of the first one inserted (an array's id is its first task's id).
+        ``also(saved)`` returns more statements for the same transaction (scrontab marks the
+        slot it fired together with the job it submitted).
+        """
         assert self.db is not None
         cols = [c for c in _PERSISTED if c != "job_id"]
         sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
         out: list[JobRecord] = []
+        arrays: dict[int, int] = {}
         await self.db.execute("BEGIN IMMEDIATE")
         try:
             for job in jobs:
+                placeholder = job.array_job_id if job.array_job_id is not None and job.array_job_id < 0 else None
+                if placeholder is not None and placeholder in arrays:
+                    job = replace(job, array_job_id=arrays[placeholder])
                 row = _to_row(job)
                 cur = await self.db.execute(sql, tuple(row[c] for c in cols))
                 saved = replace(job, job_id=cur.lastrowid)
+                if placeholder is not None and placeholder not in arrays:
+                    arrays[placeholder] = saved.job_id
+                    saved = replace(saved, array_job_id=saved.job_id)
+                    await self.db.execute("UPDATE jobs SET array_job_id=? WHERE job_id=?",
+                                          (saved.job_id, saved.job_id))
                 await self.db.execute(
                     "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
                     (saved.job_id, now, 0, "submitted", saved.state.value, None),
                 )
                 out.append(saved)
+            for stmt, params in (also(out) if also is not None else ()):
+                await self.db.execute(stmt, params)
             await self.db.execute("COMMIT")
         except BaseException:
             await self.db.execute("ROLLBACK")
@@ -455,14 +527,21 @@ class Store:
 
     async def find_jobs(self, *, job_ids: Iterable[int] | None = None, uids: Iterable[int] | None = None,
                         states: Iterable[str] | None = None, since: float | None = None,
-                        limit: int = 100000) -> list[JobRecord]:
-        """Jobs from the database, finished ones included (sacct)."""
+                        limit: int = 100000, arrays: bool = False) -> list[JobRecord]:
+        """Jobs from the database, finished ones included (sacct).
+
+        ``arrays``: an id in ``job_ids`` that is an array's id also selects all its tasks."""
         assert self.db is not None
         where, params = [], []
         if job_ids is not None:
             ids = list(job_ids)
-            where.append(f"job_id IN ({','.join('?' * len(ids))})")
-            params += ids
+            marks = ','.join('?' * len(ids))
+            if arrays:
+                where.append(f"(job_id IN ({marks}) OR array_job_id IN ({marks}))")
+                params += ids + ids
+            else:
+                where.append(f"job_id IN ({marks})")
+                params += ids
         if uids is not None:
             us = list(uids)
             where.append(f"uid IN ({','.join('?' * len(us))})")

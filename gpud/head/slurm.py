@@ -1,0 +1,395 @@
+"""The head's Slurm-compatibility state and the Slurm side of submission.
+
+Theory of operation
+-------------------
+``SlurmSupport`` is created with the head (``head.slurm``) and owns what these features
+need between requests:
+
+* ``before_pass(now)`` runs under the head's lock before every scheduler pass.  It returns
+  why pending jobs may not start (held, dependency, begin time, array throttle), which
+  ``build_snapshot`` hands to the core as ``blocked_reason``; and it does what Slurm does
+  on its own: cancel a job whose dependency can never be met when it asked for
+  ``--kill-on-invalid-dep=yes``, cancel a pending job that can no longer end before its
+  ``--deadline``, and stop a running job whose time limit was lowered below its run time.
+* ``on_commit`` (a store listener) records the facts of jobs as they end, for
+  dependencies (``deps.DependencyBook``), and sends ``--mail-type`` notices through
+  ``[head] mail_command``.
+* ``launch_fields(job)`` adds array and Slurm-environment facts to launch messages.
+* ``run()`` is the head's task for scrontab (``cron.Cron``).
+
+``submit`` is ``op_submit``'s second half: it checks dependencies and times, answers
+``--test-only`` from a trial pass of the core, expands arrays (``arrays.expand``) into one
+group commit, and makes ``--skip-if-active`` atomic by checking and inserting under the
+head's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..model import JobState
+from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
+from . import arrays, deps
+from .api import Caller, RequestError
+from .cron import Cron
+from .scheduling import build_snapshot, run_core
+from .store import JobRecord, Txn
+
+if TYPE_CHECKING:
+    from .daemon import Head
+
+log = logging.getLogger("gpud.head")
+
+
+HELD_REASONS = {"user": "JobHeldUser", "admin": "JobHeldAdmin"}
+TIME_LIMIT_SLACK = 5.0      # s: the worker enforces the limit it was launched with; the head
+                            # steps in only after this, for limits lowered since the launch
+TRIAL_JOB_ID = 2**62        # the pretend job of --test-only
+MAIL_TIMEOUT = 30.0         # s a mail command may take
+MAX_REFS = 100_000
+
+
+def is_admin(head: "Head", caller: Caller) -> bool:
+    from .ops_jobs import is_admin as admin_check  # one definition of who is an admin
+
+    return admin_check(head, caller)
+
+
+@functools.lru_cache(maxsize=4096)
+def dependency_of(text: str) -> Dependency | None:
+    return parse_dependency(text)
+
+
+def parse_refs(args: dict) -> list[tuple[int, int | None]]:
+    """``job_ids`` and ``array_tasks`` of a request as (id, task or None) pairs."""
+    refs: list[tuple[int, int | None]] = []
+    ids = args.get("job_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            raise RequestError("job_ids must be a list of integers")
+        refs += [(x, None) for x in ids]
+    tasks = args.get("array_tasks")
+    if tasks is not None:
+        if not isinstance(tasks, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+                for p in tasks):
+            raise RequestError("array_tasks must be a list of [array id, task id] pairs")
+        refs += [(a, t) for a, t in tasks]
+    if len(refs) > MAX_REFS:
+        raise RequestError(f"at most {MAX_REFS} job ids per request")
+    return refs
+
+
+def ref_text(job_id: int, task: int | None) -> str:
+    return str(job_id) if task is None else f"{job_id}_{task}"
+
+
+async def resolve(head: "Head", refs: list[tuple[int, int | None]]) -> tuple[list[JobRecord], list[str]]:
+    """Unfinished jobs named by ``refs``, and one error line per name that has none."""
+    index = arrays.ArrayIndex(head.store.active.values())
+    found: dict[int, JobRecord] = {}
+    errors = []
+    for job_id, task in refs:
+        jobs = index.select(job_id, task)
+        if jobs:
+            found.update((j.job_id, j) for j in jobs)
+            continue
+        done = await head.store.find_jobs(job_ids=[job_id], arrays=True)
+        exists = any(task is None or (j.array_job_id == job_id and j.array_task_id == task) for j in done)
+        errors.append(f"job {ref_text(job_id, task)}: "
+                      + ("Job/step already completing or completed" if exists else "Invalid job id specified"))
+    return sorted(found.values(), key=lambda j: j.job_id), errors
+
+
+def parse_or_refuse(text: str) -> Dependency | None:
+    try:
+        return parse_dependency(text)
+    except SyntaxProblem as e:
+        raise RequestError(str(e)) from None
+
+
+async def missing_targets(head: "Head", dep: Dependency | None) -> list[str]:
+    """Targets of ``dep`` that name no job at all (Slurm refuses those at submit)."""
+    if dep is None:
+        return []
+    index = arrays.ArrayIndex(head.store.active.values())
+    wanted = [(t.job_id, t.task) for term in dep.terms for t in term.targets]
+    unknown = [(j, t) for j, t in wanted if not index.select(j, t)]
+    if not unknown:
+        return []
+    rows = await head.store.find_jobs(job_ids=sorted({j for j, _ in unknown}), arrays=True)
+    missing = []
+    for job_id, task in unknown:
+        if not any((task is None and (r.job_id == job_id or r.array_job_id == job_id))
+                   or (r.array_job_id == job_id and r.array_task_id == task) for r in rows):
+            missing.append(ref_text(job_id, task))
+    return missing
+
+
+def resolve_gpu_type(requested: str | None, models: set[str]) -> str:
+    """Slurm's short GPU names to this cluster's models: ``h100`` -> ``H100-80GB`` when that is
+    the one model it can mean; RequestError when it could mean several."""
+    if requested is None or requested in models or not models:
+        return requested  # type: ignore[return-value]
+    low = requested.lower()
+    same = [m for m in models if m.lower() == low]
+    if len(same) == 1:
+        return same[0]
+    prefixed = sorted(m for m in models if m.lower().startswith(low) and m[len(low):][:1] in ("-", "_", " "))
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        raise RequestError(f"Batch job submission failed: GPU type {requested!r} could mean "
+                           f"{', '.join(prefixed)}; name one of them")
+    return requested
+
+
+async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]:
+    """Insert ``job`` (or its array's tasks), honouring the Slurm options of its spec."""
+    spec = job.spec
+    now = job.submit_time
+    warnings = []
+    if spec.deadline is not None and (spec.deadline <= now or (spec.begin_time or 0) >= spec.deadline):
+        raise RequestError("Batch job submission failed: Incompatible begin and deadline time specification "
+                           "(the deadline must lie after now and after --begin)")
+    if spec.dependency:
+        missing = await missing_targets(head, parse_or_refuse(spec.dependency))
+        if missing:
+            raise RequestError(f"Batch job submission failed: Job dependency problem: no job {missing[0]}")
+    if spec.mail_type and not getattr(head.cfg.head, "mail_command", None):
+        warnings.append("--mail-type: this cluster sends no mail (no [head] mail_command); no notifications")
+    hold = "user" if spec.hold else None
+    job = replace(job, dependency=spec.dependency, begin_time=spec.begin_time, deadline=spec.deadline,
+                  hold_kind=hold, reason=HELD_REASONS[hold] if hold else None)
+    if spec.test_only:
+        return await test_only(head, job, warnings)
+    jobs = arrays.expand(job, parse_array(spec.array)) if spec.array else [job]
+    if spec.skip_if_active:
+        async with head.lock:
+            same = [j for j in head.store.active.values() if j.uid == job.uid and j.name == job.name]
+            if same:
+                first = min(same, key=lambda j: j.job_id)
+                return {"job_id": first.array_job_id or first.job_id, "skipped": True,
+                        "display_id": str(first.array_job_id or first.job_id), "warnings": warnings}
+            saved = await head.store.insert_jobs(jobs, now)
+        head.kick()
+    else:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        await head.submissions.put((jobs, fut))
+        saved = await fut
+    first = saved[0]
+    job_id = first.array_job_id if first.array_job_id is not None else first.job_id
+    log.info("job %d submitted by %s (uid %d): %s gpus=%d%s", job_id, caller.user, caller.uid, first.name,
+             first.gpus, f" array of {len(saved)}" if len(saved) > 1 or spec.array else "")
+    return {"job_id": job_id, "tasks": len(saved) if spec.array else 0, "warnings": warnings}
+
+
+async def test_only(head: "Head", job: JobRecord, warnings: list[str]) -> dict[str, Any]:
+    """When and where ``job`` would start if submitted now; nothing is inserted."""
+    from ..sched.snapshot import PendingJob
+
+    trial = replace(job, job_id=TRIAL_JOB_ID, array_job_id=None, array_task_id=None)
+    async with head.lock:
+        now = head.clock()
+        support: SlurmSupport = head.slurm
+        await support.load_targets([trial])
+        blocked = support.blocked_reasons(now, extra=[trial])
+        ledger = getattr(head, "usage", None)   # fair-share usage as of the last pass
+        snap = build_snapshot(head.store, head.cfg.sched, dict(getattr(ledger, "usage", None) or {}), (), blocked)
+        pending = PendingJob(
+            job_id=TRIAL_JOB_ID, user=job.user, account=job.account, partition=job.partition, qos=job.qos,
+            gpus=job.gpus, cpus=job.cpus, mem_mb=job.mem_mb, time_limit=job.time_limit,
+            submit_time=now, gpu_type=job.spec.gpu_type, nice=job.spec.nice, held=job.spec.hold,
+            blocked_reason=blocked.get(TRIAL_JOB_ID))
+        plan = run_core(replace(snap, pending=snap.pending + (pending,)), now)
+    out: dict[str, Any] = {"test_only": True, "partition": job.partition, "cpus": job.cpus, "gpus": job.gpus,
+                           "warnings": warnings, "start_time": None, "node": None,
+                           "reason": plan.reasons.get(TRIAL_JOB_ID)}
+    start = next((s for s in plan.starts if s.job_id == TRIAL_JOB_ID), None)
+    if start is not None:
+        out.update(start_time=now, node=start.node, reason=None)
+    elif TRIAL_JOB_ID in plan.expected_starts:
+        out.update(start_time=plan.expected_starts[TRIAL_JOB_ID], node=plan.reserved_nodes.get(TRIAL_JOB_ID))
+    elif out["reason"] == "BeginTime" and job.begin_time is not None:
+        out.update(start_time=job.begin_time)
+    return out
+
+
+# -- the head's per-process state -------------------------------------------------------------------
+
+class SlurmSupport:
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.book = deps.DependencyBook()
+        self.cron = Cron(head)
+        self._mail_tasks: set[asyncio.Task] = set()
+        head.store.on_commit.append(self.on_commit)
+
+    async def run(self) -> None:
+        """The head's task for these features: scrontab's clock."""
+        await self.cron.run()
+
+    # -- eligibility ----------------------------------------------------------------------------
+    def _lookup(self, index: arrays.ArrayIndex):
+        book = self.book
+
+        def lookup(job_id: int, task: int | None) -> list[deps.JobFacts] | None:
+            live = [_facts(j) for j in index.select(job_id, task)]
+            if task is None and live and all(j.array_job_id is None for j in live):
+                return live  # a plain job that has not ended
+            facts = {f.job_id: f for f in book.ended_targets(job_id, task)}
+            facts.update((f.job_id, f) for f in live)
+            return sorted(facts.values(), key=lambda f: f.job_id) or None
+        return lookup
+
+    def _refs(self, jobs) -> set[int]:
+        refs: set[int] = set()
+        for j in jobs:
+            if j.state is JobState.PENDING and j.dependency:
+                dep = dependency_of(j.dependency)
+                if dep is not None:
+                    refs |= dep.job_ids()
+        return refs
+
+    async def load_targets(self, extra: list[JobRecord] = ()) -> set[int]:
+        """Read from the database what the book lacks about dependency targets."""
+        store = self.head.store
+        refs = self._refs(list(store.active.values()) + list(extra))
+        missing = sorted(r for r in refs if r not in self.book.known
+                         and (r not in store.active or store.active[r].array_job_id is not None))
+        if missing:
+            rows = await store.find_jobs(job_ids=missing, arrays=True)
+            for row in rows:
+                if row.job_id not in store.active:
+                    self.book.record(_facts(row))
+            for r in missing:
+                self.book.known.add(r)
+        return refs
+
+    def blocked_reasons(self, now: float, extra: list[JobRecord] = ()) -> dict[int, str]:
+        """Why each pending job may not start now (absent: it may)."""
+        active = list(self.head.store.active.values()) + list(extra)
+        index = arrays.ArrayIndex(active)
+        lookup = self._lookup(index)
+        singles = self._singleton_blocked(active)
+        out: dict[int, str] = {}
+        for j in active:
+            if j.state is not JobState.PENDING:
+                continue
+            if j.hold_kind or j.spec.hold:
+                out[j.job_id] = HELD_REASONS[j.hold_kind or "user"]
+            elif j.dependency and (verdict := deps.evaluate(dependency_of(j.dependency), lookup, now,
+                                                             j.job_id in singles)) != deps.MET:
+                out[j.job_id] = deps.REASONS[verdict]
+            elif j.begin_time is not None and now < j.begin_time:
+                out[j.job_id] = "BeginTime"
+        for job_id in arrays.throttled(active, out):
+            out[job_id] = arrays.THROTTLE_REASON
+        return out
+
+    def _singleton_blocked(self, active: list[JobRecord]) -> set[int]:
+        keys = {(j.user, j.name) for j in active if j.state is JobState.PENDING and j.dependency
+                and "singleton" in j.dependency}
+        if not keys:
+            return set()
+        return deps.singleton_blocked(deps.Named(j.job_id, j.user, j.name, j.state.active)
+                                      for j in active if (j.user, j.name) in keys)
+
+    async def before_pass(self, now: float) -> dict[int, str]:
+        """Called under the head's lock before each pass: blocked reasons, and Slurm's own moves."""
+        refs = await self.load_targets()
+        blocked = self.blocked_reasons(now)
+        txn = Txn(self.head.store)
+        stops = []
+        for j in list(self.head.store.active.values()):
+            if j.state is JobState.PENDING:
+                if blocked.get(j.job_id) == "DependencyNeverSatisfied" and j.spec.kill_on_invalid_dep:
+                    txn.transition(j, JobState.CANCELLED, now=now, event="cancelled",
+                                   detail="dependency can never be satisfied", end_time=now,
+                                   reason="DependencyNeverSatisfied")
+                elif j.deadline is not None and (now >= j.deadline or (
+                        j.time_limit is not None and now + j.time_limit > j.deadline)):
+                    txn.transition(j, JobState.CANCELLED, now=now, event="cancelled",
+                                   detail="cannot end before its deadline", end_time=now, reason="DeadLine")
+            elif (j.state is JobState.RUNNING and j.time_limit is not None and j.start_time is not None
+                  and j.stop_reason is None and now >= j.start_time + j.time_limit + TIME_LIMIT_SLACK):
+                stops.append(txn.transition(j, JobState.COMPLETING, now=now, event="timeout",
+                                            detail="time limit reached (lowered after launch)",
+                                            stop_reason="timeout", stop_time=now))
+        await self.head.store.commit(txn)
+        for j in stops:
+            await self.head.send_signal(j, "TERM", grace=self.head.cfg.head.kill_grace, reason="timeout")
+        self.book.retain(refs)
+        return {k: v for k, v in blocked.items() if k in self.head.store.active}
+
+    def launch_fields(self, job: JobRecord) -> dict[str, Any]:
+        """Launch-message fields for the job's environment and output files."""
+        cfg = self.head.cfg
+        fields: dict[str, Any] = dict(arrays.task_env_fields(job))
+        fields.update({"open_mode": job.spec.open_mode,
+                       "slurm_compat_env": bool(getattr(cfg.head, "slurm_compat_env", False)),
+                       "partition": job.partition, "account": job.account, "qos": job.qos,
+                       "cluster": cfg.cluster, "restart_count": job.requeue_count})
+        return fields
+
+    # -- commits: dependency facts and mail -----------------------------------------------------
+    def on_commit(self, txn: Txn) -> None:
+        for before, after, event, _now in txn.moves:
+            if after.state.terminal:
+                self.book.record(_facts(after))
+            if after.spec.mail_type and getattr(self.head.cfg.head, "mail_command", None):
+                what = mail_event(before.state, after.state, after.spec.mail_type, after.array_job_id is not None)
+                if what:
+                    self._send_mail(after, what)
+
+    def _send_mail(self, job: JobRecord, what: str) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(self._mail(job, what))
+        except RuntimeError:
+            return
+        self._mail_tasks.add(task)
+        task.add_done_callback(self._mail_tasks.discard)
+
+    async def _mail(self, job: JobRecord, what: str) -> None:
+        command = self.head.cfg.head.mail_command
+        who = job.spec.mail_user or job.user
+        subject = f"gpud Job_id={job.display_id} Name={job.name} {what}"
+        if job.state.terminal:
+            subject += f", {job.state.value}, ExitCode {job.exit_code if job.exit_code is not None else 0}"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                command, "-s", subject, who, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            code = await asyncio.wait_for(proc.wait(), MAIL_TIMEOUT)
+            if code:
+                log.warning("mail command %s exited %d for job %s", command, code, job.display_id)
+        except (OSError, asyncio.TimeoutError) as e:
+            log.warning("could not send mail for job %s with %s: %s", job.display_id, command, e)
+
+
+def mail_event(old: JobState, new: JobState, mail_type: str, is_task: bool) -> str | None:
+    """The notification a move calls for under ``--mail-type`` (None: none)."""
+    kinds = set(mail_type.split(","))
+    if "NONE" in kinds or (is_task and "ARRAY_TASKS" not in kinds and "ALL" not in kinds):
+        return None
+    every = "ALL" in kinds
+    if new is JobState.RUNNING and old is JobState.PENDING and (every or "BEGIN" in kinds):
+        return "Began"
+    if new is JobState.PENDING and old.active and (every or "REQUEUE" in kinds):
+        return "Requeued"
+    if new.terminal:
+        if new is JobState.TIMEOUT and (every or "TIME_LIMIT" in kinds):
+            return "Reached time limit"
+        if new is not JobState.COMPLETED and (every or "FAIL" in kinds):
+            return "Failed"
+        if every or "END" in kinds:
+            return "Ended"
+    return None
+
+
+def _facts(j: JobRecord) -> deps.JobFacts:
+    return deps.JobFacts(j.job_id, j.state.value, j.start_time, j.array_job_id, j.array_task_id)
