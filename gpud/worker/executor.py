@@ -294,6 +294,7 @@ class Executor:
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "USER": user, "LOGNAME": user, "HOME": home,
         })
+        env.update(launch.batch_env(self.node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
         env.update(launch.extra_env)
         stdout = output_path(launch.stdout, launch, self.node)
         stderr = output_path(launch.stderr, launch, self.node) if launch.stderr else stdout
@@ -301,7 +302,7 @@ class Executor:
         spec = {"user": user, "uid": launch.uid, "gid": launch.gid, "groups": groups,
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
-                "env": env}
+                "env": env, "open_mode": launch.open_mode}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())

@@ -66,9 +66,11 @@ def write_atomic(path, text):
     os.rename(tmp, path)
 
 
-def open_output(path):
+def open_output(path, append=False):
+    # --open-mode=append keeps what earlier runs (a requeue, a previous array task) wrote
+    mode = os.O_APPEND if append else os.O_TRUNC
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o666)
     except OSError as e:
         raise SetupError(f"cannot open output file {path}: {e.strerror}") from None
 
@@ -87,8 +89,9 @@ def become_job(spec):
         os.chdir(work_dir)
     except OSError as e:
         raise SetupError(f"cannot change to working directory {work_dir}: {e.strerror}") from None
-    out = open_output(spec["stdout"])
-    err = out if spec["stderr"] == spec["stdout"] else open_output(spec["stderr"])
+    append = spec.get("open_mode") == "append"
+    out = open_output(spec["stdout"], append)
+    err = out if spec["stderr"] == spec["stdout"] else open_output(spec["stderr"], append)
     script = spec["script"]
     try:
         os.close(os.open(script, os.O_RDONLY))

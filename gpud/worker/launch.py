@@ -23,8 +23,9 @@ MAX_ID = 2**63 - 1
 MAX_UID = 2**32 - 2
 DEFAULT_KILL_GRACE = 30.0
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
-_OUTPUT_SPEC = re.compile(r"%(\d?)([%jxuN])")
+_OUTPUT_SPEC = re.compile(r"%(\d?)([%jxuNAastn])")
 DEFAULT_OUTPUT = "gpud-%j.out"
+DEFAULT_ARRAY_OUTPUT = "gpud-%A_%a.out"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,20 @@ class Launch:
     kill_grace: float            # seconds between the stop signal and SIGKILL
     submit_dir: str
     extra_env: dict[str, str] = field(default_factory=dict)  # applied last (MPS, MIG, ...)
+    # job arrays: all None for an ordinary job
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_count: int | None = None
+    array_task_min: int | None = None
+    array_task_max: int | None = None
+    array_task_step: int | None = None
+    open_mode: str | None = None       # "append" or "truncate" (default) for the output files
+    slurm_compat_env: bool = False     # also set Slurm's SLURM_* variables
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    cluster: str | None = None
+    restart_count: int = 0
 
     @classmethod
     def from_body(cls, d: dict) -> "Launch":
@@ -82,6 +97,7 @@ class Launch:
             kill_grace=_seconds(d, "kill_grace", DEFAULT_KILL_GRACE, zero_ok=True),
             submit_dir=_text(d, "submit_dir", work_dir),
             extra_env=_env(d, "extra_env"),
+            **_slurm_fields(d),
         )
 
     def to_body(self) -> dict[str, Any]:
@@ -93,7 +109,43 @@ class Launch:
             "cpus": self.cpus, "mem_mb": self.mem_mb, "time_limit": self.time_limit,
             "kill_grace": self.kill_grace, "submit_dir": self.submit_dir,
             "extra_env": dict(self.extra_env),
+            **{k: getattr(self, k) for k in _SLURM_FIELDS},
         }
+
+    def batch_env(self, node: str) -> dict[str, str]:
+        """GPUD_ARRAY_* for array tasks, and Slurm's SLURM_* names when slurm_compat_env is on."""
+        env: dict[str, str] = {}
+        array = self.array_job_id is not None and self.array_task_id is not None
+        if array:
+            env.update({"GPUD_ARRAY_JOB_ID": str(self.array_job_id), "GPUD_ARRAY_TASK_ID": str(self.array_task_id),
+                        "GPUD_ARRAY_TASK_COUNT": str(self.array_task_count or 1),
+                        "GPUD_ARRAY_TASK_MIN": str(self.array_task_min if self.array_task_min is not None else
+                                                   self.array_task_id),
+                        "GPUD_ARRAY_TASK_MAX": str(self.array_task_max if self.array_task_max is not None else
+                                                   self.array_task_id),
+                        "GPUD_ARRAY_TASK_STEP": str(self.array_task_step or 1)})
+        if not self.slurm_compat_env:
+            return env
+        gpus = ",".join(str(g.index) for g in self.gpus)
+        env.update({
+            "SLURM_JOB_ID": str(self.job_id), "SLURM_JOBID": str(self.job_id), "SLURM_JOB_NAME": self.name,
+            "SLURM_JOB_USER": self.user, "SLURM_JOB_UID": str(self.uid), "SLURM_JOB_GID": str(self.gid),
+            "SLURM_SUBMIT_DIR": self.submit_dir, "SLURM_JOB_NODELIST": node, "SLURM_NODELIST": node,
+            "SLURMD_NODENAME": node, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+            "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1",
+            "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+            "SLURM_CPUS_PER_TASK": str(self.cpus), "SLURM_CPUS_ON_NODE": str(self.cpus),
+            "SLURM_JOB_CPUS_PER_NODE": str(self.cpus), "SLURM_MEM_PER_NODE": str(self.mem_mb),
+            "SLURM_JOB_GPUS": gpus, "SLURM_GPUS_ON_NODE": str(len(self.gpus)),
+            "SLURM_RESTART_COUNT": str(self.restart_count),
+        })
+        for name, value in (("SLURM_JOB_PARTITION", self.partition), ("SLURM_JOB_ACCOUNT", self.account),
+                            ("SLURM_JOB_QOS", self.qos), ("SLURM_CLUSTER_NAME", self.cluster)):
+            if value:
+                env[name] = value
+        if array:
+            env.update({k.replace("GPUD_", "SLURM_"): v for k, v in env.items() if k.startswith("GPUD_ARRAY_")})
+        return env
 
 
 @dataclass(frozen=True)
@@ -130,16 +182,22 @@ class Outcome:
 
 
 def output_path(pattern: str | None, launch: Launch, node: str) -> str:
-    """An output file's absolute path: Slurm's %j %x %u %N %% expanded, relative to work_dir.
+    """An output file's absolute path, relative to work_dir, with Slurm's %-sequences expanded.
 
-    A digit pads the job id with zeros (``%6j``); other %-sequences are kept as written."""
-    values = {"j": str(launch.job_id), "x": launch.name, "u": launch.user, "N": node, "%": "%"}
+    %j job id, %x name, %u user, %N node, %A array id (the job id outside arrays), %a task id
+    (0 outside arrays), %s step (``batch``), %t task and %n node number (0), %% a percent.
+    A digit pads a number with zeros (``%6j``, ``%3a``); other %-sequences stay as written."""
+    array_id = launch.array_job_id if launch.array_job_id is not None else launch.job_id
+    task = launch.array_task_id if launch.array_task_id is not None else 0
+    values = {"j": str(launch.job_id), "x": launch.name, "u": launch.user, "N": node, "%": "%",
+              "A": str(array_id), "a": str(task), "s": "batch", "t": "0", "n": "0"}
 
     def expand(m: re.Match) -> str:
         width, spec = m.groups()
-        return values[spec].zfill(int(width)) if width and spec == "j" else values[spec]
+        return values[spec].zfill(int(width)) if width and spec in "jAatn" else values[spec]
 
-    path = _OUTPUT_SPEC.sub(expand, pattern or DEFAULT_OUTPUT)
+    default = DEFAULT_ARRAY_OUTPUT if launch.array_task_id is not None else DEFAULT_OUTPUT
+    path = _OUTPUT_SPEC.sub(expand, pattern or default)
     return os.path.normpath(os.path.join(launch.work_dir, path))
 
 
@@ -202,6 +260,29 @@ def _env(d: dict, key: str) -> dict[str, str]:
         if not isinstance(k, str) or not _ENV_NAME.match(k) or not isinstance(val, str) or "\x00" in val:
             raise ValueError(f"{key} must map variable names to strings (bad entry {k!r:.40})")
     return dict(v)
+
+
+_SLURM_FIELDS = ("array_job_id", "array_task_id", "array_task_count", "array_task_min", "array_task_max",
+                 "array_task_step", "open_mode", "slurm_compat_env", "partition", "account", "qos", "cluster",
+                 "restart_count")
+
+
+def _slurm_fields(d: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in _SLURM_FIELDS[:6]:
+        out[key] = _int(d, key, 0, MAX_ID, default=None)
+    mode = d.get("open_mode")
+    if mode not in (None, "append", "truncate"):
+        raise ValueError(f"open_mode must be append or truncate, not {mode!r:.40}")
+    out["open_mode"] = mode
+    flag = d.get("slurm_compat_env", False)
+    if not isinstance(flag, bool):
+        raise ValueError("slurm_compat_env must be true or false")
+    out["slurm_compat_env"] = flag
+    for key in ("partition", "account", "qos", "cluster"):
+        out[key] = _text(d, key, None)
+    out["restart_count"] = _int(d, "restart_count", 0, MAX_ID, default=0)
+    return out
 
 
 def _gpus(v: Any) -> tuple[GpuAssignment, ...]:
