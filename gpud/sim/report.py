@@ -197,7 +197,8 @@ def format_text(r: dict[str, Any]) -> str:
         f"{'ACCOUNT':<20} {'GPU-HOURS':>12} {'SHARE':>7} {'SUBMIT':>8} {'STARTED':>8} "
         f"{'DONE':>8} {'MEAN WAIT':>12}",
     ]
-    for name, a in r["accounts"].items():
+    # Biggest users first: with many accounts the top of the table is what matters.
+    for name, a in sorted(r["accounts"].items(), key=lambda kv: (-kv[1]["gpu_seconds"], kv[0])):
         lines.append(
             f"{name[:20]:<20} {a['gpu_seconds'] / 3600:>12.1f} {pct(a['share']):>7} "
             f"{a['jobs_submitted']:>8} {a['jobs_started']:>8} {a['jobs_completed']:>8} "
