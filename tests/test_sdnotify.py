@@ -11,6 +11,7 @@ import socket
 
 import pytest
 
+from gpuctl import Client
 from gpud import sdnotify
 from tests.cluster import Cluster, wait_for
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
@@ -165,3 +166,24 @@ def test_a_head_that_cannot_serve_its_socket_never_says_ready(tmp_path, mosquitt
         assert "already serving" in c.log("head")
         assert "READY=1" not in sd.states()
     sd.close()
+
+
+@pytest.mark.slow
+def test_worker_and_relay_say_ready_once_they_serve(tmp_path, mosquitto):  # noqa: F811
+    worker_sd, relay_sd = FakeSystemd(str(tmp_path / "w.notify")), FakeSystemd(str(tmp_path / "r.notify"))
+    relay_sock = str(tmp_path / "relay.sock")
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        c.env["NOTIFY_SOCKET"] = worker_sd.address
+        c.start_worker("w1", wait=False)
+        c.env["NOTIFY_SOCKET"] = relay_sd.address
+        c.workers["relay"] = c._spawn(["relay", "--socket", relay_sock, "--name", "login"], "relay")
+        del c.env["NOTIFY_SOCKET"]
+        wait_for(lambda: "READY=1" in relay_sd.states(), 30, "READY=1 from the relay")
+        with Client(relay_sock) as client:
+            assert client.ping()["cluster"] == "test"
+        wait_for(lambda: "READY=1" in worker_sd.states(), 30, "READY=1 from the worker")
+        c.stop(c.workers["w1"])
+        assert worker_sd.states()[-2:] == ["STOPPING=1", "STATUS=gpud worker w1: stopping"]
+    worker_sd.close()
+    relay_sd.close()
