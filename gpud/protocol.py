@@ -9,7 +9,9 @@ Request:  ``{"v": 1, "op": "<op>", "args": {...}}``
 Response: ``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "<one line>"}``
 
 The caller's identity is never part of a request: the head reads uid/gid from the
-socket (SO_PEERCRED).
+socket (SO_PEERCRED).  The same socket, served on a login node or a worker by a relay
+(``gpud.relay``), forwards each line unchanged, with the uid/gid its kernel reported in a
+signed message; gpuctl cannot tell the difference.
 
 Operations (args -> result):
 
