@@ -35,7 +35,7 @@ __all__ = ["Client", "HeadUnavailable", "RemoteError", "ProtocolError", "TERMINA
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
 })
-_READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes"})
+_READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes", "show", "scrontab_get", "report", "seff", "telemetry"})
 
 
 class HeadUnavailable(ConnectionError):
@@ -148,8 +148,16 @@ class Client:
         return self.call("ping")
 
     def submit_spec(self, spec: dict[str, Any]) -> int:
-        """Submit a ready JobSpec dict (gpud.model.JobSpec field names); the new job id."""
+        """Submit a ready JobSpec dict (gpud.model.JobSpec field names); the new job id.
+
+        For an array, the array's id; with ``skip_if_active``, the active job's id when the
+        head submitted nothing."""
         return int(self.call("submit", spec=spec)["job_id"])
+
+    def submit_request(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Submit and return the head's whole answer: {"job_id", "warnings", "skipped"?,
+        "tasks"?}, or for ``test_only`` {"start_time", "node", "partition", "reason", ...}."""
+        return self.call("submit", spec=spec)
 
     def submit(self, script: str | None = None, *, wrap: str | None = None,
                args: Iterable[str] = (), **options: Any) -> int:
@@ -202,12 +210,14 @@ class Client:
                 return j
         raise RemoteError(f"invalid job id specified: {job_id}")
 
-    def cancel(self, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
+    def cancel(self, job_ids: Iterable[int | str] | None = None, users: Iterable[str] | None = None,
                signal: str | None = None) -> dict[str, Any]:
-        """{"cancelled": [int], "errors": [str]}: per-job refusals come back in ``errors``."""
+        """{"cancelled": [int], "errors": [str]}: per-job refusals come back in ``errors``.
+
+        Ids may name array tasks (``"123_4"``); an array's id names all of its tasks."""
         args: dict[str, Any] = {}
         if job_ids is not None:
-            args["job_ids"] = [int(j) for j in job_ids]
+            args.update(job_refs(job_ids))
         if users is not None:
             args["users"] = list(users)
         if signal is not None:
@@ -217,6 +227,64 @@ class Client:
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self.call("nodes").get("nodes", []))
+
+    # -- telemetry -------------------------------------------------------------------
+
+    def report(self, since: float | None = None, until: float | None = None,
+               by: str = "account") -> dict[str, Any]:
+        """GPU-hours, billed units, cost, utilization and idle GPU-hours over [since, until)
+        (epoch seconds; default the last 30 days) by account, user, partition or gpu-type:
+        {"rows": [...], "total": {...}, ...} as gpud.protocol describes."""
+        args: dict[str, Any] = {"by": by}
+        if since is not None:
+            args["since"] = float(since)
+        if until is not None:
+            args["until"] = float(until)
+        return self.call("report", **args)
+
+    def seff(self, job_id: int) -> dict[str, Any]:
+        """One job's efficiency numbers (what ``gpuctl seff`` prints)."""
+        return self.call("seff", job_id=int(job_id))
+
+    def telemetry(self) -> dict[str, Any]:
+        """Nodes and GPUs with their latest samples, the queue and running jobs (``gpuctl top``)."""
+        return self.call("telemetry")
+
+    # -- scontrol and scrontab -------------------------------------------------------
+
+    def hold(self, job_ids: Iterable[int | str], user: bool = False) -> dict[str, Any]:
+        """Hold pending jobs: {"done": [str], "errors": [str]}.  ``user``: a user hold even for admins."""
+        return self.call("hold", user=user, **job_refs(job_ids))
+
+    def release(self, job_ids: Iterable[int | str]) -> dict[str, Any]:
+        return self.call("release", **job_refs(job_ids))
+
+    def requeue(self, job_ids: Iterable[int | str]) -> dict[str, Any]:
+        return self.call("requeue", **job_refs(job_ids))
+
+    def update_job(self, job_ids: Iterable[int | str], **changes: str) -> dict[str, Any]:
+        """Slurm's ``scontrol update job``: ``update_job([12], TimeLimit="1:00:00", Nice="10")``."""
+        return self.call("update_job", changes={k: str(v) for k, v in changes.items()}, **job_refs(job_ids))
+
+    def update_node(self, nodes: str, state: str, reason: str | None = None) -> dict[str, Any]:
+        """Drain (``state="DRAIN"``, with a reason) or resume nodes; ``nodes`` may be ``gpu[01-04]``."""
+        return self.call("update_node", nodes=nodes, state=state, reason=reason)
+
+    def show(self, kind: str, ids: Iterable[int | str] | None = None,
+             names: Iterable[str] | None = None) -> dict[str, Any]:
+        """``kind`` job (by ``ids``), node or partition (by ``names``); all when none are given."""
+        args: dict[str, Any] = {"kind": kind}
+        if ids:
+            args.update(job_refs(ids))
+        if names:
+            args["names"] = list(names)
+        return self.call("show", **args)
+
+    def scrontab_get(self, user: str | None = None) -> dict[str, Any]:
+        return self.call("scrontab_get", **({"user": user} if user else {}))
+
+    def scrontab_set(self, text: str, entries: list[dict[str, Any]], user: str | None = None) -> dict[str, Any]:
+        return self.call("scrontab_set", text=text, entries=entries, **({"user": user} if user else {}))
 
     def wait(self, job_id: int, timeout: float | None = None, poll: float = 0.2) -> dict[str, Any]:
         """Poll until the job is in a terminal state; its final record.  TimeoutError past ``timeout``."""
@@ -228,6 +296,30 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout:g}s")
             time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+
+
+def job_refs(ids: Iterable[int | str]) -> dict[str, list]:
+    """``[12, "13_4"]`` -> {"job_ids": [12], "array_tasks": [[13, 4]]} (gpud.protocol's naming)."""
+    from gpud.syntax import SyntaxProblem, parse_job_ref
+
+    job_ids: list[int] = []
+    tasks: list[list[int]] = []
+    for i in ids:
+        if isinstance(i, int) and not isinstance(i, bool):
+            job_ids.append(i)
+            continue
+        try:
+            job_id, task = parse_job_ref(str(i))
+        except SyntaxProblem as e:
+            raise ValueError(str(e)) from None
+        if task is None:
+            job_ids.append(job_id)
+        else:
+            tasks.append([job_id, task])
+    out: dict[str, list] = {"job_ids": job_ids}
+    if tasks:
+        out["array_tasks"] = tasks
+    return out
 
 
 def _reason(e: OSError) -> str:

@@ -34,6 +34,8 @@ VERBS = {
     "scancel": "Cancel or signal jobs.",
     "sinfo": "Show nodes and their GPUs.",
     "sacct": "Show finished and running jobs (accounting).",
+    "scontrol": "Show or change jobs, nodes and partitions (hold, release, update, ...).",
+    "scrontab": "Install, list or edit recurring batch jobs.",
     "seff": "Show one job's CPU, memory and GPU efficiency.",
     "report": "Report GPU-hours, cost and utilization by account, user, partition or GPU type.",
     "top": "Watch nodes and GPUs live: utilization and who holds each GPU.",

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-``OPTIONS`` is the one table of sbatch options.  Each entry names the option's spellings,
+``OPTIONS`` is the one table of sbatch options, with Slurm's names, short forms and
+meanings.  Each entry names the option's spellings,
 its metavar (None for a flag) and a converter from the text a user wrote to spec
 settings (``{"gpus": 2, "gpu_type": "a100"}``).  Everything else reads the table:
 
@@ -15,10 +16,18 @@ settings (``{"gpus": 2, "gpu_type": "a100"}``).  Everything else reads the table
   ``-x V``.  ``#GPUD`` lines win over ``#SBATCH`` lines wherever they stand, so one
   script can carry settings for both schedulers.
 
+Slurm options gpud does not support (``gpuctl.unsupported``) are dropped with a warning
+naming them (``Directives.warnings``; an error under ``--strict``); an option nobody knows
+is an error.  Multi-node requests (``-N 2``, ``--ntasks=4``) are refused: every job runs
+one batch script on one node.
+
 Precedence, lowest first: defaults, ``#SBATCH``, ``#GPUD``, the command line (or the
-Python API's keyword options).  ``build_spec`` then fills the defaults (job name,
-working directory, environment), makes paths absolute, encodes script arguments as a
-``set --`` line after the directives, and returns a dict with JobSpec's field names.
+Python API's keyword options).  Options that say the same thing another way replace each
+other across layers (``--mem``, ``--mem-per-gpu``, ``--mem-per-cpu``; ``--cpus-per-task``,
+``--cpus-per-gpu``).  ``build_spec`` then resolves per-GPU and per-CPU amounts, builds the
+environment ``--export`` asks for, fills the defaults (job name, working directory), makes
+paths absolute, encodes script arguments as a ``set --`` line after the directives, and
+returns a dict with JobSpec's field names.
 
 Adding an option is one table entry, its line in man/gpuctl-sbatch.1 (a test checks
 that), and, when it sets a new JobSpec field, that field's name in ``_API_KEYS``.
@@ -29,13 +38,21 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpud.units import UnitError, parse_duration, parse_size_mb
 
-# Settings that are not JobSpec fields: they change what sbatch does, not the job.
-CLIENT_SETTINGS = frozenset({"parsable", "wrap"})
+from . import unsupported
+
+# Settings that are not JobSpec fields: they change what sbatch does, not the job, or are
+# resolved into other fields by build_spec.
+CLIENT_SETTINGS = frozenset({"parsable", "wrap", "wait", "strict", "quiet", "export", "cpus_per_gpu",
+                             "mem_per_gpu", "mem_per_cpu"})
+# Options that say the same thing in different ways: a later layer's one replaces them all.
+EXCLUSIVE = (frozenset({"mem_mb", "mem_per_gpu", "mem_per_cpu"}), frozenset({"cpus", "cpus_per_gpu"}))
+clock = time.time  # --begin/--deadline read it; replaceable in tests
 DIRECTIVE_PREFIXES = ("#GPUD", "#SBATCH")
 _SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh", "ash", "mksh", "busybox"})
 
@@ -94,25 +111,145 @@ def _flag(settings: dict[str, Any]) -> Converter:
     return lambda _text: dict(settings)
 
 
-def _gpus(text: str) -> dict[str, Any]:
-    # Slurm spells a typed request --gpus=TYPE:N; accept it besides a bare count.
-    gpu_type, sep, count = text.strip().rpartition(":")
-    out = _int("gpus", "--gpus", 0, 4096)(count)
-    if sep:
-        if not gpu_type:
-            raise ScriptError(f"--gpus needs N or TYPE:N, not {text!r}")
-        out["gpu_type"] = gpu_type
+def _gpu_count(option: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        # Slurm spells a typed request --gpus=TYPE:N; accept it besides a bare count.
+        gpu_type, sep, count = text.strip().rpartition(":")
+        out = _int("gpus", option, 0, 4096)(count)
+        if sep:
+            if not gpu_type or ":" in gpu_type:
+                raise ScriptError(f"{option} needs N or TYPE:N, not {text!r}")
+            out["gpu_type"] = gpu_type
+        return out
+    return convert
+
+
+_gpus = _gpu_count("--gpus")
+
+
+def _gres(text: str) -> dict[str, Any]:
+    """``gpu``, ``gpu:2``, ``gpu:h100:2`` (comma-separated; only GPUs exist here)."""
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        name = parts[0].removeprefix("gres/")
+        if name != "gpu":
+            raise ScriptError(f"--gres={item.strip()}: gpud schedules GPUs only; use gpu[:TYPE][:COUNT]")
+        if len(parts) > 3 or (len(parts) == 3 and not parts[1]):
+            raise ScriptError(f"--gres={item.strip()}: use gpu[:TYPE][:COUNT]")
+        count = parts[-1] if len(parts) > 1 and parts[-1].isdigit() else "1"
+        typ = parts[1] if len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit()) else None
+        out.update(_int("gpus", "--gres", 0, 4096)(count))
+        if typ:
+            out["gpu_type"] = typ
     return out
 
 
-def _mem(text: str) -> dict[str, Any]:
+def _size(key: str, option: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        try:
+            mb = parse_size_mb(text)
+        except UnitError as e:
+            raise ScriptError(f"{option}: {e}") from None
+        if mb <= 0:
+            raise ScriptError(f"{option} must be positive (a node's whole memory, {option}=0, "
+                              "cannot be asked for)")
+        return {key: mb}
+    return convert
+
+
+_mem = _size("mem_mb", "--mem")
+
+
+def _single(option: str, what: str) -> Converter:
+    """``--ntasks``, ``--nodes``: only one task on one node exists here."""
+    def convert(text: str) -> dict[str, Any]:
+        t = text.strip()
+        low, _, high = t.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ScriptError(f"{option} needs a number, not {text!r}")
+        if int(low) != 1 or (high and int(high) != 1):
+            raise ScriptError(f"{option}={t}: {what}")
+        return {}
+    return convert
+
+
+_MULTI_NODE = "multi-node jobs are not supported yet: every job runs on one node (use -N 1)"
+_ONE_TASK = ("gpud runs one task per job (the batch script): use --ntasks=1 and give the task "
+             "more CPUs with --cpus-per-task")
+
+
+def _array(text: str) -> dict[str, Any]:
+    from gpud.syntax import SyntaxProblem, parse_array  # only when used: gpuctl starts on every call
+
     try:
-        mb = parse_size_mb(text)
-    except UnitError as e:
-        raise ScriptError(f"--mem: {e}") from None
-    if mb <= 0:
-        raise ScriptError("--mem must be positive")
-    return {"mem_mb": mb}
+        return {"array": parse_array(text).format()}
+    except SyntaxProblem as e:
+        raise ScriptError(str(e)) from None
+
+
+def _dependency(text: str) -> dict[str, Any]:
+    from gpud.syntax import SyntaxProblem, parse_dependency
+
+    try:
+        dep = parse_dependency(text)
+    except SyntaxProblem as e:
+        raise ScriptError(str(e)) from None
+    return {"dependency": dep.format() if dep else None}
+
+
+def _when(key: str, option: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        from gpud.syntax import SyntaxProblem, parse_time
+
+        try:
+            return {key: parse_time(text, clock())}
+        except SyntaxProblem as e:
+            raise ScriptError(f"{option}: {e}") from None
+    return convert
+
+
+def _yes_no(key: str, option: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        t = text.strip().lower()
+        if t not in ("yes", "no"):
+            raise ScriptError(f"{option} takes yes or no, not {text!r}")
+        return {key: t == "yes"}
+    return convert
+
+
+def _choice(key: str, option: str, *choices: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        t = text.strip().lower()
+        if t not in choices:
+            raise ScriptError(f"{option} takes {' or '.join(choices)}, not {text!r}")
+        return {key: t}
+    return convert
+
+
+_MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "TIME_LIMIT",
+               "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+
+
+def _mail_type(text: str) -> dict[str, Any]:
+    words = [w.strip().upper() for w in text.split(",") if w.strip()]
+    bad = [w for w in words if w not in _MAIL_TYPES]
+    if not words or bad:
+        raise ScriptError(f"--mail-type: unknown type {(bad or [text])[0]!r}; use {', '.join(_MAIL_TYPES)}")
+    return {"mail_type": ",".join(words)}
+
+
+def _export(text: str) -> dict[str, Any]:
+    items = [w.strip() for w in text.split(",") if w.strip()]
+    for w in items:
+        name = w.split("=", 1)[0]
+        if w.upper() not in ("ALL", "NONE") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ScriptError(f"--export: {w!r} is not ALL, NONE, NAME or NAME=VALUE")
+    if not items:
+        raise ScriptError("--export needs ALL, NONE, or a list of NAME[=VALUE]")
+    if any(w.upper() == "NONE" for w in items) and len(items) > 1:
+        raise ScriptError("--export=NONE cannot be combined with other names")
+    return {"export": text}
 
 
 def _time(text: str) -> dict[str, Any]:
@@ -134,7 +271,12 @@ def _name(text: str) -> dict[str, Any]:
 
 
 def _signal(text: str) -> dict[str, Any]:
-    return {"signal": normalize_signal(text, "--signal")}
+    # Slurm's [{R|B}:]SIG[@TIME]: gpud signals the whole job kill_grace before the kill.
+    t = text.strip()
+    if len(t) > 2 and t[1] == ":" and t[0].upper() in "RB":
+        t = t[2:]
+    t = t.split("@", 1)[0]
+    return {"signal": normalize_signal(t, "--signal")}
 
 
 def normalize_signal(text: str, option: str = "--signal") -> str:
@@ -150,10 +292,19 @@ def normalize_signal(text: str, option: str = "--signal") -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--gpus", None, "N", _gpus, "GPUs for the job: a count, or TYPE:COUNT."),
+    Option("--gpus", "-G", "[TYPE:]N", _gpus, "GPUs for the job: a count, or TYPE:COUNT."),
+    Option("--gres", None, "gpu[:TYPE][:N]", _gres, "GPUs, Slurm's generic-resource way."),
+    Option("--gpus-per-node", None, "[TYPE:]N", _gpu_count("--gpus-per-node"), "Same as --gpus (one node)."),
+    Option("--gpus-per-task", None, "[TYPE:]N", _gpu_count("--gpus-per-task"), "Same as --gpus (one task)."),
     Option("--gpu-type", None, "TYPE", _text("gpu_type", "--gpu-type"), "Only GPUs of this model."),
     Option("--cpus-per-task", "-c", "N", _int("cpus", "--cpus-per-task", 1, 100000), "CPU cores."),
+    Option("--cpus-per-gpu", None, "N", _int("cpus_per_gpu", "--cpus-per-gpu", 1, 100000), "CPU cores per GPU."),
     Option("--mem", None, "SIZE", _mem, "Memory: megabytes, or a K/M/G/T suffix."),
+    Option("--mem-per-gpu", None, "SIZE", _size("mem_per_gpu", "--mem-per-gpu"), "Memory per GPU."),
+    Option("--mem-per-cpu", None, "SIZE", _size("mem_per_cpu", "--mem-per-cpu"), "Memory per CPU core."),
+    Option("--ntasks", "-n", "1", _single("--ntasks", _ONE_TASK), "Tasks: only 1."),
+    Option("--ntasks-per-node", None, "1", _single("--ntasks-per-node", _ONE_TASK), "Tasks per node: only 1."),
+    Option("--nodes", "-N", "1", _single("--nodes", _MULTI_NODE), "Nodes: only 1."),
     Option("--time", "-t", "TIME", _time, "Time limit: MIN, [D-]HH:MM:SS, UNLIMITED."),
     Option("--job-name", "-J", "NAME", _name, "Job name (default: the script's file name)."),
     Option("--output", "-o", "PATTERN", _text("stdout", "--output"), "Standard output file."),
@@ -168,7 +319,24 @@ OPTIONS: tuple[Option, ...] = (
            negation="--no-requeue", negated={"requeue": False}),
     Option("--hold", "-H", None, _flag({"hold": True}), "Submit held; release it later."),
     Option("--comment", None, "TEXT", _text("comment", "--comment"), "A note kept with the job."),
+    Option("--array", "-a", "INDICES", _array, "A job array: 0-99, 1,3,5-9:2, 0-99%10."),
+    Option("--dependency", "-d", "LIST", _dependency, "Start after other jobs: afterok:ID[:ID], ...."),
+    Option("--kill-on-invalid-dep", None, "yes|no", _yes_no("kill_on_invalid_dep", "--kill-on-invalid-dep"),
+           "Cancel the job if its dependency can never be met."),
+    Option("--begin", "-b", "TIME", _when("begin_time", "--begin"), "Not before TIME (now+1hour, 16:00, ...)."),
+    Option("--deadline", None, "TIME", _when("deadline", "--deadline"), "Cancel if it cannot end by TIME."),
+    Option("--open-mode", None, "append|truncate", _choice("open_mode", "--open-mode", "append", "truncate"),
+           "Append to or truncate the output files."),
+    Option("--export", None, "ALL|NONE|VARS", _export, "The job's environment: ALL, NONE, or NAME[=VALUE],..."),
+    Option("--mail-type", None, "TYPES", _mail_type, "Mail on BEGIN, END, FAIL, ... (if the cluster mails)."),
+    Option("--mail-user", None, "ADDRESS", _text("mail_user", "--mail-user"), "Whom to mail (default: you)."),
     Option("--parsable", None, None, _flag({"parsable": True}), "Print only the job id."),
+    Option("--wait", "-W", None, _flag({"wait": True}), "Wait for the job to end; exit with its exit code."),
+    Option("--test-only", None, None, _flag({"test_only": True}), "Say when and where it would start; submit nothing."),
+    Option("--skip-if-active", None, None, _flag({"skip_if_active": True}),
+           "Submit nothing if a job of mine with this name is pending or running."),
+    Option("--strict", None, None, _flag({"strict": True}), "Refuse Slurm options gpud ignores."),
+    Option("--quiet", "-Q", None, _flag({"quiet": True}), "No warnings."),
     Option("--wrap", None, "CMD", _text("wrap", "--wrap"), "Run CMD in a generated /bin/bash script.",
            directive=False),
 )
@@ -180,6 +348,17 @@ for _o in OPTIONS:
         _BY_NAME[_o.short] = (_o, False)
     if _o.negation:
         _BY_NAME[_o.negation] = (_o, True)
+
+
+def merge(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    """``upper``'s settings over ``lower``'s; one of a group of EXCLUSIVE keys replaces all."""
+    out = dict(lower)
+    for group in EXCLUSIVE:
+        if group & upper.keys():
+            for key in group:
+                out.pop(key, None)
+    out.update(upper)
+    return out
 
 
 def convert(option: Option, value: str | bool, negated: bool = False) -> dict[str, Any]:
@@ -195,12 +374,14 @@ def convert(option: Option, value: str | bool, negated: bool = False) -> dict[st
 class Directives:
     settings: dict[str, Any]
     body_line: int   # index of the first command line: where `set --` goes
+    warnings: list[str] = field(default_factory=list)   # Slurm options gpud ignores
 
 
 def parse_directives(text: str) -> Directives:
     """Settings from the script's directive block; ScriptError naming the line."""
     lines = text.split("\n")
     found: dict[str, dict[str, Any]] = {p: {} for p in DIRECTIVE_PREFIXES}
+    warnings: list[str] = []
     body = len(lines)
     for i, raw in enumerate(lines):
         line = raw.strip()
@@ -213,19 +394,22 @@ def parse_directives(text: str) -> Directives:
             rest = line[len(prefix):]
             if line.startswith(prefix) and (not rest or rest[0].isspace()):
                 try:
-                    found[prefix].update(_parse_directive_line(rest))
+                    settings, ignored = _parse_directive_line(rest)
                 except ScriptError as e:
                     raise ScriptError(f"line {i + 1}: {prefix} {e}") from None
-    settings = {**found["#SBATCH"], **found["#GPUD"]}
-    return Directives(settings, body)
+                found[prefix] = merge(found[prefix], settings)
+                warnings += [f"line {i + 1}: {w}" for w in ignored]
+    settings = merge(found["#SBATCH"], found["#GPUD"])
+    return Directives(settings, body, warnings)
 
 
-def _parse_directive_line(rest: str) -> dict[str, Any]:
+def _parse_directive_line(rest: str) -> tuple[dict[str, Any], list[str]]:
     try:
         words = shlex.split(rest, comments=True)
     except ValueError as e:
         raise ScriptError(f"cannot split: {e}") from None
     out: dict[str, Any] = {}
+    ignored: list[str] = []
     while words:
         word = words.pop(0)
         name, value = word, None
@@ -234,6 +418,17 @@ def _parse_directive_line(rest: str) -> dict[str, Any]:
         elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
             name, value = word[:2], word[2:]
         entry = _BY_NAME.get(name)
+        long = unsupported.lookup(name) if entry is None and word.startswith("-") else None
+        if long is not None:
+            arity = unsupported.takes_value(long)
+            if arity == "value" and value is None:
+                if not words:
+                    raise ScriptError(f"{name} needs a value")
+                words.pop(0)
+            elif arity == "flag" and value is not None:
+                raise ScriptError(f"{name} takes no value")
+            ignored.append(unsupported.warning(long))
+            continue
         if entry is None or not word.startswith("-"):
             raise ScriptError(f"unrecognized option {word!r}")
         option, negated = entry
@@ -242,14 +437,14 @@ def _parse_directive_line(rest: str) -> dict[str, Any]:
         if option.is_flag:
             if value is not None:
                 raise ScriptError(f"{name} takes no value")
-            out.update(convert(option, True, negated))
+            out = merge(out, convert(option, True, negated))
             continue
         if value is None:
             if not words:
                 raise ScriptError(f"{name} needs a value")
             value = words.pop(0)
-        out.update(convert(option, value))
-    return out
+        out = merge(out, convert(option, value))
+    return out, ignored
 
 
 # -- the spec ---------------------------------------------------------------------
@@ -294,20 +489,26 @@ def _interpreter(text: str) -> str:
 
 def build_spec(text: str, cli: dict[str, Any], *, default_name: str, args: list[str] | None = None,
                cwd: str | None = None, env: dict[str, str] | None = None,
-               directives: bool = True) -> dict[str, Any]:
-    """The JobSpec dict for ``text`` with ``cli`` settings over its directives."""
-    parsed = parse_directives(text) if directives else Directives({}, len(text.split("\n")))
-    settings = {**parsed.settings, **cli}
+               directives: bool | Directives = True) -> dict[str, Any]:
+    """The JobSpec dict for ``text`` with ``cli`` settings over its directives.
+
+    ``directives``: False to ignore them (``--wrap``), or an already parsed ``Directives``."""
+    if isinstance(directives, Directives):
+        parsed = directives
+    else:
+        parsed = parse_directives(text) if directives else Directives({}, len(text.split("\n")))
+    settings = resolve_amounts(merge(parsed.settings, cli))
     if settings.get("env") is not None:
         env = settings["env"]
     settings.pop("env", None)
+    env = export_env(settings.pop("export", None), os.environ if env is None else env)
     cwd = cwd or os.getcwd()
     work_dir = os.path.normpath(os.path.join(cwd, settings.pop("work_dir", None) or "."))
     spec: dict[str, Any] = {
         "script": add_arguments(text, list(args or ()), parsed.body_line),
         "name": settings.pop("name", None) or _safe_name(default_name),
         "work_dir": work_dir,
-        "env": exportable_env(os.environ if env is None else env),
+        "env": exportable_env(env),
     }
     for key in ("stdout", "stderr"):
         if settings.get(key):
@@ -316,6 +517,40 @@ def build_spec(text: str, cli: dict[str, Any], *, default_name: str, args: list[
         if key not in CLIENT_SETTINGS and value is not None:
             spec[key] = value
     return spec
+
+
+def resolve_amounts(settings: dict[str, Any]) -> dict[str, Any]:
+    """--cpus-per-gpu, --mem-per-gpu and --mem-per-cpu as the job's totals."""
+    out = dict(settings)
+    gpus = int(out.get("gpus") or 0)
+    for key, option, target, per in (("cpus_per_gpu", "--cpus-per-gpu", "cpus", gpus),
+                                     ("mem_per_gpu", "--mem-per-gpu", "mem_mb", gpus),
+                                     ("mem_per_cpu", "--mem-per-cpu", "mem_mb", int(out.get("cpus") or 1))):
+        amount = out.pop(key, None)
+        if amount is None:
+            continue
+        if not per:
+            raise ScriptError(f"{option} needs GPUs: add --gpus N or --gres=gpu:N")
+        out[target] = amount * per
+    return out
+
+
+def export_env(export: str | None, env: Any) -> dict[str, str]:
+    """The job's environment for ``--export`` (ALL by default), from the submitting one."""
+    if export is None:
+        return dict(env)
+    items = [w.strip() for w in export.split(",") if w.strip()]
+    upper = [w.upper() for w in items]
+    out: dict[str, str] = dict(env) if "ALL" in upper else {}
+    for w in items:
+        if w.upper() in ("ALL", "NONE"):
+            continue
+        name, eq, value = w.partition("=")
+        if eq:
+            out[name] = value
+        elif name in env:
+            out[name] = env[name]
+    return out
 
 
 def _safe_name(name: str) -> str:
@@ -340,7 +575,12 @@ def exportable_env(env: Any) -> dict[str, str]:
 _API_KEYS = frozenset({
     "name", "work_dir", "stdout", "stderr", "env", "gpus", "gpu_type", "cpus", "mem_mb",
     "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "hold", "comment",
+    "array", "dependency", "begin_time", "deadline", "open_mode", "mail_type", "mail_user",
+    "kill_on_invalid_dep", "skip_if_active",
 })
+# Keyword options given as text that go through sbatch's converters.
+_API_TEXT = {"array": _array, "dependency": _dependency, "begin_time": _when("begin_time", "begin_time"),
+             "deadline": _when("deadline", "deadline"), "mail_type": _mail_type}
 
 
 def api_settings(options: dict[str, Any]) -> dict[str, Any]:
@@ -360,6 +600,8 @@ def api_settings(options: dict[str, Any]) -> dict[str, Any]:
             out["signal"] = normalize_signal(str(value))
         elif key == "name":
             out.update(_name(value))
+        elif key in _API_TEXT and isinstance(value, str):
+            out.update(_API_TEXT[key](value))
         elif key == "env":
             if not isinstance(value, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) for k, v in value.items()):

@@ -66,3 +66,40 @@ def job_ids(values: Any, option: str) -> list[int]:
             raise click.UsageError(f"invalid job id {word!r} for {option}: use positive numbers like 42")
         out.append(int(word))
     return out
+
+
+def job_refs(values: Any, option: str) -> list[int | str]:
+    """Job ids as Slurm writes them: ``42``, ``42_7`` (one array task), ``42_[1-3,7]``."""
+    from gpud.syntax import SyntaxProblem, parse_array, parse_job_ref
+
+    out: list[int | str] = []
+    for word in (w.strip() for w in _bracket_safe(values)):
+        try:
+            if word.endswith("]") and "_[" in word:
+                base, _, tasks = word[:-1].partition("_[")
+                job_id, _ = parse_job_ref(base)
+                out += [f"{job_id}_{t}" for t in parse_array(tasks).tasks]
+                continue
+            job_id, task = parse_job_ref(word)
+        except SyntaxProblem:
+            raise click.UsageError(f"invalid job id {word!r} for {option}: use numbers like 42, "
+                                   "42_7 for an array task or 42_[1-3] for several") from None
+        out.append(job_id if task is None else f"{job_id}_{task}")
+    return out
+
+
+def _bracket_safe(values: Any) -> list[str]:
+    """Split on commas outside brackets: ``1_[1,2],3`` -> ``1_[1,2]``, ``3``."""
+    out = []
+    for item in values:
+        depth, cur = 0, ""
+        for ch in item:
+            depth += ch == "["
+            depth -= ch == "]"
+            if ch == "," and depth == 0:
+                out.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        out.append(cur)
+    return [v for v in out if v.strip()]

@@ -12,8 +12,10 @@ import time
 
 import click
 
+from .. import columns as cols
 from .. import format as fmt
-from .common import job_ids, session, split_list
+from .common import job_refs, session, split_list
+from .squeue import select_refs
 
 _UNITS = {
     "": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
@@ -65,37 +67,92 @@ def parse_start_time(text: str, now: float) -> float:
     raise ValueError(f"invalid start time {text!r}: use {_START_FORMATS}")
 
 
+_SACCT_STATES = {**{code: name for name, code in fmt.STATE_CODES.items()}, **{n: n for n in fmt.STATE_CODES},
+                 "CANCELED": "CANCELLED"}
+
+
+def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
+    words = [w.upper() for w in split_list(values)]
+    bad = [w for w in words if w not in _SACCT_STATES]
+    if bad:
+        raise click.UsageError(f"invalid state {bad[0]!r}: use names or codes like COMPLETED, CD, FAILED, F, "
+                               "CANCELLED, CA, TIMEOUT, TO")
+    return sorted({_SACCT_STATES[w] for w in words}) or None
+
+
 @click.command("sacct")
-@click.option("-j", "--jobs", "jobs", metavar="ID[,ID...]", multiple=True, help="Only these jobs.")
+@click.option("-j", "--jobs", "jobs", metavar="ID[,ID...]", multiple=True,
+              help="Only these jobs (42, 42_7, 42_[1-3]).")
 @click.option("-u", "--user", "users", metavar="USER[,USER...]", multiple=True,
               help="Jobs of these users instead of mine.")
 @click.option("-a", "--allusers", is_flag=True, help="Jobs of all users.")
 @click.option("-S", "--starttime", metavar="TIME",
               help="Jobs since TIME (default: midnight; with -j: any time).")
+@click.option("-E", "--endtime", metavar="TIME", help="Jobs submitted before TIME (default: now).")
+@click.option("-s", "--state", "states", metavar="STATE[,STATE...]", multiple=True,
+              help="Only jobs now in these states (names or codes).")
+@click.option("-o", "--format", "format_", metavar="FIELDS", help="Columns, e.g. JobID,JobName%30,State,Elapsed.")
+@click.option("-l", "--long", "long_", is_flag=True, help="Many columns.")
+@click.option("-b", "--brief", is_flag=True, help="JobID, State and ExitCode only.")
+@click.option("-X", "--allocations", is_flag=True, help="Jobs only, no steps (gpud jobs have no steps).")
+@click.option("-P", "--parsable2", is_flag=True, help="Fields separated by '|', nothing cut.")
+@click.option("-p", "--parsable", is_flag=True, help="Like -P with a '|' after the last field too.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...]} as JSON.')
 @click.option("-n", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
 def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool,
-            starttime: str | None, as_json: bool, noheader: bool) -> None:
+            starttime: str | None, endtime: str | None, states: tuple[str, ...], format_: str | None,
+            long_: bool, brief: bool, allocations: bool, parsable2: bool, parsable: bool, as_json: bool,
+            noheader: bool) -> None:
     """Show finished and running jobs: my own unless -a or -u."""
     current = clock()
-    ids = job_ids(jobs, "--jobs") or None
+    refs = job_refs(jobs, "--jobs")
+    ids = sorted({int(str(r).split("_")[0]) for r in refs}) or None
     since: float | None = None
-    if starttime is not None:
-        try:
+    until: float | None = None
+    try:
+        if starttime is not None:
             since = parse_start_time(starttime, current)
-        except ValueError as e:
-            raise click.UsageError(str(e), ctx) from None
-    elif ids is None:
-        since = midnight(current)
+        elif ids is None:
+            since = midnight(current)
+        if endtime is not None:
+            until = parse_start_time(endtime, current)
+        layout = _layout(format_, long_, brief, parsable or parsable2)
+    except (ValueError, cols.FormatError) as e:
+        raise click.UsageError(str(e), ctx) from None
+    wanted_states = parse_sacct_states(states)
     client = session(ctx).client
     user_list = split_list(users)
     if not user_list and not allusers:
         user_list = [str(client.ping()["user"])]
-    records = client.jobs(job_ids=ids, users=user_list or None, all=True, since=since)
+    records = client.jobs(job_ids=ids, users=user_list or None, all=True, since=since,
+                          **({"states": wanted_states} if wanted_states else {}))
+    if refs:
+        records = select_refs(records, refs)
+    if until is not None:
+        records = [j for j in records if (j.get("submit_time") or 0) <= until]
+    records = sorted(records, key=lambda j: (j.get("array_job_id") or j.get("job_id") or 0,
+                                             j.get("array_task_id") or -1, j.get("job_id") or 0))
     if as_json:
-        click.echo(fmt.to_json("jobs", sorted(records, key=lambda j: j.get("job_id") or 0)))
+        click.echo(fmt.to_json("jobs", records))
+        return
+    if layout is None:
+        out = fmt.sacct_table([dict(j, job_id=j["display_id"]) if j.get("display_id") else j for j in records],
+                              current, header=not noheader)
     else:
-        out = fmt.sacct_table(records, current, header=not noheader)
-        if out:
-            click.echo(out)
+        out = cols.render_sacct(layout, records, current, header=not noheader,
+                                delimiter="|" if parsable or parsable2 else None, trailing=parsable)
+    if out:
+        click.echo(out)
+
+
+def _layout(format_: str | None, long_: bool, brief: bool, delimited: bool) -> list[cols.Column] | None:
+    if format_:
+        return cols.parse_sacct(format_)
+    if long_:
+        return cols.parse_sacct(cols.SACCT_LONG)
+    if brief:
+        return cols.parse_sacct(cols.SACCT_BRIEF)
+    if delimited:
+        return cols.parse_sacct(cols.SACCT_DEFAULT)
+    return None

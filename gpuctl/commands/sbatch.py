@@ -2,21 +2,32 @@
 
 The options come from ``gpuctl.script.OPTIONS``; only the ones the user actually typed
 override the script's directives (click's parameter source tells typed from default).
-Options after the script's path belong to the script, as in Slurm.
+Options after the script's path belong to the script, as in Slurm.  Slurm options gpud
+does not support are taken out before click parses the rest (``gpuctl.unsupported``) and
+reported as warnings, or refused with ``--strict``.
+
+Exit status: 0 submitted (or, with ``--skip-if-active``, nothing to do; with
+``--test-only``, estimated); 1 the head refused or could not be reached; 2 a mistake in
+the options or the script.  With ``--wait``, the job's own exit code (1 when it was
+killed by a signal or ended without one), as Slurm's sbatch does.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import click
 from click.core import ParameterSource
 
 from .. import script as scripts
-from .common import session
+from .. import unsupported
+from .common import CommandFailed, session
 
 _TYPED = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+_UNSUPPORTED_KEY = "gpuctl.unsupported"
+WAIT_POLL = (0.1, 2.0)  # --wait polls from every 0.1 s, backing off to every 2 s
 
 
 def _table_options(f: Callable) -> Callable:
@@ -33,7 +44,17 @@ def _table_options(f: Callable) -> Callable:
     return f
 
 
-@click.command("sbatch", context_settings={"allow_interspersed_args": False})
+class SbatchCommand(click.Command):
+    """Takes Slurm's unsupported options out of the arguments before click parses them."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        value_options = {name for o in scripts.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
+        kept, warnings = unsupported.split_command_line(args, value_options)
+        ctx.meta[_UNSUPPORTED_KEY] = warnings
+        return super().parse_args(ctx, kept)
+
+
+@click.command("sbatch", cls=SbatchCommand, context_settings={"allow_interspersed_args": False})
 @_table_options
 @click.argument("script_path", metavar="[SCRIPT [ARGS]...]", required=False)
 @click.argument("args", nargs=-1, metavar="", type=click.UNPROCESSED)
@@ -45,6 +66,7 @@ def command(ctx: click.Context, script_path: str | None, args: tuple[str, ...], 
     options given here override them.  ARGS become the script's $1, $2, ...
     """
     cli = _typed_settings(ctx, params)
+    warnings = list(ctx.meta.get(_UNSUPPORTED_KEY, ()))
     wrap = cli.pop("wrap", None)
     if wrap is not None:
         if script_path is not None:
@@ -56,13 +78,77 @@ def command(ctx: click.Context, script_path: str | None, args: tuple[str, ...], 
         text, source, default_name = _read_stdin(ctx), "the script on stdin", "sbatch"
     try:
         scripts.check_script(text, source)
-        spec = scripts.build_spec(text, cli, default_name=default_name, args=list(args),
-                                  directives=wrap is None)
-        parsable = cli.get("parsable") or (wrap is None and scripts.parse_directives(text).settings.get("parsable"))
+        directives = scripts.parse_directives(text) if wrap is None else False
+        if directives:
+            warnings += directives.warnings
+        settings = scripts.merge(directives.settings if directives else {}, cli)
+        if settings.get("strict") and warnings:
+            raise scripts.ScriptError(f"{warnings[0]} (refused: --strict)")
+        spec = scripts.build_spec(text, cli, default_name=default_name, args=list(args), directives=directives)
     except scripts.ScriptError as e:
         raise click.UsageError(str(e), ctx) from None
-    job_id = session(ctx).client.submit_spec(spec)
+    quiet = bool(settings.get("quiet"))
+    for w in warnings:
+        _warn(w, quiet)
+    client = session(ctx).client
+    result = client.submit_request(spec)
+    for w in result.get("warnings") or ():
+        _warn(w, quiet)
+    if spec.get("test_only"):
+        click.echo(_estimate(result), err=True)
+        return
+    job_id = int(result["job_id"])
+    parsable = settings.get("parsable")
+    if result.get("skipped"):
+        click.echo(str(job_id) if parsable else
+                   f"Job {job_id} named {spec['name']!r} is still pending or running; nothing submitted")
+        return
     click.echo(str(job_id) if parsable else f"Submitted batch job {job_id}")
+    if settings.get("wait"):
+        ctx.exit(wait_exit_code(client, job_id))
+
+
+def _warn(message: str, quiet: bool) -> None:
+    if not quiet:
+        click.echo(f"sbatch: warning: {message}", err=True)
+
+
+def _estimate(result: dict[str, Any]) -> str:
+    """Slurm's --test-only line."""
+    from gpud.syntax import format_time
+
+    if result.get("start_time") is None:
+        return f"sbatch: Job would not start soon: {result.get('reason') or 'no estimate'}"
+    where = f" on nodes {result['node']}" if result.get("node") else ""
+    gpus = f" and {result['gpus']} GPUs" if result.get("gpus") else ""
+    return (f"sbatch: Job to start at {format_time(result['start_time'])} using {result.get('cpus', 1)} "
+            f"processors{gpus}{where} in partition {result.get('partition')}")
+
+
+def wait_exit_code(client: Any, job_id: int, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Wait until the job (every task of an array) has ended; sbatch --wait's exit code."""
+    poll = WAIT_POLL[0]
+    while True:
+        jobs = client.jobs(job_ids=[job_id], all=True)
+        if not jobs:
+            raise CommandFailed(f"job {job_id} disappeared while waiting for it")
+        if all(j.get("state") in _FINISHED for j in jobs):
+            return max(job_exit_code(j) for j in jobs)
+        sleep(poll)
+        poll = min(WAIT_POLL[1], poll * 1.5)
+
+
+_FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"})
+
+
+def job_exit_code(job: dict[str, Any]) -> int:
+    """0 for COMPLETED; the exit code; 1 for a signal or an end without an exit code."""
+    if job.get("state") == "COMPLETED":
+        return 0
+    code = job.get("exit_code")
+    if job.get("signal") or not code:
+        return 1
+    return int(code)
 
 
 def _typed_settings(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +157,7 @@ def _typed_settings(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any
         if ctx.get_parameter_source(opt.dest) not in _TYPED:
             continue
         try:
-            out.update(scripts.convert(opt, params[opt.dest]))
+            out = scripts.merge(out, scripts.convert(opt, params[opt.dest]))
         except scripts.ScriptError as e:
             raise click.UsageError(str(e), ctx) from None
     return out

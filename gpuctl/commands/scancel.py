@@ -1,5 +1,7 @@
 """``gpuctl scancel``: cancel (or only signal) jobs by id or by user.
 
+``123`` cancels job 123, or every task of array 123; ``123_4`` one task; ``123_[1-5]`` several.
+
 Silent on success, like Slurm; each refusal is its own error line, and any refusal
 makes the exit status 1.
 """
@@ -9,11 +11,11 @@ from __future__ import annotations
 import click
 
 from ..script import ScriptError, normalize_signal
-from .common import CommandFailed, error_line, job_ids, session, split_list
+from .common import CommandFailed, error_line, job_refs, session, split_list
 
 
 @click.command("scancel")
-@click.argument("ids", metavar="[JOBID]...", nargs=-1)
+@click.argument("ids", metavar="[JOBID[_TASK]]...", nargs=-1)
 @click.option("-u", "--user", "users", metavar="USER[,USER...]", multiple=True,
               help="Cancel these users' jobs (with ids: only those of them).")
 @click.option("-s", "--signal", "sig", metavar="SIG",
@@ -21,7 +23,7 @@ from .common import CommandFailed, error_line, job_ids, session, split_list
 @click.pass_context
 def command(ctx: click.Context, ids: tuple[str, ...], users: tuple[str, ...], sig: str | None) -> None:
     """Cancel jobs, or send them a signal with -s."""
-    id_list = job_ids(ids, "scancel")
+    id_list = job_refs(ids, "scancel")
     user_list = split_list(users)
     if not id_list and not user_list:
         raise click.UsageError("no job id given: name jobs by id, or all of a user's with -u USER", ctx)

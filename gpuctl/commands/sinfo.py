@@ -1,25 +1,59 @@
-"""``gpuctl sinfo``: nodes, summarised by state and GPU model, or one per line with -N."""
+"""``gpuctl sinfo``: nodes, summarised by state and GPU model, or one per line with -N.
+
+``-o`` takes Slurm's %-fields (``%P %.5a %.10l %.6D %.6t %N``); nodes whose shown values
+agree share a line, as in Slurm.  Partition fields (%P, %a, %l) ask the head for its
+partitions, so a node in two partitions appears under each.
+"""
 
 from __future__ import annotations
 
 import click
 
+from .. import columns as cols
 from .. import format as fmt
-from .common import session
+from .common import session, split_list
+
+_PARTITION_LETTERS = frozenset("PRal")
 
 
 @click.command("sinfo")
 @click.option("-N", "--Node", "per_node", is_flag=True, help="One line per node.")
+@click.option("-o", "--format", "format_", metavar="FORMAT", help="Slurm's %-fields, e.g. '%P %.6D %t %N'.")
+@click.option("-p", "--partition", "partitions", metavar="PART[,PART...]", multiple=True,
+              help="Only nodes of these partitions.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
-def command(ctx: click.Context, per_node: bool, as_json: bool, noheader: bool) -> None:
+def command(ctx: click.Context, per_node: bool, format_: str | None, partitions: tuple[str, ...],
+            as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""
-    nodes = session(ctx).client.nodes()
+    try:
+        layout = cols.parse_percent(format_, cols.SINFO, "--format") if format_ else None
+    except cols.FormatError as e:
+        raise click.UsageError(str(e), ctx) from None
+    client = session(ctx).client
+    nodes = client.nodes()
+    wanted = set(split_list(partitions))
+    parts = None
+    if wanted or (layout and any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)):
+        parts = client.show("partition")["partitions"]
+        if wanted:
+            parts = [p for p in parts if p["name"] in wanted]
+            members = {n for p in parts for n in p.get("node_names") or ()}
+            nodes = [n for n in nodes if n.get("name") in members]
     if as_json:
         click.echo(fmt.to_json("nodes", nodes))
         return
-    table = fmt.sinfo_nodes_table if per_node else fmt.sinfo_summary_table
-    out = table(nodes, header=not noheader)
+    if layout is not None:
+        rows = cols.sinfo_rows(nodes, parts if parts is not None and _shows_partition(layout) else None,
+                               layout, per_node)
+        out = cols.render(layout, rows, 0.0, header=not noheader)
+    else:
+        table = fmt.sinfo_nodes_table if per_node else fmt.sinfo_summary_table
+        out = table(nodes, header=not noheader)
     if out:
         click.echo(out)
+
+
+def _shows_partition(layout: list[cols.Column]) -> bool:
+    return any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)

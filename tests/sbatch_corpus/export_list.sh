@@ -1,0 +1,3 @@
+#!/bin/bash
+#SBATCH --export=ALL,WANDB_MODE=offline
+python train.py

@@ -1,0 +1,4 @@
+#!/bin/bash
+#SBATCH --wait
+#SBATCH --mail-type=ALL
+python pipeline_step.py

@@ -1,0 +1,4 @@
+#!/bin/bash
+#SBATCH -c 16
+#SBATCH --mem-per-cpu=4G
+make -j16

@@ -1,0 +1,3 @@
+#!/bin/bash
+#SBATCH -n 16
+mpirun ./solver
