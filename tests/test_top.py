@@ -90,25 +90,40 @@ def test_gpuctl_top_on_a_pipe_prints_the_snapshot_once():
         assert head.ops() == ["telemetry"]
 
 
+def on_a_terminal(head: FakeHead, *args: str) -> tuple[int, bytes]:
+    """Run ``gpuctl top ARGS`` with a pseudo-terminal as its stdout; (exit status, output)."""
+    main, sub = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpuctl.main", "--socket", head.path, "top", *args],
+                             env=env_for_children(), stdin=sub, stdout=sub, stderr=sub)
+        os.close(sub)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:   # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        return p.wait(60), out
+    finally:
+        os.close(main)
+
+
 def test_gpuctl_top_on_a_terminal_refreshes_until_told_to_stop():
     with FakeHead() as head:
         head.reply("telemetry", state())
-        main, sub = pty.openpty()
-        try:
-            p = subprocess.Popen([sys.executable, "-m", "gpuctl.main", "--socket", head.path, "top", "-n", "3",
-                                  "-d", "0.2"], env=env_for_children(), stdin=sub, stdout=sub, stderr=sub)
-            os.close(sub)
-            out = b""
-            while True:
-                try:
-                    chunk = os.read(main, 65536)
-                except OSError:   # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            assert p.wait(60) == 0
-        finally:
-            os.close(main)
+        code, out = on_a_terminal(head, "-n", "3", "-d", "0.2")
+        assert code == 0
         assert head.ops() == ["telemetry"] * 3
         assert b"cluster prod at " in out and "\u2588".encode() in out
+
+
+def test_gpuctl_top_keeps_the_last_view_while_the_head_does_not_answer():
+    with FakeHead() as head:
+        answers = [state()]
+        head.handle("telemetry", lambda args, uid: answers.pop() if answers else b"")   # then hang up
+        code, out = on_a_terminal(head, "-n", "2", "-d", "0.2")
+        assert code == 0
+        assert b"no answer from the head" in out and b"cluster prod at " in out

@@ -85,7 +85,7 @@ def command(ctx: click.Context, since: str | None, until: str | None, by: str, a
         raise click.UsageError(str(e).replace("start time", "time"), ctx) from None
     if start >= end:
         raise click.UsageError("the window is empty: --since must be earlier than --until", ctx)
-    result = session(ctx).client.call("report", since=start, until=end, by=by)
+    result = session(ctx).client.report(since=start, until=end, by=by)
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
     elif as_csv:

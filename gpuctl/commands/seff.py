@@ -93,7 +93,7 @@ def command(ctx: click.Context, job: str, as_json: bool) -> None:
     ids = job_ids((job,), "JOBID")
     if len(ids) != 1:
         raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42")
-    result = session(ctx).client.call("seff", job_id=ids[0])
+    result = session(ctx).client.seff(ids[0])
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
     else:

@@ -15,13 +15,15 @@ import time
 from typing import Any
 
 import click
-from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpud.protocol import ProtocolError, RemoteError
+
 from .. import format as fmt
+from ..client import HeadUnavailable
 from .common import session
 
 BAR_WIDTH = 10
@@ -155,17 +157,21 @@ def command(ctx: click.Context, delay: float, iterations: int | None, once: bool
     """Show nodes and GPUs live: utilization, memory, power, who holds each GPU, the queue."""
     client = session(ctx).client
     if once or not sys.stdout.isatty():
-        click.echo(plain(client.call("telemetry"), width=_width()))
+        click.echo(plain(client.telemetry(), width=_width()))
         return
-    console = Console()
+    state = client.telemetry()   # the first answer must come, or top fails like any verb
     shown = 0
     try:
-        with Live(render(client.call("telemetry"), ascii_only=False), console=console, auto_refresh=False,
-                  screen=False) as live:
+        with Live(render(state, ascii_only=False), console=Console(), auto_refresh=False, screen=False) as live:
             shown = 1
             while iterations is None or shown < iterations:
                 time.sleep(delay)
-                live.update(render(client.call("telemetry"), ascii_only=False), refresh=True)
+                try:
+                    state, note = client.telemetry(), None
+                except (HeadUnavailable, ProtocolError, RemoteError) as e:   # a head restart: keep trying
+                    note = f"no answer from the head: {e}; retrying every {delay:g}s"
+                view = render(state, ascii_only=False)
+                live.update(Group(view, Text(note, style="bold red")) if note else view, refresh=True)
                 shown += 1
     except KeyboardInterrupt:
         pass

@@ -494,6 +494,20 @@ class Store:
             raise
         self.nodes[node.name] = node
 
+    async def write_many(self, batches: Iterable[tuple[str, list[tuple]]]) -> None:
+        """Each (statement, rows) as one executemany, all in one IMMEDIATE transaction: bulk
+        writes that touch no job state in memory (telemetry)."""
+        assert self.db is not None
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, rows in batches:
+                if rows:
+                    await self.db.executemany(sql, rows)
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+
     async def save_usage(self, usage: dict[tuple[str, str], float], now: float) -> None:
         assert self.db is not None
         await self.db.execute("BEGIN IMMEDIATE")

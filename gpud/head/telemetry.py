@@ -130,6 +130,8 @@ class JobUsage:
 
 _USAGE_COLS = ("sampled_s", "gpu_s", "util_gpu_s", "idle_gpu_s", "util_max", "mem_max_mb", "energy_j",
                "last_sample")
+_UPSERT_USAGE = (f"INSERT INTO job_telemetry(job_id, {', '.join(_USAGE_COLS)}) VALUES (?{', ?' * len(_USAGE_COLS)}) "
+                 f"ON CONFLICT(job_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in _USAGE_COLS)}")
 
 
 @dataclass
@@ -238,6 +240,7 @@ class Telemetry:
         self._buckets: dict[str, _Bucket] = {}        # node -> its open bucket
         self._closed: list[tuple[str, _Bucket]] = []   # buckets waiting for the next flush
         self.dropped = 0                               # malformed samples, for /metrics
+        self._loaded = False                           # aggregates of the running jobs read back
 
     @property
     def resolution(self) -> float:
@@ -282,24 +285,42 @@ class Telemetry:
                 await self._check_idle(job, usage, readings, now)
 
     def _allocations(self, sample: NodeSample) -> list[tuple[JobRecord, tuple[int, ...]]]:
-        """The head's jobs on this node with their GPUs, limited to what the worker runs."""
+        """The head's jobs on this node with their GPUs, limited to what the worker runs.
+
+        The worker's list names the candidates (no scan of every active job per sample); the
+        head's record decides: same node, same attempt, still active, and only its GPUs."""
+        if sample.jobs is None:
+            return [(j, tuple(j.gpu_indices)) for j in self.head.store.jobs_on_node(sample.node) if j.gpu_indices]
         out = []
-        for job in self.head.store.jobs_on_node(sample.node):
-            gpus = tuple(job.gpu_indices)
-            if sample.jobs is not None:
-                reported = sample.jobs.get((job.job_id, job.attempt))
-                if reported is None:
-                    continue  # not started there yet, or already gone
-                gpus = tuple(i for i in gpus if i in reported)
+        for (job_id, attempt), reported in sample.jobs.items():
+            job = self.head.store.active.get(job_id)
+            if job is None or job.node != sample.node or job.attempt != attempt or not job.state.active:
+                continue  # an old attempt, or one the head has not (or no longer) placed here
+            gpus = tuple(i for i in job.gpu_indices if i in reported)
             if gpus:
                 out.append((job, gpus))
         return out
 
     async def _usage(self, job_id: int) -> JobUsage:
+        if not self._loaded:
+            await self._load_active()
         usage = self.usage.get(job_id)
-        if usage is None:
-            usage = self.usage[job_id] = await self.load_usage(job_id)
+        if usage is None:   # every active job's row was read back: this one has none yet
+            usage = self.usage[job_id] = JobUsage(job_id)
         return usage
+
+    async def _load_active(self) -> None:
+        """Read back the aggregates of every active job once (after a head restart)."""
+        db = self.head.store.db
+        assert db is not None
+        ids = sorted(self.head.store.active)
+        for n in range(0, len(ids), 500):   # SQLite's limit on host parameters
+            chunk = ids[n:n + 500]
+            async with db.execute(f"SELECT job_id, {', '.join(_USAGE_COLS)} FROM job_telemetry "
+                                  f"WHERE job_id IN ({','.join('?' * len(chunk))})", chunk) as cur:
+                async for row in cur:
+                    self.usage.setdefault(row[0], JobUsage(row[0], **dict(zip(_USAGE_COLS, row[1:]))))
+        self._loaded = True
 
     async def load_usage(self, job_id: int) -> JobUsage:
         """A job's aggregates as last written (empty when never sampled)."""
@@ -398,23 +419,18 @@ class Telemetry:
         # Taken now: samples that arrive while the commit runs belong to the next flush.
         dirty, self._dirty = self._dirty, set()
         closed, self._closed = self._closed, []
-        txn = Txn(self.head.store)
-        for job_id in sorted(dirty):
-            u = self.usage[job_id]
-            txn.execute(
-                f"INSERT INTO job_telemetry(job_id, {', '.join(_USAGE_COLS)}) VALUES (?{', ?' * len(_USAGE_COLS)}) "
-                f"ON CONFLICT(job_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in _USAGE_COLS)}",
-                (job_id, *(getattr(u, c) for c in _USAGE_COLS)))
-            pub = u.public()
-            txn.execute("UPDATE jobs SET gpu_util_mean=?, gpu_util_max=?, gpu_mem_max_mb=?, energy_j=? "
-                        "WHERE job_id=?", (pub["gpu_util_mean"], pub["gpu_util_max"], pub["gpu_mem_max_mb"],
-                                           pub["energy_j"], job_id))
-        for node, b in closed:
-            txn.execute("INSERT OR REPLACE INTO node_series(node, t, gpus, gpus_alloc, util_mean, util_max, "
-                        "mem_used_mb, power_w, temp_max, samples) VALUES (?,?,?,?,?,?,?,?,?,?)", b.row(node))
-        txn.execute("DELETE FROM node_series WHERE t < ?", (now - self.retention,))
+        usages = [self.usage[j] for j in sorted(dirty)]
+        batches = [
+            (_UPSERT_USAGE, [(u.job_id, *(getattr(u, c) for c in _USAGE_COLS)) for u in usages]),
+            ("UPDATE jobs SET gpu_util_mean=?, gpu_util_max=?, gpu_mem_max_mb=?, energy_j=? WHERE job_id=?",
+             [(*u.public().values(), u.job_id) for u in usages]),
+            ("INSERT OR REPLACE INTO node_series(node, t, gpus, gpus_alloc, util_mean, util_max, mem_used_mb, "
+             "power_w, temp_max, samples) VALUES (?,?,?,?,?,?,?,?,?,?)", [b.row(node) for node, b in closed]),
+            ("DELETE FROM node_series WHERE t < ?", [(now - self.retention,)]),
+        ]
         try:
-            await self.head.store.commit(txn)
+            async with self.head.lock:   # one transaction at a time on the store's connection
+                await self.head.store.write_many(batches)
         except BaseException:
             self._dirty |= dirty
             self._closed = closed + self._closed
