@@ -13,10 +13,32 @@ exception classes, with the driver's rules that matter to callers --
 
 Machines are built from board presets: ``FakeNvml.machine(H100=8)`` is an 8-GPU H100 host
 with the names and memory sizes real drivers report.
+
+MIG, as the driver does it (its own tables below, not gpud's catalog, so a test that
+compares the two checks something):
+
+* ``nvmlDeviceGetGpuInstanceProfileInfo(dev, NVML_GPU_INSTANCE_PROFILE_*)`` gives the
+  profile's driver id (19 for an A100's 1g.10gb), which every later call takes;
+  NOT_SUPPORTED for a board or profile without MIG;
+* placements and instance lists use pynvml's calling convention: a ctypes array (or None
+  to ask for the count) and ``byref(c_uint)``; handles of GPU and compute instances are
+  ctypes pointers, as pynvml returns them;
+* ``nvmlDeviceCreateGpuInstanceWithPlacement``: NOT_SUPPORTED with MIG mode off,
+  INVALID_ARGUMENT for a placement the profile cannot take, INSUFFICIENT_RESOURCES for an
+  overlap, too many of a profile, too many compute slices or a second media engine;
+* a GPU instance has a MIG device (UUID, handle) only once a compute instance exists;
+  ``nvmlComputeInstanceDestroy`` is IN_USE while processes run on it and
+  ``nvmlGpuInstanceDestroy`` IN_USE while it has compute instances;
+* ``nvmlDeviceSetMigMode`` needs root; turning MIG off with GPU instances left is IN_USE;
+  the new mode becomes current only when the GPU can be reset (no processes, and
+  ``reset_blocked`` false), otherwise it stays pending and the activation status says why;
+  ``reboot()`` forgets the mode on Hopper boards and keeps it (InfoROM) on Ampere ones.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import uuid
 from dataclasses import dataclass, field
 
@@ -31,13 +53,18 @@ _ERROR_CODES = {
     "DRIVER_NOT_LOADED": 9,
     "LIBRARY_NOT_FOUND": 12,
     "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "IN_USE": 19,
+    "INSUFFICIENT_RESOURCES": 23,
+    "INSUFFICIENT_SIZE": 7,
     "UNKNOWN": 999,
 }
 _MESSAGES = {
     1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported",
     4: "Insufficient Permissions", 5: "Already Initialized", 6: "Not Found",
-    9: "Driver Not Loaded", 12: "NVML Shared Library Not Found", 15: "GPU is lost",
-    999: "Unknown Error",
+    7: "Insufficient Size", 9: "Driver Not Loaded", 12: "NVML Shared Library Not Found",
+    15: "GPU is lost", 16: "GPU requires restart", 19: "In use by another client",
+    23: "Insufficient resources", 999: "Unknown Error",
 }
 
 
@@ -89,11 +116,75 @@ NVMLError_NotFound = _CLASSES["NOT_FOUND"]
 NVMLError_DriverNotLoaded = _CLASSES["DRIVER_NOT_LOADED"]
 NVMLError_LibraryNotFound = _CLASSES["LIBRARY_NOT_FOUND"]
 NVMLError_GpuIsLost = _CLASSES["GPU_IS_LOST"]
+NVMLError_ResetRequired = _CLASSES["RESET_REQUIRED"]
+NVMLError_InUse = _CLASSES["IN_USE"]
+NVMLError_InsufficientResources = _CLASSES["INSUFFICIENT_RESOURCES"]
+NVMLError_InsufficientSize = _CLASSES["INSUFFICIENT_SIZE"]
 NVMLError_Unknown = _CLASSES["UNKNOWN"]
 
 MIB = 1 << 20
 NVML_TEMPERATURE_GPU = 0
+NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+
+# pynvml's profile constants (the NVML header's values).
+GI_PROFILES = {"1_SLICE": 0, "2_SLICE": 1, "3_SLICE": 2, "4_SLICE": 3, "7_SLICE": 4, "8_SLICE": 5,
+               "6_SLICE": 6, "1_SLICE_REV1": 7, "2_SLICE_REV1": 8, "1_SLICE_REV2": 9}
+CI_PROFILES = {"1_SLICE": 0, "2_SLICE": 1, "3_SLICE": 2, "4_SLICE": 3, "7_SLICE": 4, "8_SLICE": 5,
+               "6_SLICE": 6}
+
+
+@dataclass(frozen=True)
+class _GiProfile:
+    """One GPU instance profile as a driver reports it for one board."""
+
+    constant: int            # NVML_GPU_INSTANCE_PROFILE_*
+    id: int                  # the driver's profile id (nvidia-smi mig -lgip "ID")
+    name: str                # "MIG 1g.10gb"
+    slice_count: int         # compute slices
+    instance_count: int
+    memory_mb: int
+    starts: tuple[int, ...]
+    size: int                # memory slots per placement
+    media: bool = False      # holds the GPU's one OFA engine (+me)
+
+
+def _mig_board(compute: int, slots: int, shapes, names_mib) -> tuple[int, int, tuple[_GiProfile, ...]]:
+    profiles = tuple(_GiProfile(GI_PROFILES[c], pid, f"MIG {name}", sl, count, mib, starts, size,
+                                name.endswith("+me"))
+                     for (c, pid, sl, count, starts, size), (name, mib) in zip(shapes, names_mib))
+    return compute, slots, profiles
+
+
+# (constant, driver id, compute slices, instances, starts, memory slots) per board family
+_HOPPER_AMPERE = (("1_SLICE", 19, 1, 7, tuple(range(7)), 1), ("1_SLICE_REV1", 20, 1, 1, tuple(range(7)), 1),
+                  ("1_SLICE_REV2", 15, 1, 4, (0, 2, 4, 6), 2), ("2_SLICE", 14, 2, 3, (0, 2, 4), 2),
+                  ("3_SLICE", 9, 3, 2, (0, 4), 4), ("4_SLICE", 5, 4, 1, (0,), 4),
+                  ("7_SLICE", 0, 7, 1, (0,), 8))
+_A30 = (("1_SLICE", 14, 1, 4, (0, 1, 2, 3), 1), ("1_SLICE_REV1", 21, 1, 1, (0, 1, 2, 3), 1),
+        ("2_SLICE", 5, 2, 2, (0, 2), 2), ("2_SLICE_REV1", 6, 2, 1, (0, 2), 2), ("4_SLICE", 0, 4, 1, (0,), 4))
+# driver name -> (compute slices, memory slots, profiles); names and MiB as nvidia-smi lists them
+MIG_BOARDS = {
+    "NVIDIA A100-SXM4-80GB": _mig_board(7, 8, _HOPPER_AMPERE, (
+        ("1g.10gb", 9728), ("1g.10gb+me", 9728), ("1g.20gb", 19968), ("2g.20gb", 19968),
+        ("3g.40gb", 40192), ("4g.40gb", 40192), ("7g.80gb", 80896))),
+    "NVIDIA A100-SXM4-40GB": _mig_board(7, 8, _HOPPER_AMPERE, (
+        ("1g.5gb", 4864), ("1g.5gb+me", 4864), ("1g.10gb", 9856), ("2g.10gb", 9856),
+        ("3g.20gb", 19968), ("4g.20gb", 19968), ("7g.40gb", 40192))),
+    "NVIDIA H100 80GB HBM3": _mig_board(7, 8, _HOPPER_AMPERE, (
+        ("1g.10gb", 9984), ("1g.10gb+me", 9984), ("1g.20gb", 20096), ("2g.20gb", 20096),
+        ("3g.40gb", 40448), ("4g.40gb", 40448), ("7g.80gb", 81152))),
+    "NVIDIA H200": _mig_board(7, 8, _HOPPER_AMPERE, (
+        ("1g.18gb", 16384), ("1g.18gb+me", 16384), ("1g.35gb", 33024), ("2g.35gb", 33024),
+        ("3g.71gb", 71168), ("4g.71gb", 71168), ("7g.141gb", 143104))),
+    "NVIDIA A30": _mig_board(4, 4, _A30, (
+        ("1g.6gb", 5952), ("1g.6gb+me", 5952), ("2g.12gb", 11968), ("2g.12gb+me", 11968),
+        ("4g.24gb", 24064))),
+}
+MIG_BOARDS["NVIDIA H100 PCIe"] = MIG_BOARDS["NVIDIA H100 80GB HBM3"]
+# Ampere keeps its MIG mode in the InfoROM across reboots; Hopper forgets it.
+MODE_SURVIVES_REBOOT = frozenset({"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A30"})
 # name as the driver reports it, memory the driver reports (MiB)
 BOARDS: dict[str, tuple[str, int]] = {
     "H100": ("NVIDIA H100 80GB HBM3", 81559),
@@ -109,10 +200,17 @@ BOARDS: dict[str, tuple[str, int]] = {
 
 @dataclass
 class FakeMigSlice:
+    """A GPU instance; with ``ci`` (its compute instance) also a MIG device with a UUID."""
+
     uuid: str
     memory_mib: int
     used_mib: int = 0
     procs: list[tuple[int, int]] = field(default_factory=list)   # (pid, MiB used)
+    profile_id: int = 19     # the driver's profile id (19: 1g.10gb on A100/H100)
+    start: int = 0           # placement: memory slots [start, start + size)
+    size: int = 1
+    gi_id: int = 0
+    ci: bool = True
 
 
 @dataclass
@@ -129,6 +227,8 @@ class FakeGpu:
     energy_mj: int | None = 0
     procs: list[tuple[int, int]] = field(default_factory=list)   # (pid, MiB used)
     mig: list[FakeMigSlice] | None = None   # MIG mode on, with these slices
+    mig_pending: bool | None = None  # a mode set but not yet active (None: as current)
+    reset_blocked: bool = False      # the driver cannot reset this GPU (pass-through, ...)
 
 
 @dataclass(frozen=True)
@@ -167,6 +267,38 @@ class _MigHandle:
         self.parent, self.slot = parent, slot
 
 
+# pynvml's ctypes shapes: placements are structures, instance handles are pointers.
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class _InstanceRef(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("gi", ctypes.c_uint), ("ci", ctypes.c_uint)]
+
+
+c_nvmlGpuInstance_t = ctypes.POINTER(_InstanceRef)
+c_nvmlComputeInstance_t = ctypes.POINTER(_InstanceRef)
+
+
+@dataclass(frozen=True)
+class _ProfileInfo:
+    id: int
+    sliceCount: int
+    instanceCount: int
+    memorySizeMB: int
+    name: bytes = b""
+    isP2pSupported: int = 0
+    multiprocessorCount: int = 0
+
+
+@dataclass(frozen=True)
+class _GiInfo:
+    device: object
+    id: int
+    profileId: int
+    placement: c_nvmlGpuInstancePlacement_t
+
+
 class FakeNvml:
     """One fake host's NVML.  Pass it wherever code accepts the ``pynvml`` module."""
 
@@ -183,15 +315,27 @@ class FakeNvml:
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_ResetRequired = NVMLError_ResetRequired
+    NVMLError_InUse = NVMLError_InUse
+    NVMLError_InsufficientResources = NVMLError_InsufficientResources
+    NVMLError_InsufficientSize = NVMLError_InsufficientSize
     NVMLError_Unknown = NVMLError_Unknown
+    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
+    c_nvmlGpuInstance_t = c_nvmlGpuInstance_t
+    c_nvmlComputeInstance_t = c_nvmlComputeInstance_t
 
     def __init__(self, gpus: list[FakeGpu] | None = None, *, driver: bool = True,
-                 bytes_strings: bool = False) -> None:
+                 bytes_strings: bool = False, root: bool = True) -> None:
         self.gpus = list(gpus or [])
         self.driver = driver
         self.bytes_strings = bytes_strings
+        self.root = root             # MIG changes need root, as with the real driver
         self.refcount = 0
         self.calls: list[str] = []
+        self._refs: dict[tuple[int, int, int], _InstanceRef] = {}   # keeps handles' targets alive
+        self._serial = itertools.count(1)
 
     @classmethod
     def machine(cls, *, driver: bool = True, bytes_strings: bool = False, host: str = "fake",
@@ -280,21 +424,201 @@ class FakeNvml:
         procs = self._slice(handle).procs if isinstance(handle, _MigHandle) else self._gpu(handle).procs
         return [_Process(pid, used * MIB) for pid, used in procs]
 
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> tuple[int, int]:
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
         self.calls.append("nvmlDeviceGetMigMode")
-        mode = int(self._gpu(handle).mig is not None)
-        return (mode, mode)
+        gpu = self._gpu(handle)
+        if gpu.name not in MIG_BOARDS and gpu.mig is None:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        current = int(gpu.mig is not None)
+        return [current, current if gpu.mig_pending is None else int(gpu.mig_pending)]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
         self.calls.append("nvmlDeviceGetMaxMigDeviceCount")
-        return 7 if self._gpu(handle).mig is not None else 0
+        gpu = self._gpu(handle)
+        if gpu.mig is None:
+            return 0
+        return MIG_BOARDS[gpu.name][0] if gpu.name in MIG_BOARDS else 7
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
         self.calls.append("nvmlDeviceGetMigDeviceHandleByIndex")
-        slices = self._gpu(handle).mig or []
-        if not 0 <= index < len(slices):
+        if not 0 <= index < len(self._devices(self._gpu(handle))):
             raise NVMLError(_ERROR_CODES["NOT_FOUND"])
         return _MigHandle(handle, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _MigHandle) -> int:
+        self.calls.append("nvmlDeviceGetGpuInstanceId")
+        if not isinstance(handle, _MigHandle):
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])   # not a MIG device
+        return self._slice(handle).gi_id
+
+    # -- MIG management -------------------------------------------------------------------
+
+    def nvmlDeviceSetMigMode(self, handle: _Handle, mode: int) -> int:
+        """The activation status: SUCCESS when ``mode`` is now current, else why not."""
+        self.calls.append("nvmlDeviceSetMigMode")
+        gpu = self._gpu(handle)
+        if gpu.name not in MIG_BOARDS:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        if not self.root:
+            raise NVMLError(_ERROR_CODES["NO_PERMISSION"])
+        if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        if not mode and gpu.mig:
+            raise NVMLError(_ERROR_CODES["IN_USE"])       # GPU instances left
+        if bool(mode) == (gpu.mig is not None):
+            gpu.mig_pending = None
+            return NVML_SUCCESS
+        gpu.mig_pending = bool(mode)
+        if gpu.procs:                                     # the reset needs an idle GPU
+            return _ERROR_CODES["IN_USE"]
+        if gpu.reset_blocked:
+            return _ERROR_CODES["RESET_REQUIRED"]
+        gpu.mig, gpu.mig_pending = ([] if mode else None), None
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: _Handle, profile: int,
+                                            version: int = 2) -> _ProfileInfo:
+        self.calls.append("nvmlDeviceGetGpuInstanceProfileInfo")
+        p = self._profile_by(self._gpu(handle), constant=profile)
+        return _ProfileInfo(id=p.id, sliceCount=p.slice_count, instanceCount=p.instance_count,
+                            memorySizeMB=p.memory_mb, name=p.name.encode())
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: _Handle, profile_id: int,
+                                                   placements, count_ref) -> int:
+        self.calls.append("nvmlDeviceGetGpuInstancePossiblePlacements")
+        p = self._profile_by(self._gpu(handle), id=profile_id)
+        count = _out(count_ref)
+        count.value = len(p.starts)
+        if placements is None:
+            return NVML_SUCCESS
+        if len(placements) < len(p.starts):
+            raise NVMLError(_ERROR_CODES["INSUFFICIENT_SIZE"])
+        for i, start in enumerate(p.starts):
+            placements[i].start, placements[i].size = start, p.size
+        return NVML_SUCCESS
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: _Handle, profile_id: int, placement):
+        self.calls.append("nvmlDeviceCreateGpuInstanceWithPlacement")
+        gpu = self._gpu(handle)
+        p = self._profile_by(gpu, id=profile_id)
+        if not self.root:
+            raise NVMLError(_ERROR_CODES["NO_PERMISSION"])
+        if gpu.mig is None:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        where = _out(placement)
+        if where.start not in p.starts or where.size != p.size:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        compute, _, profiles = MIG_BOARDS[gpu.name]
+        by_id = {q.id: q for q in profiles}
+        mine = ((1 << p.size) - 1) << where.start
+        taken = sum(((1 << s.size) - 1) << s.start for s in gpu.mig)
+        if (mine & taken
+                or sum(s.profile_id == p.id for s in gpu.mig) >= p.instance_count
+                or sum(by_id[s.profile_id].slice_count for s in gpu.mig) + p.slice_count > compute
+                or (p.media and any(by_id[s.profile_id].media for s in gpu.mig))):
+            raise NVMLError(_ERROR_CODES["INSUFFICIENT_RESOURCES"])
+        gi_id = min(set(range(1, 64)) - {s.gi_id for s in gpu.mig})
+        serial = uuid.uuid5(uuid.NAMESPACE_OID, f"{gpu.uuid}/{gi_id}/{next(self._serial)}")
+        gpu.mig.append(FakeMigSlice(uuid=f"MIG-{serial}", memory_mib=p.memory_mb, profile_id=p.id,
+                                    start=where.start, size=p.size, gi_id=gi_id, ci=False))
+        gpu.mig.sort(key=lambda s: s.start)
+        return self._ref(handle.index, gi_id, 0)
+
+    def nvmlDeviceGetGpuInstances(self, handle: _Handle, profile_id: int, instances, count_ref) -> int:
+        self.calls.append("nvmlDeviceGetGpuInstances")
+        gpu = self._gpu(handle)
+        self._profile_by(gpu, id=profile_id)
+        found = [s for s in (gpu.mig or []) if s.profile_id == profile_id]
+        count = _out(count_ref)
+        if instances is None or len(instances) < len(found):
+            count.value = len(found)
+            raise NVMLError(_ERROR_CODES["INSUFFICIENT_SIZE"])
+        for i, s in enumerate(found):
+            instances[i] = self._ref(handle.index, s.gi_id, 0)
+        count.value = len(found)
+        return NVML_SUCCESS
+
+    def nvmlGpuInstanceGetInfo(self, gi) -> _GiInfo:
+        self.calls.append("nvmlGpuInstanceGetInfo")
+        gpu, s = self._gi(gi)
+        return _GiInfo(device=_Handle(self, self.gpus.index(gpu)), id=s.gi_id, profileId=s.profile_id,
+                       placement=c_nvmlGpuInstancePlacement_t(s.start, s.size))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi, profile: int, eng_profile: int,
+                                                     version: int = 2) -> _ProfileInfo:
+        self.calls.append("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        gpu, s = self._gi(gi)
+        slices = self._profile_by(gpu, id=s.profile_id).slice_count
+        wanted = next((int(k.split("_")[0]) for k, v in CI_PROFILES.items() if v == profile), None)
+        if wanted is None or wanted > slices or eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        return _ProfileInfo(id=profile, sliceCount=wanted, instanceCount=slices // wanted,
+                            memorySizeMB=s.memory_mib)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi, profile_id: int):
+        self.calls.append("nvmlGpuInstanceCreateComputeInstance")
+        gpu, s = self._gi(gi)
+        if not self.root:
+            raise NVMLError(_ERROR_CODES["NO_PERMISSION"])
+        slices = self._profile_by(gpu, id=s.profile_id).slice_count
+        wanted = next((int(k.split("_")[0]) for k, v in CI_PROFILES.items() if v == profile_id), None)
+        if wanted is None or wanted > slices:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        if s.ci:
+            raise NVMLError(_ERROR_CODES["INSUFFICIENT_RESOURCES"])   # one CI spans it already
+        if wanted != slices:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])   # partial CIs: not modelled here
+        s.ci = True
+        return self._ref(self.gpus.index(gpu), s.gi_id, 1)
+
+    def nvmlGpuInstanceGetComputeInstances(self, gi, profile_id: int, instances, count_ref) -> int:
+        self.calls.append("nvmlGpuInstanceGetComputeInstances")
+        gpu, s = self._gi(gi)
+        slices = self._profile_by(gpu, id=s.profile_id).slice_count
+        found = [1] if s.ci and CI_PROFILES.get(f"{slices}_SLICE") == profile_id else []
+        count = _out(count_ref)
+        if instances is None or len(instances) < len(found):
+            count.value = len(found)
+            raise NVMLError(_ERROR_CODES["INSUFFICIENT_SIZE"])
+        for i, ci in enumerate(found):
+            instances[i] = self._ref(self.gpus.index(gpu), s.gi_id, ci)
+        count.value = len(found)
+        return NVML_SUCCESS
+
+    def nvmlComputeInstanceDestroy(self, ci) -> int:
+        self.calls.append("nvmlComputeInstanceDestroy")
+        gpu, s = self._gi(ci)
+        if not self.root:
+            raise NVMLError(_ERROR_CODES["NO_PERMISSION"])
+        if not s.ci or ci.contents.ci == 0:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        if s.procs:
+            raise NVMLError(_ERROR_CODES["IN_USE"])
+        s.ci = False
+        return NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi) -> int:
+        self.calls.append("nvmlGpuInstanceDestroy")
+        gpu, s = self._gi(gi)
+        if not self.root:
+            raise NVMLError(_ERROR_CODES["NO_PERMISSION"])
+        if s.ci:
+            raise NVMLError(_ERROR_CODES["IN_USE"])   # destroy its compute instances first
+        gpu.mig.remove(s)
+        return NVML_SUCCESS
+
+    # -- test controls --------------------------------------------------------------------
+
+    def reboot(self) -> None:
+        """The host restarts: slices and processes are gone; Hopper forgets MIG mode."""
+        for gpu in self.gpus:
+            gpu.procs = []
+            keep = gpu.mig is not None and gpu.name in MODE_SURVIVES_REBOOT
+            pending = gpu.mig_pending
+            gpu.mig = [] if keep else None
+            if pending is not None and gpu.name in MODE_SURVIVES_REBOOT:
+                gpu.mig = [] if pending else None   # a reboot is also the pending reset
+            gpu.mig_pending = None
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -311,11 +635,47 @@ class FakeNvml:
             raise NVMLError(_ERROR_CODES["GPU_IS_LOST"])
         return gpu
 
+    @staticmethod
+    def _devices(gpu: FakeGpu) -> list[FakeMigSlice]:
+        """The MIG devices: GPU instances with their compute instance, by instance id."""
+        return sorted((s for s in gpu.mig or [] if s.ci), key=lambda s: s.gi_id)
+
     def _slice(self, handle: _MigHandle) -> FakeMigSlice:
-        slices = self._gpu(handle.parent).mig or []
+        slices = self._devices(self._gpu(handle.parent))
         if not 0 <= handle.slot < len(slices):
             raise NVMLError(_ERROR_CODES["NOT_FOUND"])
         return slices[handle.slot]
+
+    def _profile_by(self, gpu: FakeGpu, *, constant: int | None = None, id: int | None = None) -> _GiProfile:
+        board = MIG_BOARDS.get(gpu.name)
+        for p in board[2] if board else ():
+            if (constant is not None and p.constant == constant) or (id is not None and p.id == id):
+                return p
+        if board is None or constant is not None:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+
+    def _ref(self, gpu: int, gi: int, ci: int):
+        key = (gpu, gi, ci)
+        target = self._refs.get(key)
+        if target is None:
+            target = self._refs[key] = _InstanceRef(gpu, gi, ci)
+        return ctypes.pointer(target)
+
+    def _gi(self, ref) -> tuple[FakeGpu, FakeMigSlice]:
+        self._check_init()
+        if not isinstance(ref, ctypes._Pointer) or not ref:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        target = ref.contents
+        if self._refs.get((target.gpu, target.gi, target.ci)) is None or target.gpu >= len(self.gpus):
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])   # another machine's handle
+        gpu = self.gpus[target.gpu]
+        if gpu.lost:
+            raise NVMLError(_ERROR_CODES["GPU_IS_LOST"])
+        found = next((s for s in gpu.mig or [] if s.gi_id == target.gi), None)
+        if found is None:
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])   # destroyed: a stale handle
+        return gpu, found
 
     @staticmethod
     def _reading(value: int | None) -> int:
@@ -327,8 +687,19 @@ class FakeNvml:
         return value.encode() if self.bytes_strings else value
 
 
-# The NVML_ERROR_* constants, on the module and on each fake, as pynvml has them.
+def _out(ref):
+    """The object behind ``byref(x)`` (or ``x`` itself)."""
+    return getattr(ref, "_obj", ref)
+
+
+# The NVML_ERROR_* and profile constants, on the module and on each fake, as pynvml has them.
 for _name, _code in _ERROR_CODES.items():
     globals()["NVML_ERROR_" + _name] = _code
     setattr(FakeNvml, "NVML_ERROR_" + _name, _code)
+for _name, _code in GI_PROFILES.items():
+    globals()["NVML_GPU_INSTANCE_PROFILE_" + _name] = _code
+    setattr(FakeNvml, "NVML_GPU_INSTANCE_PROFILE_" + _name, _code)
+for _name, _code in CI_PROFILES.items():
+    globals()["NVML_COMPUTE_INSTANCE_PROFILE_" + _name] = _code
+    setattr(FakeNvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + _name, _code)
 del _name, _code

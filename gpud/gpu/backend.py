@@ -13,19 +13,30 @@ contract (tests/test_gpu_backends.py runs the same suite over both):
 ``open_backend`` picks one: a sim spec always wins; otherwise NVML, and a host without a
 driver is a clear ``NoGpuError`` that tells the operator about ``--sim``.
 
-The protocol is deliberately small today: discovery is read-only and repeatable,
-``sample`` reads what each GPU is doing now (telemetry), and ``close`` releases the driver.  MIG and MPS management will add methods here (listing and
-applying slice layouts, starting control daemons); each will be a capability that both
-implementations provide, so the sim stays a faithful stand-in for real hardware.  Backends
-report problems as ``GpuError`` subclasses with one-line messages meant for operators.
+Discovery is read-only and repeatable, ``sample`` reads what each GPU is doing now
+(telemetry), and ``close`` releases the driver.
+
+MIG is managed through five verbs, the same on both backends (tests/test_gpu_contract.py):
+``mig_state`` reads a GPU's mode and slices, ``possible_placements`` lists where a profile
+may sit, ``create_slice`` makes one GPU instance (and the compute instance that spans it)
+at an explicit placement, ``destroy_slice`` removes one, and ``set_mig_mode`` turns MIG on
+or off.  Backends never move or touch a slice they were not asked about, and refuse what
+the hardware refuses: a placement the profile cannot take, an overlap or a full GPU
+(``MigRefusedError``), destroying a slice or changing the mode of a GPU that processes use
+(``GpuInUseError``), a mode change that waits for a GPU reset (``ResetRequiredError``).  The
+driver knows by itself which slices processes use; the sim learns it from
+``note_in_use``, which the worker calls with its running jobs' devices.  MPS control
+daemons are processes, not driver state: gpud.gpu.mps runs them.  Backends report problems
+as ``GpuError`` subclasses with one-line messages meant for operators.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from ..model import GpuInfo
+from ..model import GpuInfo, SliceInfo
+from .mig import Placement
 
 NO_DRIVER_MESSAGE = (
     "no NVIDIA driver found on this host; use --sim SPEC to simulate GPUs (e.g. --sim 8xH100-80GB)"
@@ -42,6 +53,22 @@ class NoGpuError(GpuError):
 
 class SimSpecError(GpuError, ValueError):
     """A ``--sim`` spec that cannot be parsed."""
+
+
+class MigRefusedError(GpuError):
+    """A MIG change the hardware will not make (no MIG, mode off, bad placement, no room)."""
+
+
+class GpuInUseError(MigRefusedError):
+    """The slice or GPU has processes on it; nothing was changed."""
+
+
+class ResetRequiredError(GpuError):
+    """A MIG mode change is pending until the GPU is reset (A100, A30) or the host reboots."""
+
+
+# One device a job uses, as note_in_use takes it: (GPU index, slice start or None for the GPU).
+DeviceUse = tuple[int, "int | None"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +119,35 @@ class GpuBackend(Protocol):
         """One reading of every GPU, ordered by index.  ``assignments`` are the jobs running
         here (the sim backend derives its numbers from what they declare).  A GPU that fails
         to answer is left out; never raises for one bad GPU."""
+        ...
+
+    def mig_state(self, index: int) -> tuple[bool, tuple[SliceInfo, ...]]:
+        """(MIG mode on, its slices by start slot) of one GPU; (False, ()) without MIG."""
+        ...
+
+    def possible_placements(self, index: int, profile: str) -> list[Placement]:
+        """Every placement ``profile`` may take on this GPU, free or not (as the driver
+        lists them); MigRefusedError for a profile or GPU without MIG."""
+        ...
+
+    def create_slice(self, index: int, profile: str, start: int) -> SliceInfo:
+        """One GPU instance of ``profile`` at memory slot ``start``, with a compute
+        instance spanning it.  Other slices are not touched."""
+        ...
+
+    def destroy_slice(self, index: int, start: int) -> None:
+        """Remove the slice at ``start``; GpuInUseError while processes use it."""
+        ...
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Turn MIG on or off.  Never from tests on a real GPU.  GpuInUseError while the GPU
+        (or, to turn it off, any slice) exists in use; ResetRequiredError when the change
+        waits for a GPU reset."""
+        ...
+
+    def note_in_use(self, devices: Iterable[DeviceUse]) -> None:
+        """The devices jobs use now (replacing the last call).  The driver sees processes
+        itself, so only the sim needs this."""
         ...
 
     def close(self) -> None:

@@ -22,17 +22,32 @@ Telemetry (``sample``) reads utilization, memory, power, temperature, the energy
 the compute processes of each GPU, and for a GPU in MIG mode the memory and processes of
 each slice (NVML has no utilization for slices).  Any one reading the board does not
 support is None; only a GPU that cannot be reached at all is left out of the sample.
+
+MIG goes through NVML's two levels.  A *GPU instance* is created at an explicit placement
+(``nvmlDeviceCreateGpuInstanceWithPlacement``) with the driver's id for the profile, which
+``nvmlDeviceGetGpuInstanceProfileInfo`` gives for each ``NVML_GPU_INSTANCE_PROFILE_*``
+constant the catalog names (gpud.gpu.mig); one *compute instance* spanning it makes it a
+MIG device with its own ``MIG-...`` UUID.  A slice is the pair, and is destroyed the other
+way round (compute instances, then the GPU instance); the driver answers IN_USE while
+processes run on it.  Listing walks every profile's GPU instances and matches each to its
+MIG device by instance id.  A GPU instance left without a compute instance (a crash
+between the two calls, or made by hand) is listed with an empty UUID so the worker can
+replace it.  A creation the driver refuses is explained with the catalog's rules, so the
+operator reads "3g.40gb at slot 4 overlaps ..." rather than "Insufficient resources".
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from ..model import GpuInfo
-from .backend import NO_DRIVER_MESSAGE, Assignment, GpuError, GpuSample, NoGpuError, SliceSample
+from ..model import GpuInfo, SliceInfo
+from . import mig
+from .backend import (NO_DRIVER_MESSAGE, Assignment, DeviceUse, GpuError, GpuInUseError, GpuSample,
+                      MigRefusedError, NoGpuError, ResetRequiredError, SliceSample)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +56,8 @@ GIB = 1 << 30
 MAX_PROCS_PER_GPU = 64     # a sample stays small even on a GPU shared by many processes
 NVML_TEMPERATURE_GPU = 0   # pynvml's constant, for fakes that lack it
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
 
 # Sizes NVIDIA sells, in GB; a measured size rounds up to the nearest of these.
 MARKETED_GB = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96,
@@ -112,6 +129,8 @@ class NvmlBackend:
         except nvml.NVMLError as e:
             raise GpuError(f"NVML failed to start: {e}; check the NVIDIA driver with nvidia-smi") from None
         self._open = True
+        self._models: dict[int, str] = {}      # index -> model name, for the MIG catalog
+        self._profiles: dict[int, dict[str, Any]] = {}   # index -> profile name -> NVML info
 
     def discover(self) -> list[GpuInfo]:
         nv = self._nvml
@@ -133,6 +152,7 @@ class NvmlBackend:
                 continue
             gpus.append(GpuInfo(index=index, uuid=uuid, model=normalize_model(name, total),
                                 memory_mb=total // MIB))
+            self._models[index] = gpus[-1].model
         return gpus
 
     def sample(self, assignments: Sequence[Assignment] = ()) -> list[GpuSample]:
@@ -203,6 +223,244 @@ class NvmlBackend:
             if mh is not None:
                 out.append(mh)
         return out
+
+    # -- MIG ---------------------------------------------------------------------------------
+
+    def mig_state(self, index: int) -> tuple[bool, tuple[SliceInfo, ...]]:
+        nv = self._nvml
+        handle = self._handle(index)
+        try:
+            current = nv.nvmlDeviceGetMigMode(handle)[0]
+        except nv.NVMLError_NotSupported:
+            return False, ()
+        except nv.NVMLError as e:
+            raise GpuError(f"GPU {index}: NVML cannot read its MIG mode: {e}") from None
+        if current != getattr(nv, "NVML_DEVICE_MIG_ENABLE", NVML_DEVICE_MIG_ENABLE):
+            return False, ()
+        return True, tuple(sorted(self._list_slices(index, handle), key=lambda s: s.start))
+
+    def possible_placements(self, index: int, profile: str) -> list[mig.Placement]:
+        nv = self._nvml
+        handle = self._handle(index)
+        info = self._profile(index, handle, profile)[1]
+        count = ctypes.c_uint(0)
+        try:
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, None, ctypes.byref(count))
+            found = (nv.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, found, ctypes.byref(count))
+        except nv.NVMLError as e:
+            raise GpuError(f"GPU {index}: NVML cannot list placements of {profile}: {e}") from None
+        return sorted(mig.Placement(int(p.start), int(p.size)) for p in found[:count.value])
+
+    def create_slice(self, index: int, profile: str, start: int) -> SliceInfo:
+        nv = self._nvml
+        handle = self._handle(index)
+        p, info = self._profile(index, handle, profile)
+        where = nv.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = start, p.memory_slices
+        try:
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(where))
+        except nv.NVMLError as e:
+            raise self._create_refused(index, handle, p, start, e) from None
+        try:
+            ci_kind = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{p.compute_slices}_SLICE")
+            shared = getattr(nv, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED",
+                             NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_kind, shared)
+            nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+            gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
+        except (nv.NVMLError, AttributeError) as e:
+            self._undo_instance(index, gi)
+            raise GpuError(f"GPU {index}: NVML could not create the compute instance of "
+                           f"{p.name} at slot {start}: {e}") from None
+        uuid = self._mig_uuids(handle).get(gi_id)
+        if uuid is None:
+            raise GpuError(f"GPU {index}: the new {p.name} at slot {start} has no MIG device")
+        return SliceInfo(profile=p.name, start=start, uuid=uuid, memory_mb=int(info.memorySizeMB))
+
+    def destroy_slice(self, index: int, start: int) -> None:
+        nv = self._nvml
+        handle = self._handle(index)
+        found = next(((p, gi) for p, gi, where in self._instances(index, handle) if where == start), None)
+        if found is None:
+            raise MigRefusedError(f"GPU {index}: no MIG slice starts at memory slot {start}")
+        p, gi = found
+        try:
+            for ci in self._compute_instances(p, gi):
+                nv.nvmlComputeInstanceDestroy(ci)
+            nv.nvmlGpuInstanceDestroy(gi)
+        except nv.NVMLError_InUse:
+            raise GpuInUseError(f"GPU {index}: MIG slice {p.name} at slot {start} is in use") from None
+        except nv.NVMLError as e:
+            raise GpuError(f"GPU {index}: NVML could not destroy {p.name} at slot {start}: {e}") from None
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        nv = self._nvml
+        handle = self._handle(index)
+        on = getattr(nv, "NVML_DEVICE_MIG_ENABLE", NVML_DEVICE_MIG_ENABLE)
+        off = getattr(nv, "NVML_DEVICE_MIG_DISABLE", NVML_DEVICE_MIG_DISABLE)
+        want = on if enabled else off
+        try:
+            current, pending = nv.nvmlDeviceGetMigMode(handle)
+            if current == want and pending == want:
+                return
+            status = nv.nvmlDeviceSetMigMode(handle, want)
+        except nv.NVMLError_NotSupported:
+            raise MigRefusedError(f"GPU {index} ({self._model(index, handle)}) does not support MIG") from None
+        except nv.NVMLError_InUse:
+            raise GpuInUseError(f"GPU {index} has MIG slices or processes; MIG mode changes only "
+                                "on an idle GPU without slices") from None
+        except nv.NVMLError_NoPermission:
+            raise GpuError(f"GPU {index}: changing MIG mode needs root") from None
+        except nv.NVMLError as e:
+            raise GpuError(f"GPU {index}: NVML could not change MIG mode: {e}") from None
+        if status == getattr(nv, "NVML_SUCCESS", 0):
+            return
+        if status == nv.NVML_ERROR_IN_USE:
+            # The reset that activates the mode needs an idle GPU; take the request back so a
+            # later reset does not switch a GPU the worker no longer wants switched.
+            try:
+                nv.nvmlDeviceSetMigMode(handle, current)
+            except nv.NVMLError as e:
+                log.warning("GPU %d: could not withdraw the pending MIG mode: %s", index, e)
+            raise GpuInUseError(f"GPU {index} is in use; MIG mode changes only on an idle GPU")
+        raise ResetRequiredError(
+            f"GPU {index}: MIG mode {'on' if enabled else 'off'} is pending a GPU reset; with the "
+            f"GPU idle run `nvidia-smi -r -i {index}` (or reboot), then restart gpud worker")
+
+    def note_in_use(self, devices: Iterable[DeviceUse]) -> None:
+        """The driver sees processes by itself."""
+
+    # MIG helpers
+
+    def _handle(self, index: int) -> Any:
+        nv = self._nvml
+        if not self._open:
+            raise RuntimeError("NVML GPU backend used after close()")
+        try:
+            return nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as e:
+            raise GpuError(f"GPU {index}: NVML cannot reach it: {e}") from None
+
+    def _model(self, index: int, handle: Any) -> str:
+        if index not in self._models:
+            nv = self._nvml
+            try:
+                self._models[index] = normalize_model(nv.nvmlDeviceGetName(handle),
+                                                      int(nv.nvmlDeviceGetMemoryInfo(handle).total))
+            except nv.NVMLError as e:
+                raise GpuError(f"GPU {index}: NVML cannot read its model: {e}") from None
+        return self._models[index]
+
+    def _profiles_of(self, index: int, handle: Any) -> dict[str, Any]:
+        """Profile name -> (catalog profile, the driver's profile info) for this GPU."""
+        if index not in self._profiles:
+            nv = self._nvml
+            model = self._model(index, handle)
+            if not mig.supports_mig(model):
+                raise MigRefusedError(f"GPU {index} ({model}) does not support MIG")
+            found: dict[str, Any] = {}
+            for p in mig.catalog(model).values():
+                kind = getattr(nv, p.nvml_profile, None)
+                if kind is None:
+                    continue
+                try:
+                    found[p.name] = (p, nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, kind))
+                except nv.NVMLError:
+                    continue   # this board or driver does not offer it
+            self._profiles[index] = found
+        return self._profiles[index]
+
+    def _profile(self, index: int, handle: Any, profile: str) -> tuple[mig.MigProfile, Any]:
+        model = self._model(index, handle)
+        try:
+            name = mig.parse_profile(profile, model)
+        except mig.MigError as e:
+            raise MigRefusedError(f"GPU {index}: {e}") from None
+        found = self._profiles_of(index, handle).get(name)
+        if found is None:
+            raise MigRefusedError(f"GPU {index}: the driver does not offer MIG profile {name}")
+        return found
+
+    def _instances(self, index: int, handle: Any) -> list[tuple[mig.MigProfile, Any, int]]:
+        """Every GPU instance: (profile, handle, start slot)."""
+        nv = self._nvml
+        out = []
+        for p, info in self._profiles_of(index, handle).values():
+            count = ctypes.c_uint(0)
+            found = (nv.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+            try:
+                nv.nvmlDeviceGetGpuInstances(handle, info.id, found, ctypes.byref(count))
+                for gi in found[:count.value]:
+                    out.append((p, gi, int(nv.nvmlGpuInstanceGetInfo(gi).placement.start)))
+            except nv.NVMLError as e:
+                raise GpuError(f"GPU {index}: NVML cannot list its {p.name} instances: {e}") from None
+        return out
+
+    def _list_slices(self, index: int, handle: Any) -> list[SliceInfo]:
+        nv = self._nvml
+        uuids = self._mig_uuids(handle)
+        by_name = self._profiles_of(index, handle)
+        out = []
+        for p, gi, start in self._instances(index, handle):
+            gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
+            out.append(SliceInfo(profile=p.name, start=start, uuid=uuids.get(gi_id, ""),
+                                 memory_mb=int(by_name[p.name][1].memorySizeMB)))
+        return out
+
+    def _mig_uuids(self, handle: Any) -> dict[int, str]:
+        """GPU instance id -> the UUID of its MIG device."""
+        nv = self._nvml
+        out = {}
+        for mh in self._mig_handles(handle):
+            gi_id = self._read(lambda: int(nv.nvmlDeviceGetGpuInstanceId(mh)))
+            uuid = self._read(lambda: _text(nv.nvmlDeviceGetUUID(mh)))
+            if gi_id is not None and uuid:
+                out[gi_id] = uuid
+        return out
+
+    def _compute_instances(self, p: mig.MigProfile, gi: Any) -> list[Any]:
+        nv = self._nvml
+        shared = getattr(nv, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED",
+                         NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        out = []
+        for slices in range(1, p.compute_slices + 1):
+            kind = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE", None)
+            if kind is None:
+                continue
+            try:
+                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, kind, shared)
+            except nv.NVMLError:
+                continue   # not a split this instance offers
+            count = ctypes.c_uint(0)
+            found = (nv.c_nvmlComputeInstance_t * max(1, int(info.instanceCount)))()
+            nv.nvmlGpuInstanceGetComputeInstances(gi, info.id, found, ctypes.byref(count))
+            out.extend(found[:count.value])
+        return out
+
+    def _undo_instance(self, index: int, gi: Any) -> None:
+        try:
+            self._nvml.nvmlGpuInstanceDestroy(gi)
+        except self._nvml.NVMLError as e:
+            log.warning("GPU %d: could not remove a half-made MIG instance: %s", index, e)
+
+    def _create_refused(self, index: int, handle: Any, p: mig.MigProfile, start: int,
+                        e: Exception) -> GpuError:
+        nv = self._nvml
+        if isinstance(e, nv.NVMLError_NotSupported):
+            return MigRefusedError(f"GPU {index}: MIG mode is off; turn it on before creating slices")
+        if isinstance(e, nv.NVMLError_NoPermission):
+            return GpuError(f"GPU {index}: creating MIG slices needs root")
+        if not isinstance(e, (nv.NVMLError_InvalidArgument, nv.NVMLError_InsufficientResources)):
+            return GpuError(f"GPU {index}: NVML could not create {p.name} at slot {start}: {e}")
+        try:   # say which rule it broke, in the catalog's words
+            used = [mig.Slice(q.name, s) for q, _, s in self._instances(index, handle)]
+            mig.validate_layout(p.gpu_model, used + [mig.Slice(p.name, start)])
+        except mig.MigError as why:
+            return MigRefusedError(f"GPU {index}: {why}")
+        except GpuError:
+            pass
+        return MigRefusedError(f"GPU {index}: the driver refused {p.name} at slot {start}: {e}")
 
     def close(self) -> None:
         if self._open:

@@ -14,6 +14,17 @@ utilization in its environment, ``GPUD_SIM_UTIL=85`` (percent; ``90,0`` gives it
 ``GPUD_SIM_MEM_MB=20000``.  A job that declares nothing keeps its GPUs fully busy; a GPU
 without a job is idle.  Power follows utilization between a tenth of the board's TDP and
 all of it, and the energy counter integrates that power on the backend's clock.
+
+MIG: a simulated GPU whose model is in the MIG catalog (gpud.gpu.mig) can be cut into
+slices under the same rules as the hardware: MIG mode must be on; a slice must start at one
+of its profile's placements and fit beside the others (``validate_layout``); a slice that
+a job uses cannot be destroyed, and MIG mode cannot change while anything on the GPU is in
+use or, to turn it off, while slices exist.  What jobs use comes from ``note_in_use``.  A
+slice's UUID is derived from (node, GPU, start, profile), so re-creating the same slice
+gives the same ``MIG-...`` UUID.  The state lives in memory only: a new backend starts with
+MIG off everywhere, as an H100 does after a reboot, and the worker re-applies its configured
+modes.  A mode change takes effect at once on every model (on a real A100 or A30 it waits
+for a GPU reset, which the worker cannot do for the sim's GPUs anyway).
 """
 
 from __future__ import annotations
@@ -22,10 +33,12 @@ import math
 import re
 import time
 import uuid
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from ..model import GpuInfo
-from .backend import Assignment, GpuSample, SimSpecError
+from ..model import GpuInfo, SliceInfo
+from . import mig
+from .backend import (Assignment, DeviceUse, GpuInUseError, GpuSample, MigRefusedError,
+                      SimSpecError)
 
 MAX_GPUS = 1024  # far beyond any real host; stops a typo from creating millions of GPUs
 
@@ -79,6 +92,10 @@ def sim_uuid(node: str, index: int, model: str) -> str:
     return "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node}\x00{index}\x00{model}"))
 
 
+def sim_mig_uuid(node: str, index: int, start: int, profile: str) -> str:
+    return "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node}\x00{index}\x00{start}\x00{profile}"))
+
+
 class SimBackend:
     """GPUs that exist only on paper, with the same contract as the NVML backend."""
 
@@ -95,6 +112,9 @@ class SimBackend:
             for i, model in enumerate(parse_spec(spec))
         ]
         self._energy_mj = [0.0] * len(self._gpus)   # per GPU, integrated at each sample
+        self._mig_on = [False] * len(self._gpus)
+        self._slices: list[dict[int, SliceInfo]] = [{} for _ in self._gpus]   # by start slot
+        self._in_use: frozenset[DeviceUse] = frozenset()
         self._closed = False
 
     def discover(self) -> list[GpuInfo]:
@@ -130,6 +150,73 @@ class SimBackend:
                       power_w=round(p, 1), temp_c=round(30 + 0.5 * u, 1), energy_mj=int(e))
             for g, u, m, p, e in zip(self._gpus, util, mem, power, self._energy_mj)
         ]
+
+    # -- MIG -----------------------------------------------------------------------------------
+
+    def mig_state(self, index: int) -> tuple[bool, tuple[SliceInfo, ...]]:
+        self._gpu(index)
+        slices = self._slices[index]
+        return self._mig_on[index], tuple(slices[s] for s in sorted(slices))
+
+    def possible_placements(self, index: int, profile: str) -> list[mig.Placement]:
+        g = self._mig_gpu(index)
+        try:
+            return list(mig.catalog(g.model)[mig.parse_profile(profile, g.model)].placements)
+        except mig.MigError as e:
+            raise MigRefusedError(f"GPU {index}: {e}") from None
+
+    def create_slice(self, index: int, profile: str, start: int) -> SliceInfo:
+        g = self._mig_gpu(index)
+        if not self._mig_on[index]:
+            raise MigRefusedError(f"GPU {index}: MIG mode is off; turn it on before creating slices")
+        slices = self._slices[index]
+        try:
+            name = mig.parse_profile(profile, g.model)
+            wanted = mig.Slice(name, start)
+            mig.validate_layout(g.model, [mig.Slice(s.profile, s.start) for s in slices.values()]
+                                + [wanted])
+        except mig.MigError as e:
+            raise MigRefusedError(f"GPU {index}: {e}") from None
+        made = SliceInfo(profile=name, start=start, uuid=sim_mig_uuid(self.node, index, start, name),
+                         memory_mb=mig.catalog(g.model)[name].memory_mb)
+        slices[start] = made
+        return made
+
+    def destroy_slice(self, index: int, start: int) -> None:
+        self._mig_gpu(index)
+        found = self._slices[index].get(start)
+        if found is None:
+            raise MigRefusedError(f"GPU {index}: no MIG slice starts at memory slot {start}")
+        if (index, start) in self._in_use:
+            raise GpuInUseError(f"GPU {index}: MIG slice {found.profile} at slot {start} is in use")
+        del self._slices[index][start]
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        self._mig_gpu(index)
+        if self._mig_on[index] == enabled:
+            return
+        if any(i == index for i, _ in self._in_use):
+            raise GpuInUseError(f"GPU {index} is in use; MIG mode changes only on an idle GPU")
+        if self._slices[index]:
+            raise GpuInUseError(f"GPU {index} still has MIG slices; destroy them before "
+                                "turning MIG off")
+        self._mig_on[index] = enabled
+
+    def note_in_use(self, devices: Iterable[DeviceUse]) -> None:
+        self._in_use = frozenset(devices)
+
+    def _gpu(self, index: int) -> GpuInfo:
+        if self._closed:
+            raise RuntimeError("sim GPU backend used after close()")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self._gpus):
+            raise MigRefusedError(f"no GPU {index!r} on {self.node}")
+        return self._gpus[index]
+
+    def _mig_gpu(self, index: int) -> GpuInfo:
+        g = self._gpu(index)
+        if not mig.supports_mig(g.model):
+            raise MigRefusedError(f"GPU {index} ({g.model}) does not support MIG")
+        return g
 
     def close(self) -> None:
         self._closed = True
