@@ -39,6 +39,8 @@ VERBS = {
     "seff": "Show one job's CPU, memory and GPU efficiency.",
     "report": "Report GPU-hours, cost and utilization by account, user, partition or GPU type.",
     "top": "Watch nodes and GPUs live: utilization and who holds each GPU.",
+    "sprio": "Show pending jobs' priority factors.",
+    "sshare": "Show fair-share usage and factors by account and user.",
 }
 
 

@@ -47,6 +47,13 @@ Operations (args -> result):
              -> {"entries": int}   The entries are the text's, parsed by gpuctl into job
              specs; the head parses the text again and checks both agree.
 ``nodes``    {} -> {"nodes": [NODE]}
+``sprio``    {"job_ids": [int]?, "users": [str]?} -> {"jobs": [{"job_id", "user", "account",
+             "partition", "qos", "priority", "factors": {"age", "fairshare", "job_size", "qos",
+             "partition", "nice"} (weighted: they sum to the priority), "reason"}],
+             "weights": {factor: weight}}   (from the last scheduler pass)
+``sshare``   {"users": [str]?} -> {"rows": [{"account", "user" (null for an account row),
+             "depth", "shares", "norm_shares", "raw_usage", "effective_usage", "level_fs",
+             "fairshare" (null for accounts)}], "half_life": float|null}
 ``reconfigure`` {} -> {"path": str|null, "restart_needed": [str]}   (root and admins only)
              Re-reads the head's config file, as SIGHUP does; an invalid file is refused
              with its first ``FILE:LINE: message`` and the running config is kept.
@@ -91,7 +98,7 @@ MAX_LINE = 16 * 1024 * 1024
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
-                 "report", "seff", "telemetry",
+                 "report", "seff", "telemetry", "sprio", "sshare",
                  "hold", "release", "requeue", "update_job", "update_node", "show",
                  "scrontab_get", "scrontab_set"})
 

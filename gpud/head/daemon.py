@@ -27,6 +27,7 @@ does not report, ``finished`` is repeated by workers until acked, and a worker r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -43,13 +44,17 @@ from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS
 from .ops_jobs import OPS as JOB_OPS
+from .ops_sched import OPS as SCHED_OPS
 from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .relay import RelayedRequests
-from .scheduling import DOWN, UP, Applied, annotate, build_snapshot, plan_to_txn, run_core
+from ..sched.plan import Plan
+from .scheduling import (DOWN, UP, Applied, annotate, build_snapshot, node_view, plan_to_txn, run_core,
+                         running_view)
 from .store import JobRecord, NodeRecord, Store, Txn
 from .telemetry import Telemetry
+from .usage import UsageLedger
 
 log = logging.getLogger("gpud.head")
 
@@ -71,7 +76,7 @@ class Head:
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
-                                                 **SLURM_OPS, **CRON_OPS}.items()
+                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
@@ -79,7 +84,8 @@ class Head:
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
         self.lock = asyncio.Lock()          # one writer of job state at a time
         self._stop_sent: dict[tuple[int, int], float] = {}
-        self._usage: dict[tuple[str, str], float] = {}
+        self.usage = UsageLedger()           # fair-share usage, decayed, persisted
+        self.last_plan: Plan | None = None   # factors and reasons for sprio
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
         self.relayed = RelayedRequests(self)  # gpuctl requests from relays (head/requests)
@@ -96,6 +102,7 @@ class Head:
         for rec in self.store.nodes.values():
             rec.last_seen = now
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
+        await self.usage.load(self.store, now)
         await self.server.start()
         if self.cfg.head.metrics_listen:
             await self.metrics.start(self.cfg.head.metrics_listen)
@@ -117,6 +124,14 @@ class Head:
         finally:
             await self.metrics.close()
             await self.server.close()
+            try:  # relays answer "head offline" at once instead of waiting out their timeout
+                await self.bus.publish(HEAD_STATUS, "head_status", {"state": "offline"}, retain=True)
+            except Exception:
+                log.exception("could not announce that the head is stopping")
+            try:
+                await self.usage.maybe_save(self.store, self.clock(), force=True)
+            except Exception:
+                log.exception("could not save fair-share usage")
             try:
                 await self.telemetry.flush()
             except Exception:
@@ -207,13 +222,17 @@ class Head:
             started = time.perf_counter()
             now = self.clock()
             recent = tuple(await self.store.recent_preemptions(now - 60))
-            snap = build_snapshot(self.store, self.cfg.sched, self._usage, recent,
+            snap = build_snapshot(self.store, self.cfg.sched, {}, recent,
                                   await self.slurm.before_pass(now))
+            snap = dataclasses.replace(snap, usage=self.usage.advance(snap.running, snap.nodes,
+                                                                        self.cfg.sched, now))
             plan = run_core(snap, now)
             txn, applied = plan_to_txn(self.store, plan, now)
             await self.store.commit(txn)
             annotate(self.store, plan)
+            self.last_plan = plan
             self.passes += 1
+            await self.usage.maybe_save(self.store, now)
         self.metrics.observe_pass(time.perf_counter() - started)
         for job in applied.launches:
             log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user, job.node,
@@ -221,7 +240,7 @@ class Head:
         await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
         for job, p in applied.stops:
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
-            await self.send_signal(job, "TERM", grace=p.grace_time, reason="preempted")
+            await self.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
         return applied
 
     # -- messages to workers ------------------------------------------------------------------
@@ -379,6 +398,7 @@ class Head:
                     txn.transition(job, new, now=end, event="finished", detail=detail,
                                    end_time=end, exit_code=exit_code, signal=sig)
                 await self.store.commit(txn)
+                self._charge(job, end)
                 self._stop_sent.pop((jid, attempt), None)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
                 self.kick()
@@ -403,7 +423,8 @@ class Head:
             rec.state, rec.reason = DOWN, reason
             await self.store.upsert_node(rec)
             txn = Txn(self.store)
-            for job in list(self.store.jobs_on_node(rec.name)):
+            lost = list(self.store.jobs_on_node(rec.name))
+            for job in lost:
                 txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
                             (now, "node_fail", job.job_id, job.attempt))
                 if job.spec.requeue and job.stop_reason != "cancelled":
@@ -415,7 +436,14 @@ class Head:
                     txn.transition(job, new, now=now, event="node_fail", detail=f"{rec.name}: {reason}",
                                    end_time=now)
             await self.store.commit(txn)
+            for job in lost:
+                self._charge(job, now)
         self.kick()
+
+    def _charge(self, job: JobRecord, end: float) -> None:
+        """Bill a job that stopped since the last pass (its allocation as it was)."""
+        if job.node is not None:
+            self.usage.job_ended(running_view(job), node_view(self.store, job.node), end, self.cfg.sched)
 
 
 def _stop_kind(job: JobRecord) -> str:

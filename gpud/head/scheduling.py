@@ -36,21 +36,35 @@ def node_info(store: Store, name: str) -> NodeInfo | None:
         return None
 
 
+def node_view(store: Store, name: str) -> NodeView | None:
+    info = node_info(store, name)
+    if info is None:
+        return None
+    return NodeView(
+        name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
+        gpus=tuple(GpuView(g.index, g.uuid, g.model, g.memory_mb) for g in info.gpus),
+        schedulable=store.nodes[name].state == UP,
+        labels=tuple(sorted(info.labels.items())),
+    )
+
+
+def running_view(j: JobRecord) -> RunningJob:
+    assert j.node is not None
+    return RunningJob(
+        job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
+        qos=j.qos, node=j.node, gpu_indices=j.gpu_indices, cpus=j.cpus, mem_mb=j.mem_mb,
+        start_time=j.start_time or j.launched_at or j.submit_time,
+        time_limit=j.time_limit, preempt_count=j.preempt_count, borrowed=j.borrowed,
+        requeue=j.spec.requeue, stopping=j.state is JobState.COMPLETING,
+        submit_time=j.submit_time, nice=j.spec.nice,
+    )
+
+
 def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...],
                    blocked: dict[int, str] | None = None) -> Snapshot:
     """``blocked``: why pending jobs may not start now (slurm.SlurmSupport.before_pass)."""
     blocked = blocked or {}
-    nodes = []
-    for rec in store.nodes.values():
-        info = node_info(store, rec.name)
-        if info is None:
-            continue
-        nodes.append(NodeView(
-            name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
-            gpus=tuple(GpuView(g.index, g.uuid, g.model, g.memory_mb) for g in info.gpus),
-            schedulable=rec.state == UP,
-            labels=tuple(sorted(info.labels.items())),
-        ))
+    nodes = [v for v in (node_view(store, name) for name in store.nodes) if v is not None]
     pending, running = [], []
     for j in store.active.values():
         if j.state is JobState.PENDING:
@@ -61,13 +75,7 @@ def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[
                 preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked.get(j.job_id),
             ))
         elif j.state.active and j.node is not None:
-            running.append(RunningJob(
-                job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
-                qos=j.qos, node=j.node, gpu_indices=j.gpu_indices, cpus=j.cpus, mem_mb=j.mem_mb,
-                start_time=j.start_time or j.launched_at or j.submit_time,
-                time_limit=j.time_limit, preempt_count=j.preempt_count, borrowed=j.borrowed,
-                requeue=j.spec.requeue, stopping=j.state is JobState.COMPLETING,
-            ))
+            running.append(running_view(j))
     nodes.sort(key=lambda n: n.name)
     pending.sort(key=lambda p: p.job_id)
     running.sort(key=lambda r: r.job_id)
