@@ -146,3 +146,17 @@ def test_metrics_endpoint_answers_only_what_it_serves(cluster):
     assert e.value.code == 405
     assert cluster.head.poll() is None                                   # still serving
     assert "gpud_jobs" in urllib.request.urlopen(cluster.metrics_url, timeout=10).read().decode()
+
+
+def test_a_head_whose_metrics_address_is_taken_says_so_and_exits(tmp_path, mosquitto):  # noqa: F811
+    c = Cluster(tmp_path / "c", mosquitto.url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with_head_settings(c, f'metrics_listen = "127.0.0.1:{taken.getsockname()[1]}"\n')
+        head = c.start_head(wait=False)
+        assert head.wait(60) == 1
+    c.close()
+    last = c.log("head").strip().splitlines()[-1]
+    assert last.startswith("gpud: error: cannot serve /metrics on 127.0.0.1:") and "metrics_listen" in last
+    assert not (tmp_path / "c" / "gpud.sock").exists()

@@ -103,9 +103,9 @@ class Head:
             rec.last_seen = now
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         await self.usage.load(self.store, now)
-        await self.server.start()
-        if self.cfg.head.metrics_listen:
+        if self.cfg.head.metrics_listen:   # first: a bad address stops the head before it serves
             await self.metrics.start(self.cfg.head.metrics_listen)
+        await self.server.start()
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [

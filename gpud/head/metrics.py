@@ -95,7 +95,11 @@ class HeadMetrics:
 
     async def start(self, listen: str) -> None:
         host, port = split_listen(listen)
-        self._server = await asyncio.start_server(self._serve, host, port)
+        try:
+            self._server = await asyncio.start_server(self._serve, host, port)
+        except OSError as e:
+            raise RuntimeError(f"cannot serve /metrics on {listen}: {e.strerror or e}; set [head] "
+                               "metrics_listen to a free local address, or \"\" for none") from None
         bound = self._server.sockets[0].getsockname() if self._server.sockets else (host, port)
         log.info("metrics on http://%s:%d/metrics", bound[0], bound[1])
 
