@@ -214,3 +214,17 @@ async def test_the_head_drops_bad_samples_and_routes_good_ones(tmp_path, caplog)
         assert r.head.telemetry.dropped == 1 and "dropped samples from n1: gpus must be" in caplog.text
         await r.head.handle(msg(r.body("n1")))
         assert set(r.head.telemetry.latest) == {"n1"}
+
+
+async def test_a_policy_turned_on_later_acts_on_a_job_flagged_already(tmp_path):
+    async with rig(tmp_path, config(idle_period=30, idle_action="none")) as r:
+        await r.add_node("n1")
+        idle = await r.submit(gpus=1, util="0")
+        await r.schedule()
+        await r.run_for(35, every=5)
+        assert (r.job(idle).reason, r.job(idle).state) == (IDLE_REASON, JobState.RUNNING)
+        r.head.cfg = config(idle_period=30, idle_action="cancel")       # as a reload would
+        await r.sample("n1")
+        assert (r.job(idle).state, r.job(idle).stop_reason) == (JobState.COMPLETING, "idle:cancel")
+        events = [e["event"] for e in await r.store.job_events(idle)]
+        assert events.count("gpu_idle") == 2

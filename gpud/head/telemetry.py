@@ -375,12 +375,14 @@ class Telemetry:
             return
         if usage.idle_since is None:
             usage.idle_since = now
-        if now - usage.idle_since < part.idle_period or job.reason == IDLE_REASON:
+        if now - usage.idle_since < part.idle_period:
             return
         detail = f"every GPU under {part.idle_threshold:g}% for {format_duration(now - usage.idle_since)}"
         action = part.idle_action
         if action == "requeue" and not job.spec.requeue:
             action, detail = "none", detail + "; not requeued: the job asked for --no-requeue"
+        if action == "none" and job.reason == IDLE_REASON:
+            return   # flagged already (a policy turned on by a reload acts on it next sample)
         log.warning("job %d (user %s) on %s: GPUs idle: %s; action %s", job.job_id, job.user, job.node,
                     detail, action)
         await self._mark(job, IDLE_REASON, action, now, "gpu_idle", f"{detail}; action {action}")
