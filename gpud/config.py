@@ -176,6 +176,13 @@ def gpu_spec(v: Any) -> str:
     return v
 
 
+def gpu_modes(v: Any) -> Any:
+    """``[worker] gpu_modes``: GPU selectors -> sharing modes (gpud.worker.gpumodes)."""
+    from .worker.gpumodes import parse_gpu_modes
+
+    return parse_gpu_modes(v)
+
+
 def setting(default: Any, parse: Parser, *, live: bool = False) -> Any:
     """A config key.  ``live``: a running head applies a new value on reload."""
     return field(default=default, metadata={"parse": parse, "live": live})
@@ -218,6 +225,7 @@ class WorkerConfig:
     cpus: int | None = setting(None, count(1))               # default: what the host has
     mem_mb: int | None = setting(None, size_mb)
     relay_socket: str | None = setting(None, text)           # also serve gpuctl here (gpud.relay)
+    gpu_modes: dict[str, str] | None = setting(None, gpu_modes)  # MIG, MPS, time-slicing per GPU
 
 
 @dataclass(frozen=True)

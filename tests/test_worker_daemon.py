@@ -201,8 +201,7 @@ async def test_announces_itself_on_connect(rig, tmp_path):
     sim = SimBackend("2xH100-80GB", NODE).discover()
     assert node == {
         "name": NODE, "cpus": 8, "mem_mb": 64000, "labels": {},
-        "gpus": [{"index": g.index, "uuid": g.uuid, "model": "H100-80GB", "memory_mb": 81920}
-                 for g in sim],
+        "gpus": [g.to_dict() for g in sim],
     }
     assert rig.executor.state_dir == str(tmp_path / "worker" / NODE)
     assert rig.executor.node == NODE

@@ -15,11 +15,19 @@ keep running.  Four tasks share one TaskGroup:
                 repeats pause (they would only fill the broker's queue), and its return
                 brings a ``register`` and a full heartbeat.
 ``commands``    messages on ``node/<name>/cmd`` from the head: ``launch``, ``signal``,
-                ``kill`` (fencing: allocations the head no longer gives this node), ``ack``
-                and ``hello`` (the head wants a fresh ``register``); plus ``head_status``,
-                whose "online" also triggers a ``register``.
+                ``kill`` (fencing: allocations the head no longer gives this node), ``ack``,
+                ``hello`` (the head wants a fresh ``register``) and ``mig`` (re-lay a
+                dynamic MIG GPU; a ``register`` follows); plus ``head_status``, whose
+                "online" also triggers a ``register``.
 ``outbox``      publishes what the executor reports (``started``, ``finished``) in the
                 order it happened, so executor callbacks never wait on the network.
+
+GPU sharing (gpud.worker.gpumodes): before the loops start, each GPU is brought to its
+configured mode (MIG layouts, MIG off for the others), and ``register`` reports modes and
+slices as they are.  A launch on MPS shares gets the MPS environment (the first job of a
+user starts the GPU's control daemon); one the GPUs cannot take ends as launch_failed.
+After every job end the daemons of GPUs left without jobs stop and layouts that waited for
+busy slices are completed.
 
 Every message is at-least-once, so every handler tolerates repeats, and nothing in a
 message body is trusted: a body of the wrong shape is logged in one line and dropped.
@@ -39,14 +47,16 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import psutil
 
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, Will, node_cmd, node_status
 from ..config import Config
-from ..gpu.backend import GpuBackend
+from ..gpu.backend import GpuBackend, GpuError
 from ..model import NodeInfo
+from . import gpumodes
 
 log = logging.getLogger("gpud.worker")
 
@@ -115,6 +125,8 @@ class Worker:
         self.node = build_node_info(cfg, backend)
         self.name = self.node.name
         self.state_dir = os.path.join(cfg.state_dir, "worker", self.name)
+        self.gpus = gpumodes.from_config(cfg, backend, self.name, self.state_dir, clock=clock)
+        self._background: set[asyncio.Task] = set()    # job-end clean-ups in flight
         self.executor: Any = None
         self._executor_factory = executor_factory
         self._cmd_topic = node_cmd(self.name)
@@ -135,6 +147,7 @@ class Worker:
             self.state_dir, self.name, on_started=self._on_started,
             on_finished=self._on_finished, clock=self.clock)
         await self.executor.start()
+        await self._apply_gpu_modes()
         # The bus calls this after every (re)connect; it only wakes the connection task.
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         log.info("worker %s up: %d GPUs (%s), %d CPUs, %d MB", self.name, len(self.node.gpus),
@@ -157,6 +170,7 @@ class Worker:
                     await self._flush_and_say_goodbye()
                 await _cancel_all([outbox])
         finally:
+            await _cancel_all(self._background)
             await self.executor.close()
             log.info("worker %s stopped; %d job(s) left running", self.name,
                      len(self.executor.running()))
@@ -268,6 +282,9 @@ class Worker:
                  outcome.attempt, self._user(outcome.job_id, outcome.attempt), self.name,
                  outcome.reason, outcome.exit_code, outcome.signal)
         self._outbox.put_nowait(("finished", outcome.to_body()))
+        task = asyncio.get_running_loop().create_task(self._after_job_end(), name="job-end")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _sampler(self) -> Any:
         from .telemetry import Sampler, assignments_from
@@ -278,6 +295,32 @@ class Worker:
 
     def _user(self, job: int, attempt: int) -> str:
         return self._users.get((job, attempt), "?")
+
+    # -- GPU sharing (gpud.worker.gpumodes) ------------------------------------------------------
+
+    def _launches(self) -> list[Any]:
+        launches = getattr(self.executor, "launches", None)
+        return list(launches()) if launches is not None else []
+
+    async def _apply_gpu_modes(self) -> None:
+        """At start: configured modes and layouts, and the MPS clients of surviving jobs."""
+        launches = self._launches()
+        await asyncio.to_thread(self.gpus.apply_at_start, gpumodes.devices_in_use(launches),
+                                gpumodes.slices_needed(launches))
+        self.gpus.adopt_launches(launches)
+        await asyncio.to_thread(self.gpus.sync_mps, launches)
+        self.node = replace(self.node, gpus=self.gpus.infos())
+
+    async def _after_job_end(self) -> None:
+        try:
+            launches = self._launches()
+            await asyncio.to_thread(self.gpus.sync_mps, launches)
+            if await asyncio.to_thread(self.gpus.converge, gpumodes.devices_in_use(launches)):
+                self.node = replace(self.node, gpus=self.gpus.infos())
+                await self.register()
+        except Exception as e:  # a clean-up must never take the worker down
+            log.error("worker %s: GPU clean-up after a job failed: %s: %s", self.name,
+                      type(e).__name__, e)
 
     # -- what the worker hears ----------------------------------------------------------------
 
@@ -328,7 +371,18 @@ class Worker:
         user = getattr(launch, "user", None) or "?"
         self._users[(launch.job_id, launch.attempt)] = str(user)
         log.info("job %s.%s (user %s) launching on %s", launch.job_id, launch.attempt, user, self.name)
+        try:
+            launch = await asyncio.to_thread(self.gpus.prepare_launch, launch)
+        except GpuError as e:
+            log.warning("job %s.%s (user %s) refused on %s: %s", launch.job_id, launch.attempt,
+                        user, self.name, e)
+            refuse = getattr(self.executor, "refuse", None)
+            if refuse is not None:
+                await refuse(launch, str(e))
+            return
         await self.executor.launch(launch)
+        if self.gpus.mps is not None:   # a repeat of an ended job must not leave a daemon behind
+            await asyncio.to_thread(self.gpus.sync_mps, self._launches())
 
     async def _cmd_signal(self, body: dict) -> None:
         job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
@@ -361,9 +415,18 @@ class Worker:
         await self.register()
         await self.heartbeat()
 
+    async def _cmd_mig(self, body: dict) -> None:
+        in_use = gpumodes.devices_in_use(self._launches())
+        result = await asyncio.to_thread(self.gpus.apply_command, body, in_use)
+        reason = body.get("reason") if isinstance(body.get("reason"), str) else "re-layout"
+        (log.warning if result.refused else log.info)(
+            "worker %s: mig (%s): %s", self.name, reason[:80], result.message)
+        self.node = replace(self.node, gpus=self.gpus.infos())
+        await self.register()   # applied or not, the head learns what is there
+
     _commands = {
         "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
-        "ack": _cmd_ack, "hello": _cmd_hello,
+        "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
     }
 
 

@@ -179,6 +179,14 @@ class Executor:
             self._watch(job)
         await _call(self._on_started, key[0], key[1], job.pid, job.start_time)
 
+    async def refuse(self, launch: Launch, message: str) -> None:
+        """Record a launch this node will not run (its GPUs cannot take it) as launch_failed,
+        reported like any outcome; a repeat of a known allocation does nothing."""
+        key = (launch.job_id, launch.attempt)
+        if key in self._jobs or key in self._outcomes or self.store.seen(key):
+            return
+        await self._finish(key, self._outcome(_Job(launch), None, None, "launch_failed", message))
+
     async def signal(self, job_id: int, attempt: int, sig: str | int = "TERM",
                      grace: float | None = None, reason: str = "cancelled") -> bool:
         """Stop a job: ``sig`` to its process group now, SIGKILL after ``grace`` seconds
@@ -287,7 +295,7 @@ class Executor:
         env.update({
             "GPUD_JOB_ID": str(launch.job_id), "GPUD_JOB_NAME": launch.name,
             "GPUD_NODENAME": self.node, "GPUD_SUBMIT_DIR": launch.submit_dir,
-            "GPUD_GPUS": ",".join(str(g.index) for g in launch.gpus),
+            "GPUD_GPUS": ",".join(str(i) for i in dict.fromkeys(g.index for g in launch.gpus)),
             "GPUD_JOB_ATTEMPT": str(launch.attempt),
             # UUIDs survive any renumbering; an empty value hides every GPU.
             "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in launch.gpus),

@@ -28,10 +28,21 @@ DEFAULT_OUTPUT = "gpud-%j.out"
 DEFAULT_ARRAY_OUTPUT = "gpud-%A_%a.out"
 
 
+DEVICE_KINDS = ("gpu", "mig", "mps", "timeslice")
+
+
 @dataclass(frozen=True)
 class GpuAssignment:
     index: int
     uuid: str   # a GPU or MIG device UUID, as CUDA_VISIBLE_DEVICES takes it
+    kind: str = "gpu"                # "gpu" | "mig" | "mps" | "timeslice" (gpud.worker.gpumodes)
+    slice_start: int | None = None   # mig: the slice's first memory slot
+    mem_mb: int | None = None        # mps: the pinned memory limit; mig: the slice's memory
+    profile: str | None = None       # mig: the slice's profile
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "kind": self.kind,
+                "slice_start": self.slice_start, "mem_mb": self.mem_mb, "profile": self.profile}
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,7 @@ class Launch:
             "job_id": self.job_id, "attempt": self.attempt, "name": self.name, "user": self.user,
             "uid": self.uid, "gid": self.gid, "script": self.script, "work_dir": self.work_dir,
             "stdout": self.stdout, "stderr": self.stderr, "env": dict(self.env),
-            "gpus": [{"index": g.index, "uuid": g.uuid} for g in self.gpus],
+            "gpus": [g.to_dict() for g in self.gpus],
             "cpus": self.cpus, "mem_mb": self.mem_mb, "time_limit": self.time_limit,
             "kill_grace": self.kill_grace, "submit_dir": self.submit_dir,
             "extra_env": dict(self.extra_env),
@@ -299,7 +310,27 @@ def _gpus(v: Any) -> tuple[GpuAssignment, ...]:
             raise ValueError(f"gpu index must be a non-negative integer, not {index!r:.40}")
         if not isinstance(uuid, str) or not uuid or "," in uuid or "\x00" in uuid:
             raise ValueError(f"gpu uuid must be a non-empty string without commas, not {uuid!r:.40}")
-        out.append(GpuAssignment(index, uuid))
-    if len({g.index for g in out}) != len(out):
+        out.append(_device(g, index, uuid))
+    # Slices of one GPU share its index; only whole GPUs and UUIDs must be unique.
+    whole = [g.index for g in out if g.kind != "mig"]
+    if len(set(whole)) != len(whole):
         raise ValueError("gpus lists an index twice")
+    if len({g.uuid for g in out}) != len(out):
+        raise ValueError("gpus lists a UUID twice")
     return tuple(out)
+
+
+def _device(g: dict, index: int, uuid: str) -> GpuAssignment:
+    kind = g.get("kind") or "gpu"
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"gpu kind must be one of {', '.join(DEVICE_KINDS)}, not {kind!r:.40}")
+    start, mem, profile = g.get("slice_start"), g.get("mem_mb"), g.get("profile")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 16):
+        raise ValueError(f"slice_start must be a memory slot 0-15, not {start!r:.40}")
+    if kind == "mig" and start is None:
+        raise ValueError("a mig device needs its slice_start")
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or not 0 < mem <= MAX_ID):
+        raise ValueError(f"mem_mb must be a positive integer, not {mem!r:.40}")
+    if profile is not None and (not isinstance(profile, str) or not 0 < len(profile) <= 32):
+        raise ValueError(f"profile must be a short string, not {profile!r:.40}")
+    return GpuAssignment(index, uuid, kind, start, mem, profile)

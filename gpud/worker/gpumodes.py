@@ -1,0 +1,570 @@
+"""How each GPU of a worker is shared: the ``gpu_modes`` setting, applying it, the head's
+``mig`` commands, and what launches on shared GPUs need.
+
+Theory of operation
+-------------------
+Config.  ``[worker] gpu_modes`` maps GPU selectors to modes::
+
+    gpu_modes = { "0-3" = "mig:all-1g.10gb", "4" = "mig:dynamic", "5" = "mps:thread_percentage=50",
+                  "6" = "timeslice:4", "gpu07:0-7" = "whole" }
+
+A selector is ``*``, an index, a range or a comma list of them, optionally prefixed by a
+node name and a colon; a node's own entries beat the plain ones, and an explicit index
+beats ``*``.  GPUs no entry names are ``whole``, except that one found in MIG mode is
+left so and its slices offered as they are (MIG managed by hand).  Modes: ``whole``; ``mig:LAYOUT`` (a
+mig-parted style name, ``all-1g.10gb``, ``all-balanced``, ``all-enabled``: a static layout)
+or ``mig:dynamic`` (the scheduler lays slices out as demand comes); ``mps`` with optional
+``max_clients=N`` (at most 48) and ``thread_percentage=P``; ``timeslice:N`` (N jobs share
+the GPU with no memory isolation).  ``parse_gpu_modes`` checks all of it for ``gpud
+check-config``; whether a layout exists on a GPU's model is checked at start.
+
+Start.  ``GpuModes.apply_at_start`` asserts the desired state and acts only on the
+difference, one GPU at a time (a failing GPU is logged, the others go on): MIG mode on or
+off as configured, then for a static layout the free slices that are not in it are
+destroyed and the missing ones created at their exact placements.  Slices that running
+jobs use are never touched; a layout that cannot be completed because of them converges
+when they end (``converge``, called after every job end).  A GPU that loses MIG mode at
+reboot (H100, H200) therefore gets it back here; a dynamic GPU gets back the slices its
+surviving jobs hold (the sim forgets them with the worker).
+
+Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reason} is
+applied to a dynamic GPU when the end state is a valid layout that keeps every slice in
+use; a command whose end state already holds does nothing (messages come at least once).
+A command that destroys slices sooner than ``[scheduler] mig_min_interval`` after the
+last one is refused; ``relaid_at`` is the time of the last command that destroyed any.
+The worker re-registers after every command, applied or refused, so the head sees what
+is there, new ``MIG-...`` UUIDs included.
+
+What is reported (``infos``) is what the hardware has, not what was wished for: a GPU that
+could not leave MIG mode because slices are busy is reported as ``mig`` with those
+slices, and one whose MIG mode waits for a reset as ``mig`` with no slices (nothing runs
+there until an operator resets it).
+
+Launches.  ``prepare_launch`` checks a launch against the GPUs (a slice it names must
+exist with that UUID) and adds the MPS environment for ``mps`` devices through
+gpud.gpu.mps; ``sync_mps`` stops the daemons of GPUs whose jobs have all ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from ..gpu import mig
+from ..gpu.backend import DeviceUse, GpuBackend, GpuError, MigRefusedError, ResetRequiredError
+from ..gpu.mps import ControlDaemonRunner, MpsDaemons, StubRunner
+from ..model import MPS_MAX_CLIENTS, GpuInfo, SliceInfo
+
+log = logging.getLogger("gpud.worker.gpumodes")
+
+MAX_REPLICAS = 1024
+INTERVAL_SLACK = 5.0     # seconds of clock difference between head and worker forgiven
+MAX_CHANGES = 16         # slices one mig command may destroy or create (a GPU has at most 8 slots)
+
+_INDEXES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# -- the config form ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuMode:
+    """One GPU's configured sharing mode."""
+
+    kind: str = "whole"                 # "whole" | "mig" | "mps" | "timeslice"
+    layout: str | None = None           # mig: a named static layout; None when dynamic
+    dynamic: bool = False               # mig: the scheduler lays slices out
+    max_clients: int = MPS_MAX_CLIENTS  # mps
+    thread_percentage: int | None = None  # mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for every job
+    replicas: int = 1                   # timeslice
+    managed: bool = True                # False: not in gpu_modes; MIG is left as found
+
+
+WHOLE = GpuMode()
+UNMANAGED = GpuMode(managed=False)
+
+
+def parse_mode(text: Any) -> GpuMode:
+    """A mode as written in gpu_modes; ValueError saying what to write instead."""
+    if not isinstance(text, str):
+        raise ValueError(f"a mode must be a string such as \"mig:dynamic\", not {text!r}")
+    kind, _, arg = text.strip().partition(":")
+    kind, arg = kind.strip().lower(), arg.strip()
+    if kind == "whole" and not arg:
+        return WHOLE
+    if kind == "mig":
+        if arg.lower() == "dynamic":
+            return GpuMode("mig", dynamic=True)
+        _check_layout_name(arg)
+        return GpuMode("mig", layout=arg.lower())
+    if kind == "mps":
+        return _parse_mps(arg)
+    if kind == "timeslice":
+        if not arg.isdigit() or not 1 <= int(arg) <= MAX_REPLICAS:
+            raise ValueError(f"timeslice needs the number of jobs that share the GPU, 1-{MAX_REPLICAS}, "
+                             f"as in \"timeslice:4\", not {text!r}")
+        return GpuMode("timeslice", replicas=int(arg))
+    raise ValueError(f"unknown GPU mode {text!r}: use whole, mig:LAYOUT, mig:dynamic, "
+                     "mps[:max_clients=N,thread_percentage=P] or timeslice:N")
+
+
+def _check_layout_name(name: str) -> None:
+    key = name.lower()
+    if key in ("all-enabled", "all-balanced"):
+        return
+    if key.startswith("all-"):
+        try:
+            profile = mig.parse_profile(key[4:])
+        except mig.MigError:
+            profile = None
+        if any(profile in mig.catalog(m) for m in mig.mig_models()):
+            return   # whether this GPU's model has it is checked at start
+    raise ValueError(f"unknown MIG layout {name!r}: use dynamic, all-balanced, all-enabled or "
+                     "all-PROFILE such as all-1g.10gb")
+
+
+def _parse_mps(arg: str) -> GpuMode:
+    values = {"max_clients": MPS_MAX_CLIENTS, "thread_percentage": None}
+    for item in filter(None, (w.strip() for w in arg.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in values or not value.strip().isdigit():
+            raise ValueError(f"mps takes max_clients=N and thread_percentage=P, as in "
+                             f"\"mps:max_clients=16,thread_percentage=25\", not {item!r}")
+        values[key] = int(value)
+    if not 1 <= values["max_clients"] <= MPS_MAX_CLIENTS:
+        raise ValueError(f"mps max_clients must be 1-{MPS_MAX_CLIENTS} (the most MPS serves), "
+                         f"not {values['max_clients']}")
+    pct = values["thread_percentage"]
+    if pct is not None and not 1 <= pct <= 100:
+        raise ValueError(f"mps thread_percentage must be 1-100, not {pct}")
+    return GpuMode("mps", max_clients=values["max_clients"], thread_percentage=pct)
+
+
+def parse_selector(key: Any) -> tuple[str | None, frozenset[int] | None]:
+    """(node or None, indexes or None for every GPU) of a gpu_modes key."""
+    if not isinstance(key, str):
+        raise ValueError(f"a GPU selector must be a string, not {key!r}")
+    node, colon, spec = key.strip().rpartition(":")
+    if colon and not _NODE.match(node):
+        raise ValueError(f"invalid node name {node!r} in GPU selector {key!r}")
+    spec = spec.replace(" ", "")
+    if spec == "*":
+        return node or None, None
+    if not _INDEXES.match(spec):
+        raise ValueError(f"invalid GPU selector {key!r}: use *, 3, 0-3 or 0,2,4-7, "
+                         "optionally after NODE:")
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if a > b or b >= 1024:
+            raise ValueError(f"invalid GPU range {part!r} in {key!r}")
+        out.update(range(a, b + 1))
+    return node or None, frozenset(out)
+
+
+class ModeTable(dict):
+    """gpu_modes as written (selector -> mode text), checked.  Hashable so that it can sit
+    in the frozen config; never changed after parsing."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+def parse_gpu_modes(value: Any) -> ModeTable:
+    """The config parser for ``[worker] gpu_modes``; ValueError with the first problem."""
+    if not isinstance(value, Mapping):
+        raise ValueError("must be a table of GPU selectors and modes, such as "
+                         "{ \"0-3\" = \"mig:all-1g.10gb\", \"4\" = \"mps\" }")
+    seen: dict[tuple[str | None, int], str] = {}
+    out = ModeTable()
+    for key, text in value.items():
+        try:
+            node, indexes = parse_selector(key)
+            parse_mode(text)
+        except ValueError as e:
+            raise ValueError(f"{key!r}: {e}") from None
+        for i in indexes or ():
+            other = seen.setdefault((node, i), key)
+            if other != key:
+                raise ValueError(f"GPU {i} is in both {other!r} and {key!r}; name each GPU once")
+        out[str(key)] = str(text)
+    return out
+
+
+def modes_for(table: Mapping[str, str], node: str, indexes: Iterable[int]) -> dict[int, GpuMode]:
+    """Each GPU's mode on ``node``: its own entry, else a plain one, else ``whole``."""
+    ranked: list[tuple[int, frozenset[int] | None, GpuMode]] = []
+    for key, text in table.items():
+        who, which = parse_selector(key)
+        if who is not None and who != node:
+            continue
+        rank = (2 if who else 0) + (1 if which is not None else 0)
+        ranked.append((rank, which, parse_mode(text)))
+    out = {}
+    for i in indexes:
+        hits = [(rank, mode) for rank, which, mode in ranked if which is None or i in which]
+        out[i] = max(hits, key=lambda h: h[0])[1] if hits else UNMANAGED
+    return out
+
+
+# -- the manager -----------------------------------------------------------------------------
+
+class LaunchRefused(GpuError):
+    """A launch this worker's GPUs cannot take; the message is one line for the job's owner."""
+
+
+@dataclass(frozen=True)
+class MigResult:
+    """What a ``mig`` command did."""
+
+    changed: bool       # slices may have changed (re-read before reporting)
+    refused: bool       # not (fully) applied
+    message: str        # one line for the log
+
+
+@dataclass(frozen=True)
+class SliceNeed:
+    """A slice a surviving job holds, so that a dynamic GPU gets it back after a restart."""
+
+    index: int
+    profile: str
+    start: int
+
+
+class GpuModes:
+    """The sharing state of one worker's GPUs.  Methods block (NVML): call them in a thread.
+    They are serialised by a lock, so the worker may call them from several tasks."""
+
+    def __init__(self, backend: GpuBackend, modes: Mapping[int, GpuMode], *,
+                 mps: MpsDaemons | None = None, min_interval: float = 0.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.backend = backend
+        self.base = {g.index: g for g in backend.discover()}
+        self.modes = {i: modes.get(i, UNMANAGED) for i in self.base}
+        self.mps = mps
+        self.min_interval = min_interval
+        self.clock = clock
+        self._state: dict[int, tuple[bool, tuple[SliceInfo, ...]]] = {i: (False, ()) for i in self.base}
+        self._relaid_at: dict[int, float] = {}
+        self._lock = threading.RLock()
+        for i, mode in self.modes.items():
+            if mode.kind != "mig":
+                continue
+            try:
+                mig.named_layout(self.base[i].model, mode.layout or "all-enabled")
+            except mig.MigError as e:
+                log.error("gpu_modes: GPU %d: %s; it stays whole", i, e)
+                self.modes[i] = WHOLE
+
+    # -- start and convergence ---------------------------------------------------------------
+
+    def apply_at_start(self, in_use: Iterable[DeviceUse] = (), needed: Iterable[SliceNeed] = ()) -> None:
+        """Bring every GPU to its configured mode (see the module docstring)."""
+        busy = set(in_use)
+        wanted: dict[int, list[SliceNeed]] = {}
+        for n in needed:
+            wanted.setdefault(n.index, []).append(n)
+        with self._lock:
+            # Slices that jobs hold but the hardware no longer has (the sim forgets them with
+            # the worker) cannot block anything until they are made again.
+            self.backend.note_in_use({d for d in busy if d[1] is None})
+            for i in self.base:
+                self._converge_one(i, busy, wanted.get(i, ()), at_start=True)
+            self.backend.note_in_use(busy)
+
+    def converge(self, in_use: Iterable[DeviceUse]) -> bool:
+        """After jobs end: finish what busy slices held up.  True when anything changed."""
+        busy = set(in_use)
+        with self._lock:
+            self.backend.note_in_use(busy)
+            before = dict(self._state)
+            for i in self.base:
+                if self._pending(i):
+                    self._converge_one(i, busy, (), at_start=False)
+            return self._state != before
+
+    def _pending(self, index: int) -> bool:
+        """Whether the GPU is not yet in its configured state (cheap: from the cache)."""
+        mode, (on, slices) = self.modes[index], self._state[index]
+        if mode.kind != "mig":
+            return on and mode.managed
+        if not on:
+            return False   # waiting for a reset; nothing the worker can do
+        if mode.layout is None:
+            return False
+        return {(s.profile, s.start) for s in slices if s.uuid} != {
+            (s.profile, s.start) for s in self._layout(index)} or any(not s.uuid for s in slices)
+
+    def _converge_one(self, i: int, busy: set[DeviceUse], needed: Iterable[SliceNeed], *,
+                      at_start: bool) -> None:
+        mode, model = self.modes[i], self.base[i].model
+        try:
+            if not mig.supports_mig(model):
+                return
+            self._refresh(i)
+            on, slices = self._state[i]
+            used = {s for (g, s) in busy if g == i}
+            if mode.kind != "mig":
+                if on and mode.managed:
+                    self._leave_mig(i, slices, used)
+                elif on and at_start:
+                    log.info("GPU %d is in MIG mode and gpu_modes does not name it: its %d "
+                             "slice(s) are offered as they are", i, len(slices))
+                return
+            if not on:
+                self.backend.set_mig_mode(i, True)
+                log.info("GPU %d (%s): MIG mode on", i, model)
+                self._refresh(i)
+                on, slices = self._state[i]
+            desired = self._layout(i) if mode.layout is not None else [
+                mig.Slice(n.profile, n.start) for n in needed]
+            self._reach(i, slices, desired, used, remove_others=mode.layout is not None)
+        except ResetRequiredError as e:
+            log.error("%s; until then the GPU runs nothing", e)
+        except GpuError as e:
+            log.error("GPU %d: %s%s", i, e, "" if at_start else " (will retry after the next job ends)")
+        finally:
+            self._safe_refresh(i)
+
+    def _leave_mig(self, i: int, slices: tuple[SliceInfo, ...], used: set[int | None]) -> None:
+        for s in slices:
+            if s.start not in used:
+                self.backend.destroy_slice(i, s.start)
+        if used:
+            log.warning("GPU %d: MIG slices in use; MIG mode goes off when their jobs end", i)
+            return
+        self.backend.set_mig_mode(i, False)
+        log.info("GPU %d (%s): MIG mode off", i, self.base[i].model)
+
+    def _reach(self, i: int, slices: tuple[SliceInfo, ...], desired: list[mig.Slice],
+               used: set[int | None], *, remove_others: bool) -> None:
+        """Destroy free slices not in ``desired`` (when ``remove_others``), then create the
+        desired ones that are missing and fit beside what is left."""
+        want = {(s.profile, s.start) for s in desired}
+        keep: list[mig.Slice] = []
+        for s in slices:
+            good = bool(s.uuid) and ((s.profile, s.start) in want or not remove_others)
+            if good or s.start in used:
+                keep.append(mig.Slice(s.profile, s.start))
+            else:
+                self.backend.destroy_slice(i, s.start)
+                log.info("GPU %d: destroyed MIG slice %s at slot %d", i, s.profile, s.start)
+        have = {(s.profile, s.start) for s in keep}
+        for s in sorted(desired, key=lambda s: (s.start, s.profile)):
+            if (s.profile, s.start) in have:
+                continue
+            if not mig.is_valid_layout(self.base[i].model, keep + [s]):
+                log.warning("GPU %d: MIG slice %s at slot %d must wait for the slices in use", i,
+                            s.profile, s.start)
+                continue
+            made = self.backend.create_slice(i, s.profile, s.start)
+            keep.append(s)
+            log.info("GPU %d: created MIG slice %s at slot %d (%s)", i, made.profile, made.start, made.uuid)
+
+    def _layout(self, i: int) -> list[mig.Slice]:
+        mode, model = self.modes[i], self.base[i].model
+        try:
+            return mig.named_layout(model, mode.layout or "all-enabled")
+        except mig.MigError as e:
+            raise MigRefusedError(f"gpu_modes: {e}") from None
+
+    def _refresh(self, i: int) -> None:
+        self._state[i] = self.backend.mig_state(i)
+
+    def _safe_refresh(self, i: int) -> None:
+        try:
+            self._refresh(i)
+        except GpuError as e:
+            log.warning("GPU %d: cannot read its MIG state: %s", i, e)
+
+    # -- the head's mig command ------------------------------------------------------------
+
+    def apply_command(self, body: Mapping[str, Any], in_use: Iterable[DeviceUse]) -> MigResult:
+        """Apply a ``mig`` command; never raises for a bad or refused one."""
+        try:
+            index, destroy, create = _command(body, self.base)
+        except ValueError as e:
+            return MigResult(False, True, f"malformed mig command: {e}")
+        busy = set(in_use)
+        with self._lock:
+            mode = self.modes[index]
+            if mode.kind != "mig" or not mode.dynamic:
+                return MigResult(False, True, f"GPU {index} is not a dynamic MIG GPU here")
+            try:
+                self.backend.note_in_use(busy)
+                self._refresh(index)
+                return self._relayout(index, destroy, create, {s for g, s in busy if g == index})
+            except GpuError as e:
+                return MigResult(True, True, f"GPU {index}: re-layout stopped half-way: {e}")
+            finally:
+                self._safe_refresh(index)
+
+    def _relayout(self, i: int, destroy: list[int], create: list[mig.Slice],
+                  used: set[int | None]) -> MigResult:
+        on, slices = self._state[i]
+        if not on:
+            return MigResult(False, True, f"GPU {i}: MIG mode is off (waiting for a reset?)")
+        current = {s.start: s for s in slices}
+        gone = [s for s in destroy if s in current]
+        new = [c for c in create if not (c.start in current and c.start not in gone
+                                         and current[c.start].profile == c.profile)]
+        if not gone and not new:
+            return MigResult(False, False, f"GPU {i}: the layout is already as asked")
+        held = sorted(s for s in gone if s in used)
+        if held:
+            return MigResult(False, True, f"GPU {i}: will not destroy the MIG slice(s) at slot "
+                                          f"{', '.join(map(str, held))}: running jobs use them")
+        now = self.clock()
+        last = self._relaid_at.get(i)
+        if gone and last is not None and now < last + self.min_interval - INTERVAL_SLACK:
+            return MigResult(False, True, f"GPU {i}: re-laid {now - last:.0f}s ago, under the "
+                                          f"minimum interval of {self.min_interval:.0f}s")
+        result = [mig.Slice(s.profile, s.start) for s in slices if s.start not in gone] + new
+        try:
+            mig.validate_layout(self.base[i].model, result)
+        except mig.MigError as e:
+            return MigResult(False, True, f"GPU {i}: the asked layout is invalid: {e}")
+        for start in gone:
+            self.backend.destroy_slice(i, start)
+        if gone:
+            self._relaid_at[i] = now
+        made = [self.backend.create_slice(i, c.profile, c.start) for c in new]
+        return MigResult(True, False, f"GPU {i}: destroyed {len(gone)} slice(s), created "
+                                      f"{', '.join(f'{m.profile}@{m.start}' for m in made) or 'none'}")
+
+    # -- what the head sees --------------------------------------------------------------------
+
+    def infos(self) -> tuple[GpuInfo, ...]:
+        """Every GPU as it is now, for ``register``."""
+        with self._lock:
+            return tuple(self._info(i) for i in sorted(self.base))
+
+    def _info(self, i: int) -> GpuInfo:
+        g, mode = self.base[i], self.modes[i]
+        on, slices = self._state[i]
+        ready = tuple(s for s in slices if s.uuid)
+        if mode.kind == "mig" or on:
+            return replace(g, mode="mig", dynamic=mode.dynamic and on and mode.kind == "mig",
+                           slices=ready if on else (), relaid_at=self._relaid_at.get(i))
+        if mode.kind == "mps":
+            return replace(g, mode="mps", mps_max_clients=mode.max_clients,
+                           mps_thread_percentage=mode.thread_percentage)
+        if mode.kind == "timeslice":
+            return replace(g, mode="timeslice", replicas=mode.replicas)
+        return replace(g, mode="whole")
+
+    def gpu(self, index: int) -> GpuInfo | None:
+        return self._info(index) if index in self.base else None
+
+    # -- launches ------------------------------------------------------------------------------
+
+    def prepare_launch(self, launch: Any) -> Any:
+        """``launch`` with the MPS environment added; LaunchRefused (or MpsError) when the
+        GPUs here cannot take it."""
+        extra: dict[str, str] = {}
+        with self._lock:
+            for pos, dev in enumerate(launch.gpus):
+                info = self.gpu(dev.index)
+                if info is None:
+                    raise LaunchRefused(f"GPU {dev.index} does not exist on this node")
+                kind = getattr(dev, "kind", "gpu")
+                if kind == "gpu" and info.mode == "mig":
+                    raise LaunchRefused(f"GPU {dev.index} is in MIG mode here; it has no whole GPU to give")
+                if kind == "mig":
+                    found = next((s for s in info.slices if s.start == dev.slice_start), None)
+                    if found is None or found.uuid != dev.uuid:
+                        raise LaunchRefused(f"MIG slice {dev.uuid} is not on GPU {dev.index} here "
+                                            "(it was re-laid); the job goes back to the queue")
+                elif kind == "mps":
+                    if info.mode != "mps" or self.mps is None:
+                        raise LaunchRefused(f"GPU {dev.index} is not an MPS GPU here")
+                    extra.update(self.mps.attach(
+                        (launch.job_id, launch.attempt), info, position=pos, user=launch.user,
+                        uid=launch.uid, gid=launch.gid, mem_mb=getattr(dev, "mem_mb", None)))
+        if not extra:
+            return launch
+        return replace(launch, extra_env={**launch.extra_env, **extra})
+
+    def adopt_launches(self, launches: Iterable[Any]) -> None:
+        """At start: the MPS clients of jobs that outlived the last worker."""
+        if self.mps is None:
+            return
+        for launch in launches:
+            for dev in launch.gpus:
+                info = self.gpu(dev.index)
+                if getattr(dev, "kind", "gpu") == "mps" and info is not None:
+                    self.mps.adopt((launch.job_id, launch.attempt), info, user=launch.user,
+                                   uid=launch.uid, gid=launch.gid, mem_mb=getattr(dev, "mem_mb", None))
+
+    def sync_mps(self, launches: Iterable[Any]) -> None:
+        """Stop the MPS daemons of GPUs whose jobs have all ended."""
+        if self.mps is None:
+            return
+        active = [(launch.job_id, launch.attempt) for launch in launches]
+        mps_gpus = [self._info(i) for i, m in self.modes.items() if m.kind == "mps"]
+        self.mps.sync(active, mps_gpus)
+
+
+def from_config(cfg: Any, backend: GpuBackend, node: str, state_dir: str, *,
+                clock: Callable[[], float] = time.time) -> GpuModes:
+    """The worker's GpuModes: modes from ``[worker] gpu_modes``, MPS daemons under
+    ``<state_dir>/mps`` (a recording stub for simulated GPUs), the scheduler's interval."""
+    indexes = [g.index for g in backend.discover()]
+    modes = modes_for(cfg.worker.gpu_modes or {}, node, indexes)
+    mps = None
+    if any(m.kind == "mps" for m in modes.values()):
+        runner = StubRunner() if backend.name == "sim" else ControlDaemonRunner()
+        mps = MpsDaemons(os.path.join(state_dir, "mps"), runner)
+    return GpuModes(backend, modes, mps=mps, clock=clock,
+                    min_interval=float(getattr(cfg.sched, "mig_min_interval", 0.0) or 0.0))
+
+
+def devices_in_use(launches: Iterable[Any]) -> set[DeviceUse]:
+    """(GPU index, slice start or None) for every device the running launches hold."""
+    out: set[DeviceUse] = set()
+    for launch in launches:
+        for dev in launch.gpus:
+            start = getattr(dev, "slice_start", None)
+            out.add((dev.index, start if getattr(dev, "kind", "gpu") == "mig" else None))
+    return out
+
+
+def slices_needed(launches: Iterable[Any]) -> list[SliceNeed]:
+    """The MIG slices running launches hold, with the profile the head named."""
+    out = []
+    for launch in launches:
+        for dev in launch.gpus:
+            profile = getattr(dev, "profile", None)
+            if getattr(dev, "kind", "gpu") == "mig" and profile and dev.slice_start is not None:
+                out.append(SliceNeed(dev.index, profile, dev.slice_start))
+    return out
+
+
+def _command(body: Mapping[str, Any], gpus: Mapping[int, GpuInfo]) -> tuple[int, list[int], list[mig.Slice]]:
+    index = body.get("gpu")
+    if isinstance(index, bool) or not isinstance(index, int) or index not in gpus:
+        raise ValueError(f"no GPU {index!r} here")
+    destroy, create = body.get("destroy", []), body.get("create", [])
+    if not isinstance(destroy, list) or not isinstance(create, list) \
+            or len(destroy) > MAX_CHANGES or len(create) > MAX_CHANGES:
+        raise ValueError("destroy and create must be short lists")
+    for s in destroy:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 16:
+            raise ValueError(f"destroy: {s!r} is not a memory slot")
+    try:
+        model = gpus[index].model
+        made = [mig.Slice.from_dict(c) for c in create]
+        made = [mig.Slice(mig.parse_profile(c.profile, model), c.start) for c in made]
+    except mig.MigError as e:
+        raise ValueError(str(e)) from None
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError("reason must be a string")
+    return index, list(dict.fromkeys(destroy)), made
