@@ -25,6 +25,9 @@ suffix                direction   kinds (body)
                                   ``kill`` {allocs: [[job, attempt]], reason}  (fencing)
                                   ``ack`` {done: [[job, attempt]]}  (head recorded these)
                                   ``hello`` {}  (head (re)started: please register)
+                                  ``mig`` {gpu, destroy: [start], create: [{profile, start}],
+                                  reason}  (re-lay a dynamic MIG GPU; a ``register`` with
+                                  the new slices follows; see gpud.worker.gpumodes)
 ====================  ==========  ===========================================================
 
 Delivery is QoS 1, so at least once: every handler tolerates repeats.  Nothing relies on a
