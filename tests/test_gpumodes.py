@@ -328,6 +328,23 @@ def test_destroying_re_layouts_keep_the_minimum_interval(backend):
     assert m.infos()[0].relaid_at == clock.t
 
 
+def test_the_last_re_layout_time_survives_a_worker_restart(tmp_path):
+    b = SimBackend("1xA100-80GB", "n1")
+    path = str(tmp_path / "mig-relaid.json")
+    table = modes_for(parse_gpu_modes({"0": "mig:dynamic"}), "n1", [0])
+    m = GpuModes(b, table, min_interval=INTERVAL, clock=Clock(), relaid_file=path)
+    m.apply_at_start()
+    m.apply_command({"gpu": 0, "create": [{"profile": "7g.80gb", "start": 0}]}, set())
+    m.apply_command({"gpu": 0, "destroy": [0], "create": [{"profile": "3g.40gb", "start": 0}]}, set())
+    again = GpuModes(b, table, min_interval=INTERVAL, clock=Clock(NOW + 60), relaid_file=path)
+    again.apply_at_start()
+    assert again.infos()[0].relaid_at == NOW
+    r = again.apply_command({"gpu": 0, "destroy": [0], "create": [{"profile": "7g.80gb", "start": 0}]}, set())
+    assert r.refused and "re-laid 60s ago" in r.message
+    (tmp_path / "mig-relaid.json").write_text("{not json")
+    assert GpuModes(b, table, relaid_file=path).infos()[0].relaid_at is None
+
+
 @pytest.mark.parametrize("body, words", [
     ({}, "no GPU None here"), ({"gpu": 9}, "no GPU 9"), ({"gpu": True}, "no GPU True"),
     ({"gpu": 0, "destroy": "0"}, "short lists"), ({"gpu": 0, "destroy": [-1]}, "not a memory slot"),

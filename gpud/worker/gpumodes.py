@@ -5,8 +5,8 @@ Theory of operation
 -------------------
 Config.  ``[worker] gpu_modes`` maps GPU selectors to modes::
 
-    gpu_modes = { "0-3" = "mig:all-1g.10gb", "4" = "mig:dynamic", "5" = "mps:thread_percentage=50",
-                  "6" = "timeslice:4", "gpu07:0-7" = "whole" }
+    gpu_modes = { "0-3" = "mig:all-1g.10gb", "4" = "mig:dynamic",
+                  "5" = "mps:thread_percentage=50", "6" = "timeslice:4", "gpu07:0-7" = "whole" }
 
 A selector is ``*``, an index, a range or a comma list of them, optionally prefixed by a
 node name and a colon; a node's own entries beat the plain ones, and an explicit index
@@ -31,7 +31,8 @@ Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reas
 applied to a dynamic GPU when the end state is a valid layout that keeps every slice in
 use; a command whose end state already holds does nothing (messages come at least once).
 A command that destroys slices sooner than ``[scheduler] mig_min_interval`` after the
-last one is refused; ``relaid_at`` is the time of the last command that destroyed any.
+last one is refused; ``relaid_at`` is the time of the last command that destroyed any,
+kept in the state directory so that a worker restart does not reset it.
 The worker re-registers after every command, applied or refused, so the head sees what
 is there, new ``MIG-...`` UUIDs included.
 
@@ -47,6 +48,7 @@ gpud.gpu.mps; ``sync_mps`` stops the daemons of GPUs whose jobs have all ended.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -244,7 +246,9 @@ class GpuModes:
 
     def __init__(self, backend: GpuBackend, modes: Mapping[int, GpuMode], *,
                  mps: MpsDaemons | None = None, min_interval: float = 0.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, relaid_file: str | None = None) -> None:
+        """``relaid_file`` keeps ``relaid_at`` across worker restarts, so that a restart
+        does not reset the minimum interval."""
         self.backend = backend
         self.base = {g.index: g for g in backend.discover()}
         self.modes = {i: modes.get(i, UNMANAGED) for i in self.base}
@@ -252,7 +256,8 @@ class GpuModes:
         self.min_interval = min_interval
         self.clock = clock
         self._state: dict[int, tuple[bool, tuple[SliceInfo, ...]]] = {i: (False, ()) for i in self.base}
-        self._relaid_at: dict[int, float] = {}
+        self._relaid_file = relaid_file
+        self._relaid_at: dict[int, float] = self._load_relaid()
         self._lock = threading.RLock()
         for i, mode in self.modes.items():
             if mode.kind != "mig":
@@ -435,16 +440,46 @@ class GpuModes:
             self.backend.destroy_slice(i, start)
         if gone:
             self._relaid_at[i] = now
+            self._save_relaid()
         made = [self.backend.create_slice(i, c.profile, c.start) for c in new]
         return MigResult(True, False, f"GPU {i}: destroyed {len(gone)} slice(s), created "
                                       f"{', '.join(f'{m.profile}@{m.start}' for m in made) or 'none'}")
 
+    def _load_relaid(self) -> dict[int, float]:
+        """relaid_at by GPU index, from the file (kept by GPU UUID: indexes can change)."""
+        if self._relaid_file is None:
+            return {}
+        try:
+            with open(self._relaid_file, encoding="utf-8") as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("%s: unreadable (%s); re-layout times start afresh", self._relaid_file, e)
+            return {}
+        by_uuid = {g.uuid: i for i, g in self.base.items()}
+        return {by_uuid[u]: float(t) for u, t in (saved.items() if isinstance(saved, dict) else ())
+                if u in by_uuid and isinstance(t, (int, float)) and not isinstance(t, bool)}
+
+    def _save_relaid(self) -> None:
+        if self._relaid_file is None:
+            return
+        data = {self.base[i].uuid: t for i, t in self._relaid_at.items()}
+        tmp = f"{self._relaid_file}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self._relaid_file) or ".", exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(tmp, self._relaid_file)
+        except OSError as e:
+            log.warning("cannot save re-layout times to %s: %s", self._relaid_file, e.strerror)
+
     # -- what the head sees --------------------------------------------------------------------
 
     def infos(self) -> tuple[GpuInfo, ...]:
-        """Every GPU as it is now, for ``register``."""
-        with self._lock:
-            return tuple(self._info(i) for i in sorted(self.base))
+        """Every GPU as it is now, for ``register``.  Reads the cache without the lock, so
+        the event loop never waits for a re-layout running in a thread."""
+        return tuple(self._info(i) for i in sorted(self.base))
 
     def _info(self, i: int) -> GpuInfo:
         g, mode = self.base[i], self.modes[i]
@@ -523,7 +558,8 @@ def from_config(cfg: Any, backend: GpuBackend, node: str, state_dir: str, *,
         runner = StubRunner() if backend.name == "sim" else ControlDaemonRunner()
         mps = MpsDaemons(os.path.join(state_dir, "mps"), runner)
     return GpuModes(backend, modes, mps=mps, clock=clock,
-                    min_interval=float(getattr(cfg.sched, "mig_min_interval", 0.0) or 0.0))
+                    min_interval=float(getattr(cfg.sched, "mig_min_interval", 0.0) or 0.0),
+                    relaid_file=os.path.join(state_dir, "mig-relaid.json"))
 
 
 def devices_in_use(launches: Iterable[Any]) -> set[DeviceUse]:
