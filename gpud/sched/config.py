@@ -124,6 +124,7 @@ class SchedConfig:
     placement: str = "binpack"
     backfill: bool = True
     backfill_depth: int = 100                # at most this many reservations per pass
+    mig_min_interval: float = 600.0          # seconds between re-layouts that destroy slices, per GPU
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     billing: dict[str, float] = field(default_factory=dict)   # GPU model -> weight (default 1)
     prices: dict[str, float] = field(default_factory=dict)    # GPU model -> price per GPU-hour (default 0)
@@ -170,7 +171,7 @@ class SchedConfig:
 
 _SECTION_KEYS = {
     "scheduler": {"fairshare_half_life", "max_age", "weights", "placement", "backfill",
-                  "backfill_depth", "default_mem", "default_qos", "default_account"},
+                  "backfill_depth", "default_mem", "default_qos", "default_account", "mig_min_interval"},
     "preemption": {"exempt_time", "max_per_job", "max_per_minute"},
     "billing": {"weights", "prices"},
 }
@@ -332,6 +333,7 @@ def sched_config_from_dict(data: dict[str, Any], path: str = "<config>") -> Sche
         placement=placement,
         backfill=s.boolean("backfill", True),
         backfill_depth=s.integer("backfill_depth", 100) or 0,
+        mig_min_interval=s.duration("mig_min_interval", SchedConfig.mig_min_interval) or 0.0,
         preemption=preemption,
         billing=billing,
         prices=prices,

@@ -25,6 +25,11 @@ It reads as numbered steps:
    h. and record why it waits: ``Resources`` for the first waiter of a partition,
       ``Priority`` behind it or when only a reservation kept it from starting.
 
+   A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
+   ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
+   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else a claim on the GPU
+   where it starts earliest.  It neither preempts nor counts against GPU quotas.
+
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are
 capped at ``backfill_depth``; victim search runs only when some candidate exists and the rate
@@ -39,6 +44,7 @@ from .plan import Plan, Preemption, Start
 from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
+from .sharing import Sharing
 from .snapshot import PendingJob, RunningJob, Snapshot
 
 INF = float("inf")
@@ -57,6 +63,7 @@ class _Pass:
         self.cluster = Cluster(snap.nodes, snap.running, self.cfg)
         self.timeline = Timeline(self.cluster, snap.running, now)
         self.book = QuotaBook(self.cfg, snap.running)
+        self.sharing = Sharing(snap, self.cluster, now)
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
@@ -82,6 +89,7 @@ class _Pass:
             pending = tuple({j.job_id: j for j in reversed(pending)}.values())[::-1]
         # -- step 3: the ordered queue (priority, submit time, job id), built alongside
         plan.factors, plan.priorities, queue = self.prio.for_jobs(pending)
+        self.sharing.expect(queue)
         borrowing: list[PendingJob] = []
         may_borrow = not self.book.enabled
         for job in queue:
@@ -98,6 +106,9 @@ class _Pass:
         # a. not eligible now
         if job.held or job.blocked_reason:
             reasons[job.job_id] = job.blocked_reason or "Held"
+            return True
+        if job.shared:
+            self.consider_shared(job)
             return True
         # b. cannot run as configured
         shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
@@ -136,6 +147,17 @@ class _Pass:
         return True
 
     def misfit(self, job: PendingJob) -> str | None:
+        refusal = self.misconfigured(job)
+        if refusal:
+            return refusal
+        verdict = self.cluster.feasibility(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
+        if verdict == "never":
+            return "BadConstraints"
+        if verdict == "down":
+            return "ReqNodeNotAvail"
+        return None
+
+    def misconfigured(self, job: PendingJob) -> str | None:
         cfg = self.cfg
         part = cfg.partitions.get(job.partition)
         if part is None:
@@ -148,11 +170,6 @@ class _Pass:
             return "PartitionTimeLimit"
         if job.gpus < 0 or job.cpus < 0 or job.mem_mb < 0:
             return "BadConstraints"
-        verdict = self.cluster.feasibility(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
-        if verdict == "never":
-            return "BadConstraints"
-        if verdict == "down":
-            return "ReqNodeNotAvail"
         return None
 
     def end_of(self, job: PendingJob) -> float:
@@ -182,6 +199,39 @@ class _Pass:
         self.book.on_start(job.account, job.qos, job.user, job.gpus)
         self.plan.starts.append(Start(job.job_id, c.nodes[i].name, gpus, job.cpus, job.mem_mb,
                                       borrowed=borrowed and job.gpus > 0))
+
+    def consider_shared(self, job: PendingJob) -> None:
+        """Steps b and d-h for a fractional request (see sharing.py)."""
+        key = ("shared", job.partition, job.mig_profile, job.gpu_mem_mb, job.gpus, job.cpus, job.mem_mb,
+               job.gpu_type, job.time_limit, job.qos, job.account)
+        refusal = self.misfits.get(key, "")
+        if refusal == "":
+            refusal = self.misfits[key] = self.misconfigured(job) or self.sharing.misfit(job)
+        if refusal:
+            self.reasons[job.job_id] = refusal
+            return
+        c, tl, end = self.cluster, self.timeline, self.end_of(job)
+        members = self.sharing.members(job.partition)
+
+        def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
+            return (i in members and c.up[i] and c.cpus[i] >= job.cpus and c.mem[i] >= job.mem_mb
+                    and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
+
+        d = self.sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
+        self.plan.relayouts.extend(d.relayouts)
+        if d.node is not None:
+            i = d.node
+            c.allocate(i, d.gpu_indices, job.cpus, job.mem_mb)
+            tl.add_start(i, d.gpu_indices, job.cpus, job.mem_mb, end, job.job_id)
+            self.book.on_start(job.account, job.qos, job.user, len(d.gpu_indices))
+            self.plan.starts.append(Start(job.job_id, c.nodes[i].name, d.gpu_indices, job.cpus, job.mem_mb,
+                                          devices=d.devices))
+            return
+        self.reasons[job.job_id] = d.reason or "Resources"
+        if d.expected is not None and d.expected_node is not None:
+            self.depth_left -= 1
+            self.plan.expected_starts[job.job_id] = d.expected
+            self.plan.reserved_nodes[job.job_id] = c.nodes[d.expected_node].name
 
     # -- steps e-g: a job that cannot start now -----------------------------------------------------
     def wait(self, job: PendingJob, shape: tuple, within: bool) -> None:

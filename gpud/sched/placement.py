@@ -63,7 +63,8 @@ class Cluster:
         self.nodes = sorted(nodes, key=lambda n: n.name)
         self.pos = {n.name: i for i, n in enumerate(self.nodes)}
         self.up = [n.schedulable for n in self.nodes]
-        self.model_of = [{g.index: g.model for g in n.gpus} for n in self.nodes]
+        # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by sharing.py
+        self.model_of = [{g.index: g.model for g in n.gpus if g.mode == "whole"} for n in self.nodes]
         self.model_set = [frozenset(m.values()) for m in self.model_of]
         self.mixed = [len(ms) > 1 for ms in self.model_set]
         self.total_cpus = [n.cpus for n in self.nodes]

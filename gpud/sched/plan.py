@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..gpu.mig import Slice
+from .snapshot import Device
+
 
 @dataclass(frozen=True)
 class Start:
@@ -19,6 +22,18 @@ class Start:
     cpus: int
     mem_mb: int
     borrowed: bool = False
+    devices: tuple[Device, ...] = ()     # the slices or shares of a fractional request
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """Re-cut one MIG GPU: destroy free slices (by start slot), then create new ones."""
+
+    node: str
+    gpu: int
+    destroy: tuple[int, ...]
+    create: tuple[Slice, ...]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -42,3 +57,5 @@ class Plan:
     factors: dict[int, dict[str, float]] = field(default_factory=dict)
     # pending job -> node its reservation is on (with expected_starts), for ``squeue --start``
     reserved_nodes: dict[int, str] = field(default_factory=dict)
+    # MIG GPUs to re-cut for pending slice demand (jobs waiting on them: reason MigReconfig)
+    relayouts: list[Relayout] = field(default_factory=list)

@@ -76,6 +76,8 @@ class Preemptor:
             i = cluster.pos.get(r.node)
             if i is None or not cluster.up[i] or not preemptible(r, cfg, now):
                 continue
+            if r.devices and not r.gpu_indices:
+                continue          # holds a slice or share: stopping it frees no whole GPU
             if r.qos not in targets and not (r.borrowed and book.enabled):
                 continue          # nothing may ever preempt it
             p = priority(r)

@@ -3,6 +3,12 @@
 The head builds a Snapshot from its database on every pass; the simulator builds one from
 its virtual cluster; tests build them by hand.  Nothing here does I/O.  Times are epoch
 seconds (virtual in the simulator); ``now`` is passed to ``schedule`` separately.
+
+GPU sharing (see gpud/sched/sharing.py): a GPU's ``mode`` says how it is handed out.
+``whole`` GPUs go to ``--gpus N`` jobs; ``mig`` GPUs are cut into ``slices`` (MIG
+instances); ``mps`` GPUs take up to ``mps_max_clients`` jobs of one user at a time, each
+with a pinned memory share; ``timeslice`` GPUs take ``replicas`` jobs with no isolation.
+A running job's ``devices`` say which slice or share it holds.
 """
 
 from __future__ import annotations
@@ -13,11 +19,54 @@ from .config import SchedConfig
 
 
 @dataclass(frozen=True)
+class SliceView:
+    """One MIG instance on a GPU: its profile, first memory slot, UUID and memory."""
+
+    profile: str
+    start: int
+    uuid: str = ""
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True)
 class GpuView:
     index: int
     uuid: str
     model: str
     memory_mb: int
+    mode: str = "whole"                # "whole" | "mig" | "mps" | "timeslice"
+    dynamic: bool = False              # mig: free slices may be re-laid to fit demand
+    slices: tuple[SliceView, ...] = ()
+    mps_max_clients: int = 48
+    mps_thread_percentage: int | None = None
+    replicas: int = 1                  # timeslice: jobs that may share it
+    relaid_at: float | None = None     # last re-layout, for [scheduler] mig_min_interval
+    reconfiguring: bool = False        # a re-layout is on its way to the worker: hands off
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one job holds of one GPU (the launch body's ``gpus`` entries)."""
+
+    index: int                         # the GPU's index on its node
+    kind: str                          # "gpu" | "mig" | "mps" | "timeslice"
+    uuid: str = ""                     # a slice's MIG-... UUID, else the GPU's
+    slice_start: int | None = None     # mig: the slice's first memory slot
+    mem_mb: int | None = None          # mps: the pinned memory limit; mig: the slice's memory
+    profile: str | None = None         # mig: the slice's profile (billing, display)
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "uuid": self.uuid, "kind": self.kind,
+                "slice_start": self.slice_start, "mem_mb": self.mem_mb, "profile": self.profile}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Device":
+        """From a stored or sent entry; KeyError/TypeError/ValueError when malformed."""
+        start, mem = d.get("slice_start"), d.get("mem_mb")
+        return cls(index=int(d["index"]), kind=str(d["kind"]), uuid=str(d.get("uuid") or ""),
+                   slice_start=None if start is None else int(start),
+                   mem_mb=None if mem is None else int(mem),
+                   profile=None if d.get("profile") is None else str(d["profile"]))
 
 
 @dataclass(frozen=True)
@@ -47,6 +96,13 @@ class PendingJob:
     preempt_count: int = 0
     held: bool = False                # the head already knows it cannot start
     blocked_reason: str | None = None  # e.g. "Dependency", "BeginTime": not eligible now
+    mig_profile: str | None = None    # MIG slices of this profile; ``gpus`` = how many
+    gpu_mem_mb: int | None = None     # one slice, MPS share or GPU with this much memory
+
+    @property
+    def shared(self) -> bool:
+        """Asks for a fraction of a GPU (placed by gpud/sched/sharing.py)."""
+        return self.mig_profile is not None or self.gpu_mem_mb is not None
 
 
 @dataclass(frozen=True)
@@ -68,6 +124,7 @@ class RunningJob:
     stopping: bool = False            # already signalled (COMPLETING): its resources free soon
     submit_time: float | None = None  # for its priority as a preemption victim; default start_time
     nice: int = 0
+    devices: tuple[Device, ...] = ()  # slices and shares held (gpu_indices is then empty)
 
     @property
     def gpus(self) -> int:

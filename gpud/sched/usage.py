@@ -3,7 +3,10 @@
 Theory of operation
 -------------------
 A running job is billed, every second, the sum of its GPUs' billing weights (``[billing]
-weights``, 1.0 for a model not listed; a fraction of a GPU later bills its fraction).
+weights``, 1.0 for a model not listed).  A fraction of a GPU bills its fraction of the
+weight (``sharing.device_fraction``): a MIG slice its compute slices over the GPU's (a
+``3g.40gb`` on an A100 is 3/7), an MPS share its pinned memory over the GPU's, a
+time-slice replica one over the replicas.
 Recorded usage decays exponentially: a GPU-second spent ``h`` ago (``h`` = the half-life)
 counts half.  Because decay is exponential, usage "as of t1" is the usage as of t0 decayed
 by ``t1 - t0`` plus what was spent in between, each second decayed by its own age; the
@@ -24,6 +27,7 @@ import math
 from typing import Iterable, Mapping
 
 from .config import SchedConfig
+from .sharing import device_fraction
 from .snapshot import NodeView, RunningJob
 
 UsageKey = tuple[str, str]   # (account, user)
@@ -51,9 +55,14 @@ def decayed_integral(rate: float, a: float, b: float, t: float, half_life: float
 def billing_rate(job: RunningJob, node: NodeView | None, cfg: SchedConfig) -> float:
     """Billed GPU-seconds per second for ``job`` (its GPUs' weights summed)."""
     if node is None:
-        return float(len(job.gpu_indices))
+        return float(len(job.gpu_indices)) + sum(device_fraction(d, None) for d in job.devices if d.kind != "gpu")
+    views = {g.index: g for g in node.gpus}
     models = {g.index: g.model for g in node.gpus}
-    return sum(cfg.billing_weight(models.get(i, "")) for i in job.gpu_indices)
+    rate = sum(cfg.billing_weight(models.get(i, "")) for i in job.gpu_indices)
+    for d in job.devices:
+        if d.kind != "gpu":      # whole GPUs are billed through gpu_indices above
+            rate += cfg.billing_weight(models.get(d.index, "")) * device_fraction(d, views.get(d.index))
+    return rate
 
 
 def charge(usage: Mapping[UsageKey, float], key: UsageKey, rate: float, a: float, b: float,
