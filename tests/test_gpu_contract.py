@@ -370,3 +370,23 @@ def test_fake_reboot_forgets_mig_on_hopper_and_keeps_it_on_ampere():
     fake.reboot()
     assert b.mig_state(0) == (True, ())       # the InfoROM remembers; instances are gone
     assert b.mig_state(1) == (False, ())
+
+
+def test_nvml_falls_back_to_version_1_profile_calls_on_older_drivers():
+    class OldDriver(FakeNvml):
+        def nvmlDeviceGetGpuInstanceProfileInfo(self, handle, profile, version=2):
+            if version == 2:
+                raise self.NVMLError(13)            # NVML_ERROR_FUNCTION_NOT_FOUND
+            return super().nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version)
+
+        def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi, profile, eng, version=2):
+            if version == 2:
+                raise self.NVMLError(13)
+            return super().nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, profile, eng, version)
+
+    fake = OldDriver(FakeNvml.machine(A100=1).gpus)
+    b = NvmlBackend(nvml=fake)
+    b.set_mig_mode(0, True)
+    made = b.create_slice(0, "4g.40gb", 0)
+    assert b.mig_state(0) == (True, (made,))
+    b.destroy_slice(0, 0)

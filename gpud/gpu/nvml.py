@@ -58,6 +58,7 @@ NVML_TEMPERATURE_GPU = 0   # pynvml's constant, for fakes that lack it
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 
 # Sizes NVIDIA sells, in GB; a measured size rounds up to the nearest of these.
 MARKETED_GB = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96,
@@ -266,7 +267,7 @@ class NvmlBackend:
             ci_kind = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{p.compute_slices}_SLICE")
             shared = getattr(nv, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED",
                              NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-            ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_kind, shared)
+            ci_info = self._versioned(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, ci_kind, shared)
             nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
             gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
         except (nv.NVMLError, AttributeError) as e:
@@ -365,7 +366,7 @@ class NvmlBackend:
                 if kind is None:
                     continue
                 try:
-                    found[p.name] = (p, nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, kind))
+                    found[p.name] = (p, self._versioned(nv.nvmlDeviceGetGpuInstanceProfileInfo, handle, kind))
                 except nv.NVMLError:
                     continue   # this board or driver does not offer it
             self._profiles[index] = found
@@ -429,7 +430,7 @@ class NvmlBackend:
             if kind is None:
                 continue
             try:
-                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, kind, shared)
+                info = self._versioned(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, kind, shared)
             except nv.NVMLError:
                 continue   # not a split this instance offers
             count = ctypes.c_uint(0)
@@ -437,6 +438,15 @@ class NvmlBackend:
             nv.nvmlGpuInstanceGetComputeInstances(gi, info.id, found, ctypes.byref(count))
             out.extend(found[:count.value])
         return out
+
+    def _versioned(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A profile-info call; drivers older than the v2 structures get version 1."""
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as e:
+            if getattr(e, "value", None) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            return fn(*args, 1)
 
     def _undo_instance(self, index: int, gi: Any) -> None:
         try:
