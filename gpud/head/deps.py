@@ -27,7 +27,7 @@ from its commits and, for targets it has not seen since it started, from the dat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from ..model import JobState
 from ..syntax import Dependency, Term
@@ -113,8 +113,7 @@ def evaluate(dep: Dependency | None, lookup: Lookup, now: float, singleton_block
     return NEVER if all(v == NEVER for v in verdicts) else WAIT
 
 
-@dataclass(frozen=True)
-class Named:
+class Named(NamedTuple):
     """A pending or running job, for ``singleton``."""
 
     job_id: int
@@ -123,19 +122,22 @@ class Named:
     running: bool
 
 
-def singleton_blocked(jobs: Iterable[Named]) -> set[int]:
-    """Ids of jobs that an earlier (or running) job of the same user and name holds back."""
-    by_key: dict[tuple[str, str], list[Named]] = {}
+def singleton_blocked(jobs: Iterable[Named], asking: set[int] | None = None) -> set[int]:
+    """Ids (among ``asking``, default all) of pending jobs that a running job, or an earlier
+    pending one, of the same user and name holds back."""
+    running: set[tuple[str, str]] = set()
+    first: dict[tuple[str, str], int] = {}
+    pending: list[Named] = []
     for j in jobs:
-        by_key.setdefault((j.user, j.name), []).append(j)
-    out: set[int] = set()
-    for group in by_key.values():
-        if len(group) < 2:
-            continue
-        running = any(j.running for j in group)
-        first = min(j.job_id for j in group)
-        out.update(j.job_id for j in group if not j.running and (running or j.job_id != first))
-    return out
+        key = (j.user, j.name)
+        if j.running:
+            running.add(key)
+        else:
+            pending.append(j)
+            if j.job_id < first.get(key, j.job_id + 1):
+                first[key] = j.job_id
+    return {j.job_id for j in pending if (asking is None or j.job_id in asking)
+            and ((j.user, j.name) in running or first[(j.user, j.name)] != j.job_id)}
 
 
 def creates_cycle(job_id: int, dep: Dependency | None, depends_on: Callable[[int], Iterable[int]]) -> bool:

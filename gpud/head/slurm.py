@@ -64,6 +64,12 @@ def dependency_of(text: str) -> Dependency | None:
     return parse_dependency(text)
 
 
+@functools.lru_cache(maxsize=4096)
+def targets_of(text: str) -> frozenset[int]:
+    dep = dependency_of(text)
+    return frozenset(dep.job_ids()) if dep else frozenset()
+
+
 def parse_refs(args: dict) -> list[tuple[int, int | None]]:
     """``job_ids`` and ``array_tasks`` of a request as (id, task or None) pairs."""
     refs: list[tuple[int, int | None]] = []
@@ -236,23 +242,26 @@ class SlurmSupport:
     # -- eligibility ----------------------------------------------------------------------------
     def _lookup(self, index: arrays.ArrayIndex):
         book = self.book
+        seen: dict[tuple[int, int | None], list[deps.JobFacts] | None] = {}   # one pass: facts stand still
 
         def lookup(job_id: int, task: int | None) -> list[deps.JobFacts] | None:
+            key = (job_id, task)
+            if key in seen:
+                return seen[key]
             live = [_facts(j) for j in index.select(job_id, task)]
             if task is None and live and all(j.array_job_id is None for j in live):
-                return live  # a plain job that has not ended
+                seen[key] = live  # a plain job that has not ended
+                return live
             facts = {f.job_id: f for f in book.ended_targets(job_id, task)}
             facts.update((f.job_id, f) for f in live)
-            return sorted(facts.values(), key=lambda f: f.job_id) or None
+            seen[key] = sorted(facts.values(), key=lambda f: f.job_id) or None
+            return seen[key]
         return lookup
 
     def _refs(self, jobs) -> set[int]:
         refs: set[int] = set()
-        for j in jobs:
-            if j.state is JobState.PENDING and j.dependency:
-                dep = dependency_of(j.dependency)
-                if dep is not None:
-                    refs |= dep.job_ids()
+        for text in {j.dependency for j in jobs if j.dependency and j.state is JobState.PENDING}:
+            refs |= targets_of(text)
         return refs
 
     async def load_targets(self, extra: list[JobRecord] = ()) -> set[int]:
@@ -276,28 +285,36 @@ class SlurmSupport:
         index = arrays.ArrayIndex(active)
         lookup = self._lookup(index)
         singles = self._singleton_blocked(active)
+        verdicts: dict[tuple[str, bool], str] = {}    # many jobs share one dependency text
         out: dict[int, str] = {}
         for j in active:
             if j.state is not JobState.PENDING:
                 continue
             if j.hold_kind or j.spec.hold:
                 out[j.job_id] = HELD_REASONS[j.hold_kind or "user"]
-            elif j.dependency and (verdict := deps.evaluate(dependency_of(j.dependency), lookup, now,
-                                                             j.job_id in singles)) != deps.MET:
-                out[j.job_id] = deps.REASONS[verdict]
-            elif j.begin_time is not None and now < j.begin_time:
+                continue
+            if j.dependency:
+                key = (j.dependency, j.job_id in singles)
+                verdict = verdicts.get(key)
+                if verdict is None:
+                    verdict = verdicts[key] = deps.evaluate(dependency_of(j.dependency), lookup, now, key[1])
+                if verdict != deps.MET:
+                    out[j.job_id] = deps.REASONS[verdict]
+                    continue
+            if j.begin_time is not None and now < j.begin_time:
                 out[j.job_id] = "BeginTime"
         for job_id in arrays.throttled(active, out):
             out[job_id] = arrays.THROTTLE_REASON
         return out
 
     def _singleton_blocked(self, active: list[JobRecord]) -> set[int]:
-        keys = {(j.user, j.name) for j in active if j.state is JobState.PENDING and j.dependency
-                and "singleton" in j.dependency}
-        if not keys:
+        singles = [j for j in active if j.state is JobState.PENDING and j.dependency and "singleton" in j.dependency]
+        if not singles:
             return set()
-        return deps.singleton_blocked(deps.Named(j.job_id, j.user, j.name, j.state.active)
-                                      for j in active if (j.user, j.name) in keys)
+        keys = {(j.user, j.name) for j in singles}
+        return deps.singleton_blocked((deps.Named(j.job_id, j.user, j.name, j.state.active)
+                                       for j in active if (j.user, j.name) in keys),
+                                      {j.job_id for j in singles})
 
     async def before_pass(self, now: float) -> dict[int, str]:
         """Called under the head's lock before each pass: blocked reasons, and Slurm's own moves."""

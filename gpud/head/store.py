@@ -268,12 +268,13 @@ _PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "e
 _JSON_COLS = {"spec", "gpu_indices", "gpu_uuids"}
 
 
-def _to_row(job: JobRecord) -> dict[str, Any]:
+def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
+    """The row of ``job``; ``spec_json``: its spec already encoded (an array's tasks share one)."""
     row: dict[str, Any] = {}
     for name in _PERSISTED:
         v = getattr(job, name)
         if name == "spec":
-            v = json.dumps(v.to_dict(), separators=(",", ":"))
+            v = spec_json if spec_json is not None else json.dumps(v.to_dict(), separators=(",", ":"))
         elif name in ("gpu_indices", "gpu_uuids"):
             v = json.dumps(list(v))
         elif name == "state":
@@ -439,35 +440,42 @@ class Store:
                           ) -> list[JobRecord]:
         """Insert new jobs in one transaction; returns them with their ids.
 
+        The ids are the next ones AUTOINCREMENT would give, taken inside the IMMEDIATE
+        transaction (the one writer), so the rows go in with one ``executemany``.
         Array tasks: a negative ``array_job_id`` is a placeholder; every task carrying it gets
-        the job id of the first one inserted (an array's id is its first task's id).
+        the job id of the first one (an array's id is its first task's id).
         ``also(saved)`` returns more statements for the same transaction (scrontab marks the
         slot it fired together with the job it submitted).
         """
         assert self.db is not None
-        cols = [c for c in _PERSISTED if c != "job_id"]
+        cols = list(_PERSISTED)
         sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        out: list[JobRecord] = []
-        arrays: dict[int, int] = {}
         await self.db.execute("BEGIN IMMEDIATE")
         try:
-            for job in jobs:
-                placeholder = job.array_job_id if job.array_job_id is not None and job.array_job_id < 0 else None
-                if placeholder is not None and placeholder in arrays:
-                    job = replace(job, array_job_id=arrays[placeholder])
-                row = _to_row(job)
-                cur = await self.db.execute(sql, tuple(row[c] for c in cols))
-                saved = replace(job, job_id=cur.lastrowid)
-                if placeholder is not None and placeholder not in arrays:
-                    arrays[placeholder] = saved.job_id
-                    saved = replace(saved, array_job_id=saved.job_id)
-                    await self.db.execute("UPDATE jobs SET array_job_id=? WHERE job_id=?",
-                                          (saved.job_id, saved.job_id))
-                await self.db.execute(
-                    "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
-                    (saved.job_id, now, 0, "submitted", saved.state.value, None),
-                )
-                out.append(saved)
+            async with self.db.execute(
+                "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name='jobs'), 0), "
+                "COALESCE((SELECT MAX(job_id) FROM jobs), 0))"
+            ) as cur:
+                (last,) = await cur.fetchone()
+            out: list[JobRecord] = []
+            arrays: dict[int, int] = {}
+            specs: dict[int, str] = {}
+            rows = []
+            for n, job in enumerate(jobs, start=last + 1):
+                if job.array_job_id is not None and job.array_job_id < 0:
+                    job = replace(job, job_id=n, array_job_id=arrays.setdefault(job.array_job_id, n))
+                else:
+                    job = replace(job, job_id=n)
+                out.append(job)
+                if id(job.spec) not in specs:
+                    specs[id(job.spec)] = json.dumps(job.spec.to_dict(), separators=(",", ":"))
+                row = _to_row(job, specs[id(job.spec)])
+                rows.append(tuple(row[c] for c in cols))
+            await self.db.executemany(sql, rows)
+            await self.db.executemany(
+                "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
+                [(job.job_id, now, 0, "submitted", job.state.value, None) for job in out],
+            )
             for stmt, params in (also(out) if also is not None else ()):
                 await self.db.execute(stmt, params)
             await self.db.execute("COMMIT")
