@@ -80,9 +80,17 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       Slurm features: "display_id" ("123" or "<array id>_<task>"), "array_job_id",
       "array_task_id", "array_throttle", "dependency", "begin_time", "deadline",
       "hold" ("user"|"admin"|null), "nice", "cron_entry" (null unless scrontab submitted it)
+      GPU sharing: "devices" ([{"index", "uuid", "kind": "gpu"|"mig"|"mps"|"timeslice",
+      "slice_start", "mem_mb", "profile"}]: what the allocation holds; for a slice the
+      uuid is its MIG-... UUID), "mig_profile" (slices asked for; "gpus" counts them) and
+      "gpu_mem_mb" (--gpu-mem), both null for whole GPUs
 NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb",
        "gpus_total", "gpus_alloc", "labels", "last_seen",
-       "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int]}]}
+       "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int],
+                 "mode": "whole"|"mig"|"mps"|"timeslice", "dynamic", "mps_max_clients",
+                 "mps_thread_percentage", "replicas", "relaid_at",
+                 "slices": [{"profile", "start", "uuid", "memory_mb", "job_id", "user"}],
+                 "holders": [{"job_id", "user", "kind", "slice_start", "mem_mb"}]}]}
 PARTITION: {"name", "default", "state", "nodes" (patterns), "node_names", "default_time",
        "max_time", "priority", "gpus_total", "cpus_total", "jobs_pending", "jobs_running"}
 """

@@ -52,6 +52,7 @@ from .relay import RelayedRequests
 from ..sched.plan import Plan
 from .scheduling import (DOWN, UP, Applied, annotate, build_snapshot, node_view, plan_to_txn, run_core,
                          running_view)
+from .gpusharing import MigCommands, launch_devices
 from .store import JobRecord, NodeRecord, Store, Txn
 from .telemetry import Telemetry
 from .usage import UsageLedger
@@ -92,6 +93,7 @@ class Head:
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
+        self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -226,6 +228,7 @@ class Head:
                                   await self.slurm.before_pass(now))
             snap = dataclasses.replace(snap, usage=self.usage.advance(snap.running, snap.nodes,
                                                                         self.cfg.sched, now))
+            snap = self.mig.adjust(snap, now)
             plan = run_core(snap, now)
             txn, applied = plan_to_txn(self.store, plan, now)
             await self.store.commit(txn)
@@ -238,6 +241,7 @@ class Head:
             log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user, job.node,
                      list(job.gpu_indices), job.attempt)
         await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
+        await self.mig.send(applied.relayouts, now)
         for job, p in applied.stops:
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
             await self.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
@@ -251,7 +255,7 @@ class Head:
             "job_id": job.job_id, "attempt": job.attempt, "name": job.name, "user": job.user,
             "uid": job.uid, "gid": job.gid, "script": spec.script, "work_dir": spec.work_dir,
             "stdout": spec.stdout, "stderr": spec.stderr, "env": spec.env,
-            "gpus": [{"index": i, "uuid": u} for i, u in zip(job.gpu_indices, job.gpu_uuids)],
+            "gpus": launch_devices(job),
             "cpus": job.cpus, "mem_mb": job.mem_mb, "time_limit": job.time_limit,
             "kill_grace": self.cfg.head.kill_grace, "submit_dir": spec.work_dir, "extra_env": {},
             **self.slurm.launch_fields(job),
@@ -322,6 +326,7 @@ class Head:
             name=node, info=info.to_dict(), state=state, reason=old.reason if old and state != UP else None,
             last_seen=now, registered=old.registered if old else now,
         ))
+        self.mig.registered(node)
         self.kick()
 
     async def _on_heartbeat(self, node: str, body: dict) -> None:

@@ -15,6 +15,7 @@ from .. import __version__
 from ..model import JobSpec, JobState, NodeInfo, SpecError
 from . import admission, slurm
 from .api import Caller, RequestError
+from .gpusharing import gpu_usage
 from .jobs import may_modify
 from .scheduling import UP
 from .store import JobRecord, Txn
@@ -147,6 +148,7 @@ async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
             for i in j.gpu_indices:
                 by_gpu.setdefault(i, []).append(j.job_id)
         gpus = [dict(g, job_ids=by_gpu.get(g["index"], [])) for g in info.get("gpus", [])]
+        gpus = gpu_usage(gpus, jobs)   # slices, shares and who holds them (sinfo -G)
         gpus_alloc = sum(1 for g in gpus if g["job_ids"])
         nodes.append({
             "name": name, "state": _display_state(rec.state, gpus_alloc, len(gpus), bool(jobs)),

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 from ..model import GpuInfo, JobState, NodeInfo
 from ..sched.core import schedule
-from ..sched.plan import Plan, Preemption, Start
-from ..sched.snapshot import GpuView, NodeView, PendingJob, RunningJob, Snapshot
+from ..sched.plan import Plan, Preemption, Relayout, Start
+from ..sched.sharing import is_shared
+from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from .gpusharing import SharedUse, gpu_view, job_devices, start_changes
 from .store import JobRecord, Store, Txn
 
 log = logging.getLogger("gpud.sched")
@@ -42,7 +44,7 @@ def node_view(store: Store, name: str) -> NodeView | None:
         return None
     return NodeView(
         name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
-        gpus=tuple(GpuView(g.index, g.uuid, g.model, g.memory_mb) for g in info.gpus),
+        gpus=tuple(gpu_view(g) for g in info.gpus),
         schedulable=store.nodes[name].state == UP,
         labels=tuple(sorted(info.labels.items())),
     )
@@ -50,9 +52,11 @@ def node_view(store: Store, name: str) -> NodeView | None:
 
 def running_view(j: JobRecord) -> RunningJob:
     assert j.node is not None
+    devices = job_devices(j)
     return RunningJob(
         job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
-        qos=j.qos, node=j.node, gpu_indices=j.gpu_indices, cpus=j.cpus, mem_mb=j.mem_mb,
+        qos=j.qos, node=j.node, gpu_indices=() if is_shared(devices) else j.gpu_indices,
+        cpus=j.cpus, mem_mb=j.mem_mb, devices=devices,
         start_time=j.start_time or j.launched_at or j.submit_time,
         time_limit=j.time_limit, preempt_count=j.preempt_count, borrowed=j.borrowed,
         requeue=j.spec.requeue, stopping=j.state is JobState.COMPLETING,
@@ -73,6 +77,7 @@ def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[
                 qos=j.qos, gpus=j.gpus, cpus=j.cpus, mem_mb=j.mem_mb, time_limit=j.time_limit,
                 submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
                 preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked.get(j.job_id),
+                mig_profile=j.spec.mig_profile, gpu_mem_mb=j.spec.gpu_mem_mb,
             ))
         elif j.state.active and j.node is not None:
             running.append(running_view(j))
@@ -93,6 +98,7 @@ class Applied:
 
     launches: list[JobRecord] = field(default_factory=list)
     stops: list[tuple[JobRecord, Preemption]] = field(default_factory=list)
+    relayouts: list[Relayout] = field(default_factory=list)     # MIG re-layouts to send
 
 
 def _in_use(store: Store) -> dict[str, tuple[set[int], int, int]]:
@@ -109,6 +115,7 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
     txn = Txn(store)
     applied = Applied()
     used = _in_use(store)
+    shared = SharedUse(store.active.values())
     for s in plan.starts:
         job = store.active.get(s.job_id)
         if job is None or job.state is not JobState.PENDING or job.spec.hold:
@@ -120,24 +127,38 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
         if not _fits(info, used.get(s.node, (set(), 0, 0)), s):
             log.warning("plan start of job %d on %s no longer fits; skipped", s.job_id, s.node)
             continue
+        why = shared.fits(info, job.user, s.devices)
+        if why:
+            log.warning("plan start of job %d on %s skipped: %s", s.job_id, s.node, why)
+            continue
+        shared.add(s.node, job.user, s.devices)
         gpus, cpus, mem = used.get(s.node, (set(), 0, 0))
         used[s.node] = (gpus | set(s.gpu_indices), cpus + s.cpus, mem + s.mem_mb)
-        by_index = {g.index: g for g in info.gpus}
+        alloc = start_changes(s, info)
         attempt = job.attempt + 1
         updated = txn.transition(
-            job, JobState.RUNNING, now=now, event="allocated", detail=f"{s.node} gpus={list(s.gpu_indices)}",
-            attempt=attempt, node=s.node, gpu_indices=tuple(s.gpu_indices),
-            gpu_uuids=tuple(by_index[i].uuid for i in s.gpu_indices), cpus=s.cpus, mem_mb=s.mem_mb,
+            job, JobState.RUNNING, now=now, event="allocated", detail=f"{s.node} gpus={_shown(alloc)}",
+            attempt=attempt, node=s.node, **alloc, cpus=s.cpus, mem_mb=s.mem_mb,
             start_time=now, end_time=None, launched_at=now, reason=None, borrowed=s.borrowed,
             exit_code=None, signal=None, stop_reason=None, stop_time=None,
         )
         txn.execute(
-            "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, start_time) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (job.job_id, attempt, s.node, _json(list(s.gpu_indices)), _json(list(updated.gpu_uuids)),
-             s.cpus, s.mem_mb, now),
+            "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, "
+            "start_time, devices) VALUES (?,?,?,?,?,?,?,?,?)",
+            (job.job_id, attempt, s.node, _json(list(updated.gpu_indices)), _json(list(updated.gpu_uuids)),
+             s.cpus, s.mem_mb, now, _json(list(updated.devices))),
         )
         applied.launches.append(updated)
+    for r in plan.relayouts:
+        info = node_info(store, r.node)
+        rec = store.nodes.get(r.node)
+        if info is None or rec is None or rec.state != UP:
+            continue
+        why = shared.relayout_ok(info, r)
+        if why:
+            log.warning("planned re-layout of %s GPU %d skipped: %s", r.node, r.gpu, why)
+            continue
+        applied.relayouts.append(r)
     for p in plan.preemptions:
         job = store.active.get(p.job_id)
         if job is None or job.state is not JobState.RUNNING:
@@ -149,6 +170,14 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
         txn.execute("INSERT INTO preemptions(time) VALUES (?)", (now,))
         applied.stops.append((updated, p))
     return txn, applied
+
+
+def _shown(alloc: dict) -> str:
+    """GPU indices, with the slice or share kind for fractions (the event log's detail)."""
+    devices = alloc.get("devices") or ()
+    if not any(d.get("kind") != "gpu" for d in devices):
+        return str(list(alloc["gpu_indices"]))
+    return "[" + ", ".join(f"{d['index']}:{d.get('profile') or d['kind']}" for d in devices) + "]"
 
 
 def _fits(info: NodeInfo, used: tuple[set[int], int, int], s: Start) -> bool:

@@ -176,6 +176,12 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX cron_entries_by_uid ON cron_entries(uid);
     """,
+    # 4: GPU sharing (gpusharing.py): the devices an allocation holds (whole GPUs, MIG
+    # slices, MPS shares, time-slice replicas)
+    """
+    ALTER TABLE jobs ADD COLUMN devices TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE allocations ADD COLUMN devices TEXT;
+    """,
 ]
 
 
@@ -227,6 +233,8 @@ class JobRecord:
     deadline: float | None = None     # cancelled when it cannot end by then
     hold_kind: str | None = None      # "user" or "admin" while held
     cron_entry: int | None = None     # the scrontab entry that submitted it
+    # GPU sharing: what the current allocation holds, as gpusharing.launch_devices entries
+    devices: tuple[dict[str, Any], ...] = ()
     # not persisted: scheduler annotations refreshed every pass
     priority: float = 0.0
     expected_start: float | None = None
@@ -253,7 +261,8 @@ class JobRecord:
             "array_task_id": self.array_task_id, "array_throttle": self.array_throttle,
             "dependency": self.dependency, "begin_time": self.begin_time,
             "deadline": self.deadline, "hold": self.hold_kind, "nice": self.spec.nice,
-            "cron_entry": self.cron_entry,
+            "cron_entry": self.cron_entry, "devices": [dict(d) for d in self.devices],
+            "mig_profile": self.spec.mig_profile, "gpu_mem_mb": self.spec.gpu_mem_mb,
         }
 
     @property
@@ -265,7 +274,7 @@ class JobRecord:
 
 
 _PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "expected_start")]
-_JSON_COLS = {"spec", "gpu_indices", "gpu_uuids"}
+_JSON_COLS = {"spec", "gpu_indices", "gpu_uuids", "devices"}
 
 
 def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
@@ -275,7 +284,7 @@ def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
         v = getattr(job, name)
         if name == "spec":
             v = spec_json if spec_json is not None else json.dumps(v.to_dict(), separators=(",", ":"))
-        elif name in ("gpu_indices", "gpu_uuids"):
+        elif name in ("gpu_indices", "gpu_uuids", "devices"):
             v = json.dumps(list(v))
         elif name == "state":
             v = v.value
@@ -290,6 +299,7 @@ def _from_row(row: aiosqlite.Row | tuple, cols: list[str]) -> JobRecord:
     d["spec"] = JobSpec(**json.loads(d["spec"]))
     d["gpu_indices"] = tuple(json.loads(d["gpu_indices"]))
     d["gpu_uuids"] = tuple(json.loads(d["gpu_uuids"]))
+    d["devices"] = tuple(x for x in json.loads(d.get("devices") or "[]") if isinstance(x, dict))
     d["state"] = JobState(d["state"])
     d["borrowed"] = bool(d["borrowed"])
     return JobRecord(**{k: d[k] for k in _PERSISTED})

@@ -12,9 +12,14 @@ partition's ``max_time``, a GPU type no node has, or more GPUs, CPUs or memory t
 node of the partition has (a job runs on one node).  Node checks apply only once nodes
 have registered; before that, a request waits instead.
 
+Whole GPUs (``--gpus N``) count only GPUs in ``whole`` mode.  A MIG request is refused
+when no GPU of the partition offers its profile (a dynamic MIG GPU whose model has it, or
+a fixed layout holding it) or no node could hold that many slices; a ``--gpu-mem``
+request when no slice, share or GPU of the partition is that large.
+
 ``req`` is anything with the request's attributes (a JobSpec) or a dict with those keys:
 ``partition``, ``account``, ``qos``, ``time_limit``, ``mem_mb``, ``gpus``, ``cpus``,
-``gpu_type``.  ``nodes`` are NodeInfo or NodeView objects (``name``, ``cpus``, ``mem_mb``,
+``gpu_type``, ``mig_profile``, ``gpu_mem_mb``.  ``nodes`` are NodeInfo or NodeView objects (``name``, ``cpus``, ``mem_mb``,
 ``gpus`` with ``model``).
 """
 
@@ -24,8 +29,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Sequence
 
+from ..gpu import mig
 from ..units import format_duration, format_size_mb
 from .config import SchedConfig
+from .sharing import slice_capacity_mb
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,14 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
     gpu_type = _get(req, "gpu_type")
     mem = resolved.mem_mb
 
+    if _get(req, "mig_profile") is not None or _get(req, "gpu_mem_mb") is not None:
+        return _shared_refusal(req, part.name, members, cpus, mem)
+
     def have(n: Any) -> int:
-        return sum(1 for g in n.gpus if gpu_type is None or g.model == gpu_type)
+        return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
 
     if gpu_type is not None and not any(have(n) for n in members):
-        models = sorted({g.model for n in members for g in n.gpus})
+        models = sorted({g.model for n in members for g in n.gpus if _mode(g) == "whole"})
         return (f"no node in partition {part.name} has GPUs of type {gpu_type!r}: use one of "
                 f"{', '.join(models) or '(none: this partition has no GPUs)'} with --gpu-type")
     most = max(have(n) for n in members)
@@ -117,4 +127,70 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
     if not any(have(n) >= gpus and n.cpus >= cpus and n.mem_mb >= mem for n in members):
         return (f"Requested node configuration is not available: no node in partition {part.name} has "
                 f"{gpus} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
+    return None
+
+
+def _mode(g: Any) -> str:
+    return getattr(g, "mode", "whole") or "whole"
+
+
+def _slices_on(g: Any, profile: str) -> int:
+    """How many slices of ``profile`` GPU ``g`` could hold at once (0 when none)."""
+    if _mode(g) != "mig" or not mig.supports_mig(g.model):
+        return 0
+    cat = mig.catalog(g.model)
+    if profile not in cat:
+        return 0
+    if getattr(g, "dynamic", False):
+        return cat[profile].max_count
+    return sum(1 for s in getattr(g, "slices", ()) if s.profile == profile)
+
+
+def _largest_mb(g: Any) -> int:
+    """The most memory one device of GPU ``g`` can give a job."""
+    if _mode(g) != "mig":
+        return int(g.memory_mb)
+    if getattr(g, "dynamic", False) and mig.supports_mig(g.model):
+        return max(slice_capacity_mb(p.name, p.memory_mb) for p in mig.catalog(g.model).values())
+    return max((slice_capacity_mb(s.profile, s.memory_mb) for s in getattr(g, "slices", ())), default=0)
+
+
+def _shared_refusal(req: Any, part: str, members: list[Any], cpus: int, mem: int) -> str | None:
+    """Why a MIG or --gpu-mem request can never run in partition ``part``."""
+    gpu_type = _get(req, "gpu_type")
+    profile = _get(req, "mig_profile")
+    want = int(_get(req, "gpu_mem_mb", 0))
+    count = max(1, int(_get(req, "gpus", 1)))
+
+    def gpus(n: Any) -> list[Any]:
+        return [g for g in n.gpus if gpu_type is None or g.model == gpu_type]
+
+    if profile is not None:
+        def cap(n: Any) -> int:
+            return sum(_slices_on(g, profile) for g in gpus(n))
+        if not any(cap(n) for n in members):
+            offered = sorted({p for n in members for g in gpus(n) if _mode(g) == "mig" and mig.supports_mig(g.model)
+                              for p in (mig.catalog(g.model) if getattr(g, "dynamic", False)
+                                        else {s.profile for s in getattr(g, "slices", ())})})
+            hint = (f"MIG GPUs here offer {', '.join(offered)}" if offered
+                    else "it has no GPUs in MIG mode; ask for whole GPUs (--gpus N) or memory (--gpu-mem)")
+            kind = f" of type {gpu_type}" if gpu_type else ""
+            return f"no GPU{kind} in partition {part} offers MIG profile {profile}: {hint}"
+        most = max(cap(n) for n in members)
+        if count > most:
+            return (f"Requested node configuration is not available: {count} {profile} slices on one node, but "
+                    f"the most one node of partition {part} can hold is {most}; ask for at most {most}")
+        what = f"{count} {profile} slice{'s' if count > 1 else ''}"
+    else:
+        def cap(n: Any) -> int:
+            return int(any(_largest_mb(g) >= want for g in gpus(n)))
+        if not any(cap(n) for n in members):
+            top = max((_largest_mb(g) for n in members for g in gpus(n)), default=0)
+            return (f"no GPU, slice or share in partition {part} has {format_size_mb(want)} of GPU memory; "
+                    f"the largest has {format_size_mb(top)}: ask for less with --gpu-mem")
+        what = f"a GPU device with {format_size_mb(want)}"
+    if cpus > max(n.cpus for n in members) or mem > max(n.mem_mb for n in members) or not any(
+            cap(n) >= (count if profile else 1) and n.cpus >= cpus and n.mem_mb >= mem for n in members):
+        return (f"Requested node configuration is not available: no node in partition {part} has {what}, "
+                f"{cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
     return None

@@ -1,0 +1,213 @@
+"""The head's side of GPU sharing: device records, plan re-checks, MIG re-layout commands.
+
+Theory of operation
+-------------------
+Devices.  Every allocation records what it holds as ``devices`` (JobRecord, the launch
+body's ``gpus``): ``{"index", "uuid", "kind", "slice_start", "mem_mb", "profile"}`` with
+kind ``gpu`` (a whole GPU), ``mig`` (a slice, by its ``MIG-...`` UUID and first memory
+slot), ``mps`` (a share with its pinned memory) or ``timeslice``.  A job's
+``gpu_indices`` still lists the GPUs it touches (squeue, sinfo, telemetry); only the
+scheduler's view drops them for fractions, which it tracks by device.  Allocations made
+before devices existed have none: ``launch_devices`` rebuilds whole-GPU entries for them.
+
+Re-checks.  ``SharedUse`` counts what active jobs hold on shared GPUs; ``plan_to_txn`` asks
+it whether a planned fractional start still fits (the slice exists with that UUID and is
+free, the MPS GPU has room and no other user, the time-slice a replica) and whether a
+planned re-layout still destroys only free slices.  Anything that no longer holds is
+skipped with a log line; the next pass plans again.
+
+Re-layouts.  ``MigCommands`` sends each planned re-layout as a ``mig`` command to the
+node and remembers it as *in flight* until the worker re-registers (it does after every
+command, applied or refused) or ``REPLY_TIMEOUT`` passes.  While in flight the GPU is
+shown to the core as ``reconfiguring`` (no starts, no second re-layout), and the time of
+the last command that destroyed slices counts as the GPU's ``relaid_at`` even before the
+worker reports it, so the minimum interval holds across a lost reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..bus.base import node_cmd
+from ..model import GpuInfo, NodeInfo
+from ..sched.plan import Relayout, Start
+from ..sched.sharing import is_shared
+from ..sched.snapshot import Device, GpuView, NodeView, SliceView, Snapshot
+
+if TYPE_CHECKING:
+    from .daemon import Head
+    from .store import JobRecord
+
+log = logging.getLogger("gpud.sharing")
+
+REPLY_TIMEOUT = 60.0      # seconds a re-layout stays in flight without the worker re-registering
+
+
+def gpu_view(g: GpuInfo) -> GpuView:
+    return GpuView(g.index, g.uuid, g.model, g.memory_mb, mode=g.mode, dynamic=g.dynamic,
+                   slices=tuple(SliceView(s.profile, s.start, s.uuid, s.memory_mb) for s in g.slices),
+                   mps_max_clients=g.mps_max_clients, mps_thread_percentage=g.mps_thread_percentage,
+                   replicas=g.replicas, relaid_at=g.relaid_at)
+
+
+def job_devices(job: "JobRecord") -> tuple[Device, ...]:
+    """The job's recorded devices; malformed entries are dropped."""
+    out = []
+    for d in job.devices:
+        try:
+            out.append(Device.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return tuple(out)
+
+
+def launch_devices(job: "JobRecord") -> list[dict[str, Any]]:
+    """The launch body's ``gpus``: the recorded devices, or whole GPUs for older records."""
+    if job.devices:
+        return [dict(d) for d in job.devices]
+    return [Device(i, "gpu", u).to_dict() for i, u in zip(job.gpu_indices, job.gpu_uuids)]
+
+
+def start_changes(s: Start, info: NodeInfo) -> dict[str, Any]:
+    """JobRecord fields for a planned start: GPUs touched, their UUIDs, the devices."""
+    if s.devices and is_shared(s.devices):
+        indices = tuple(sorted({d.index for d in s.devices}))
+        return {"gpu_indices": indices, "gpu_uuids": tuple(d.uuid for d in s.devices),
+                "devices": tuple(d.to_dict() for d in s.devices)}
+    by_index = {g.index: g for g in info.gpus}
+    uuids = tuple(by_index[i].uuid for i in s.gpu_indices)
+    return {"gpu_indices": tuple(s.gpu_indices), "gpu_uuids": uuids,
+            "devices": tuple(Device(i, "gpu", u).to_dict() for i, u in zip(s.gpu_indices, uuids))}
+
+
+class SharedUse:
+    """What active jobs hold of each shared GPU, for re-checking a plan."""
+
+    def __init__(self, jobs: Iterable["JobRecord"]) -> None:
+        self.slices: set[tuple[str, int, int]] = set()                      # (node, gpu, start)
+        self.clients: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)   # (user, mem)
+        for j in jobs:
+            if j.state.active and j.node is not None:
+                self.add(j.node, j.user, job_devices(j))
+
+    def add(self, node: str, user: str, devices: Iterable[Device]) -> None:
+        for d in devices:
+            if d.kind == "mig" and d.slice_start is not None:
+                self.slices.add((node, d.index, d.slice_start))
+            elif d.kind in ("mps", "timeslice"):
+                self.clients[(node, d.index)].append((user, d.mem_mb or 0))
+
+    def fits(self, info: NodeInfo, user: str, devices: Iterable[Device]) -> str | None:
+        """None if the devices can be given now; else why not (for the log)."""
+        gpus = {g.index: g for g in info.gpus}
+        for d in devices:
+            g = gpus.get(d.index)
+            if g is None:
+                return f"no GPU {d.index}"
+            if d.kind == "gpu":
+                if g.mode != "whole":
+                    return f"GPU {d.index} is in {g.mode} mode now"
+                continue
+            if g.mode != d.kind:
+                return f"GPU {d.index} is in {g.mode} mode now, not {d.kind}"
+            if d.kind == "mig":
+                if not any(s.start == d.slice_start and s.uuid == d.uuid for s in g.slices):
+                    return f"slice {d.uuid} is gone from GPU {d.index}"
+                if (info.name, d.index, d.slice_start) in self.slices:
+                    return f"slice {d.uuid} is taken"
+                continue
+            held = self.clients.get((info.name, d.index), [])
+            if d.kind == "mps":
+                if len(held) >= g.mps_max_clients:
+                    return f"MPS GPU {d.index} has {len(held)} clients"
+                if any(u != user for u, _ in held):
+                    return f"MPS GPU {d.index} serves another user"
+                if sum(m for _, m in held) + (d.mem_mb or 0) > g.memory_mb:
+                    return f"MPS GPU {d.index} has not {d.mem_mb} MB left"
+            elif len(held) >= g.replicas:
+                return f"time-sliced GPU {d.index} has all {g.replicas} replicas taken"
+        return None
+
+    def relayout_ok(self, info: NodeInfo, r: Relayout) -> str | None:
+        g = next((g for g in info.gpus if g.index == r.gpu), None)
+        if g is None or g.mode != "mig" or not g.dynamic:
+            return f"GPU {r.gpu} is not a dynamic MIG GPU"
+        have = {s.start for s in g.slices}
+        for start in r.destroy:
+            if start not in have:
+                return f"no slice at slot {start}"
+            if (info.name, r.gpu, start) in self.slices:
+                return f"the slice at slot {start} is in use"
+        return None
+
+
+def gpu_usage(gpus: list[dict[str, Any]], jobs: Iterable["JobRecord"]) -> list[dict[str, Any]]:
+    """Per GPU of a node record: who holds it, and each slice's job (sinfo -G)."""
+    holders: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for j in jobs:
+        for d in job_devices(j) or tuple(Device(i, "gpu") for i in j.gpu_indices):
+            holders[d.index].append({"job_id": j.job_id, "user": j.user, "kind": d.kind,
+                                     "slice_start": d.slice_start, "mem_mb": d.mem_mb})
+    out = []
+    for g in gpus:
+        g = dict(g)
+        mine = holders.get(g.get("index"), [])
+        g["holders"] = mine
+        by_start = {h["slice_start"]: h for h in mine if h["kind"] == "mig"}
+        g["slices"] = [dict(s, job_id=by_start.get(s.get("start"), {}).get("job_id"),
+                            user=by_start.get(s.get("start"), {}).get("user"))
+                       for s in g.get("slices") or []]
+        out.append(g)
+    return out
+
+
+class MigCommands:
+    """Re-layouts sent to workers and not yet answered (see the module docstring)."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.in_flight: dict[tuple[str, int], float] = {}     # (node, gpu) -> sent at
+        self.destroyed_at: dict[tuple[str, int], float] = {}  # last command that destroyed slices
+
+    def adjust(self, snap: Snapshot, now: float) -> Snapshot:
+        """The snapshot with in-flight GPUs marked ``reconfiguring``."""
+        for key, sent in list(self.in_flight.items()):
+            if now - sent > REPLY_TIMEOUT:
+                log.warning("no answer from %s to the re-layout of GPU %d in %.0fs; planning again",
+                            key[0], key[1], now - sent)
+                del self.in_flight[key]
+        if not self.in_flight and not self.destroyed_at:
+            return snap
+        nodes = tuple(self._node(n) for n in snap.nodes)
+        return dataclasses.replace(snap, nodes=nodes)
+
+    def _node(self, n: NodeView) -> NodeView:
+        gpus = []
+        for g in n.gpus:
+            key = (n.name, g.index)
+            if key in self.in_flight or key in self.destroyed_at:
+                last = self.destroyed_at.get(key)
+                relaid = g.relaid_at if last is None else max(last, g.relaid_at or last)
+                g = dataclasses.replace(g, reconfiguring=key in self.in_flight, relaid_at=relaid)
+            gpus.append(g)
+        return dataclasses.replace(n, gpus=tuple(gpus))
+
+    async def send(self, relayouts: Iterable[Relayout], now: float) -> None:
+        for r in relayouts:
+            key = (r.node, r.gpu)
+            self.in_flight[key] = now
+            if r.destroy:
+                self.destroyed_at[key] = now
+            log.info("re-laying MIG GPU %s:%d: destroy slots %s, create %s (%s)", r.node, r.gpu,
+                     list(r.destroy) or "none", ", ".join(str(s) for s in r.create) or "none", r.reason)
+            await self.head.bus.publish(node_cmd(r.node), "mig", {
+                "gpu": r.gpu, "destroy": list(r.destroy), "create": [s.to_dict() for s in r.create],
+                "reason": r.reason})
+
+    def registered(self, node: str) -> None:
+        """The worker reported its GPUs: whatever it had been asked is now visible."""
+        for key in [k for k in self.in_flight if k[0] == node]:
+            del self.in_flight[key]

@@ -1,0 +1,206 @@
+"""The head with shared GPUs: submit-time refusals, devices recorded and launched, MIG
+re-layouts sent once and re-checked, nodes shown per GPU; in-process (real SQLite store,
+in-memory bus, injected clock), the worker played by the test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpud.gpu import mig
+from gpud.head.gpusharing import SharedUse
+from gpud.head.scheduling import plan_to_txn, running_view
+from gpud.head.store import Store
+from gpud.model import GpuInfo, NodeInfo, SliceInfo
+from gpud.sched.plan import Plan, Relayout, Start
+from gpud.sched.snapshot import Device
+
+from .slurm_head import ALICE, BOB, HeadKit
+
+GiB = 1024
+
+
+def slices(model: str, layout: list[mig.Slice], node: str = "n1", gpu: int = 0) -> tuple[SliceInfo, ...]:
+    cat = mig.catalog(model)
+    return tuple(SliceInfo(s.profile, s.start, f"MIG-{node}-{gpu}-{s.start}", cat[s.profile].memory_mb)
+                 for s in layout)
+
+
+def a100(index: int = 0, layout: list[mig.Slice] = (), dynamic: bool = True, **kw) -> GpuInfo:
+    return GpuInfo(index, f"GPU-n1-{index}", "A100-80GB", 80 * GiB, mode="mig", dynamic=dynamic,
+                   slices=slices("A100-80GB", list(layout), gpu=index), **kw)
+
+
+def h100(index: int, mode: str = "whole", **kw) -> GpuInfo:
+    return GpuInfo(index, f"GPU-n1-{index}", "H100-80GB", 80 * GiB, mode=mode, **kw)
+
+
+class Kit(HeadKit):
+    """HeadKit with nodes of shared GPUs and a record of what the head sends to workers."""
+
+    async def __aenter__(self) -> "Kit":
+        await super().__aenter__()
+        self.sent: list[tuple[str, str, dict]] = []
+        publish = self.bus.publish
+
+        async def record(topic, kind, body, **kw):
+            self.sent.append((topic, kind, body))
+            await publish(topic, kind, body, **kw)
+
+        self.bus.publish = record          # type: ignore[method-assign]
+        return self
+
+    def put_node(self, *gpus: GpuInfo, name: str = "n1") -> NodeInfo:
+        from gpud.head.store import NodeRecord
+        info = NodeInfo(name, 64, 512 * GiB, tuple(gpus))
+        self.store.nodes[name] = NodeRecord(name, info.to_dict(), "UP", None, self.clock(), self.clock())
+        return info
+
+    async def register(self, info: NodeInfo) -> None:
+        await self.head._on_register(info.name, {"node": info.to_dict()})
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [body for _, k, body in self.sent if k == kind]
+
+
+@pytest.fixture
+async def kit(tmp_path):
+    async with Kit(tmp_path) as k:
+        yield k
+
+
+async def test_slices_are_cut_once_then_launched_with_their_mig_uuids(kit):
+    info = kit.put_node(a100(0))
+    jobs = [await kit.submit(mig_profile="1g.10gb", gpus=2) for _ in range(2)]
+    await kit.schedule()
+    [cmd] = kit.of_kind("mig")
+    assert cmd["gpu"] == 0 and cmd["destroy"] == [] and len(cmd["create"]) == 4
+    assert {kit.job(j).reason for j in jobs} == {"MigReconfig"}
+    await kit.schedule()                         # no answer yet: nothing sent twice
+    assert len(kit.of_kind("mig")) == 1 and not kit.of_kind("launch")
+    layout = [mig.Slice(c["profile"], c["start"]) for c in cmd["create"]]
+    info = replace(info, gpus=(a100(0, layout, relaid_at=kit.clock()),))
+    kit.put_node(*info.gpus)
+    await kit.register(info)
+    await kit.schedule()
+    launches = kit.of_kind("launch")
+    assert sorted(b["job_id"] for b in launches) == jobs
+    for body in launches:
+        assert len(body["gpus"]) == 2
+        for g in body["gpus"]:
+            assert g["kind"] == "mig" and g["uuid"].startswith("MIG-") and g["profile"] == "1g.10gb"
+            assert g["slice_start"] in {s.start for s in layout}
+    listed = (await kit.call("jobs", ALICE, job_ids=jobs))["jobs"]
+    assert all(j["mig_profile"] == "1g.10gb" and len(j["devices"]) == 2 for j in listed)
+    node = (await kit.call("nodes", ALICE))["nodes"][0]
+    gpu = node["gpus"][0]
+    assert gpu["mode"] == "mig" and gpu["dynamic"]
+    assert sorted(s["job_id"] for s in gpu["slices"]) == sorted(jobs * 2)
+    assert {h["user"] for h in gpu["holders"]} == {"alice"}
+
+
+async def test_a_lost_answer_is_planned_again_after_the_timeout(kit):
+    kit.put_node(a100(0))
+    await kit.submit(mig_profile="3g.40gb")
+    await kit.schedule()
+    kit.clock.advance(61)
+    await kit.schedule()
+    assert len(kit.of_kind("mig")) == 2
+
+
+async def test_mps_shares_and_their_users(kit):
+    kit.put_node(h100(0, "mps"))
+    alice = [await kit.submit(ALICE, gpu_mem_mb="20G") for _ in range(5)]
+    bob = await kit.submit(BOB, gpu_mem_mb="20G")
+    await kit.schedule()
+    launches = kit.of_kind("launch")
+    assert sorted(b["job_id"] for b in launches) == alice[:4]
+    for body in launches:
+        [g] = body["gpus"]
+        assert (g["kind"], g["index"], g["uuid"], g["mem_mb"]) == ("mps", 0, "GPU-n1-0", 20 * GiB)
+    assert kit.job(alice[4]).reason == "Resources" and kit.job(bob).reason == "Resources"
+    for j in alice[:4]:
+        await kit.finish(j)
+    await kit.schedule()
+    assert kit.job(alice[4]).state.value == "RUNNING" and kit.job(bob).state.value == "PENDING"
+    await kit.finish(alice[4])
+    await kit.schedule()
+    assert kit.job(bob).state.value == "RUNNING"
+
+
+async def test_refused_at_submit(kit):
+    kit.put_node(a100(0), h100(1, "mps"), h100(2))
+    msg = await kit.refused("submit", ALICE, spec={"script": "#!/bin/sh\ntrue\n", "mig_profile": "1g.5gb"})
+    assert "offers MIG profile 1g.5gb" in msg and "1g.10gb" in msg
+    msg = await kit.refused("submit", ALICE, spec={"script": "#!/bin/sh\ntrue\n", "mig_profile": "1g.10gb",
+                                                   "gpus": 8})
+    assert "at most 7" in msg
+    msg = await kit.refused("submit", ALICE, spec={"script": "#!/bin/sh\ntrue\n", "gpu_mem_mb": "200G"})
+    assert "--gpu-mem" in msg
+    msg = await kit.refused("submit", ALICE, spec={"script": "#!/bin/sh\ntrue\n", "gpus": 2})
+    assert "has 1" in msg                        # one whole GPU: MIG and MPS GPUs are not whole
+    msg = await kit.refused("submit", ALICE, spec={"script": "#!/bin/sh\ntrue\n", "mig_profile": "9g.1gb"})
+    assert "no MIG profile" in msg or "offers" in msg
+    assert await kit.submit(mig_profile="MIG 1G.10GB")
+
+
+async def test_a_whole_gpu_for_gpu_mem_when_nothing_smaller(kit):
+    kit.put_node(h100(0), h100(1))
+    job = await kit.submit(gpu_mem_mb="40G")
+    await kit.schedule()
+    [body] = kit.of_kind("launch")
+    assert body["gpus"] == [{"index": 0, "uuid": "GPU-n1-0", "kind": "gpu", "slice_start": None,
+                             "mem_mb": None, "profile": None}]
+    assert kit.job(job).gpu_indices == (0,)
+
+
+def test_plan_recheck_skips_taken_slices_and_relayouts_of_busy_slices():
+    layout = [mig.Slice("1g.10gb", s) for s in range(7)]
+    info = NodeInfo("n1", 64, 512 * GiB, (a100(0, layout),))
+
+    class Job:
+        def __init__(self, user, devices):
+            self.user, self.node, self.devices = user, "n1", tuple(d.to_dict() for d in devices)
+
+            class S:
+                active = True
+            self.state = S()
+
+    busy = Device(0, "mig", "MIG-n1-0-3", 3, 9728, "1g.10gb")
+    use = SharedUse([Job("alice", [busy])])
+    assert use.fits(info, "bob", [busy]) == "slice MIG-n1-0-3 is taken"
+    assert use.fits(info, "bob", [Device(0, "mig", "MIG-n1-0-9", 9)]) == "slice MIG-n1-0-9 is gone from GPU 0"
+    assert use.fits(info, "bob", [Device(0, "mig", "MIG-n1-0-4", 4)]) is None
+    assert use.relayout_ok(info, Relayout("n1", 0, (3,), (), "test")) == "the slice at slot 3 is in use"
+    assert use.relayout_ok(info, Relayout("n1", 0, (4, 5), (), "test")) is None
+    mps = NodeInfo("n1", 64, 512 * GiB, (h100(0, "mps", mps_max_clients=2),))
+    use = SharedUse([Job("alice", [Device(0, "mps", "GPU-n1-0", None, 60 * GiB)])])
+    assert "another user" in use.fits(mps, "bob", [Device(0, "mps", "GPU-n1-0", None, GiB)])
+    assert "MB left" in use.fits(mps, "alice", [Device(0, "mps", "GPU-n1-0", None, 30 * GiB)])
+    assert use.fits(mps, "alice", [Device(0, "mps", "GPU-n1-0", None, 20 * GiB)]) is None
+
+
+async def test_devices_survive_a_head_restart_and_requeue_clears_them(kit, tmp_path):
+    kit.put_node(h100(0, "timeslice", replicas=2))
+    job = await kit.submit(gpu_mem_mb="8G")
+    await kit.schedule()
+    rec = kit.job(job)
+    assert rec.devices[0]["kind"] == "timeslice"
+    view = running_view(rec)
+    assert view.gpu_indices == () and view.devices[0].kind == "timeslice"
+    async with Store(kit.db) as again:
+        assert again.active[job].devices == rec.devices
+    await kit.call("requeue", ALICE, job_ids=[job])
+    await kit.finish(job, reason="signalled")
+    assert kit.job(job).state.value == "PENDING" and kit.job(job).devices == ()
+
+
+async def test_stale_plans_do_not_double_book(kit):
+    kit.put_node(a100(0, [mig.Slice("3g.40gb", 0), mig.Slice("3g.40gb", 4)], dynamic=False))
+    a = await kit.submit(mig_profile="3g.40gb")
+    b = await kit.submit(mig_profile="3g.40gb")
+    dev = Device(0, "mig", "MIG-n1-0-0", 0, 40192, "3g.40gb")
+    plan = Plan(starts=[Start(a, "n1", (), 1, GiB, devices=(dev,)), Start(b, "n1", (), 1, GiB, devices=(dev,))])
+    txn, applied = plan_to_txn(kit.store, plan, kit.clock())
+    assert [j.job_id for j in applied.launches] == [a]
