@@ -176,6 +176,54 @@ def sinfo_summary_table(nodes: list[dict[str, Any]], *, header: bool = True) -> 
                  header=header)
 
 
+# How each sharing mode reads in ``sinfo -G``: the caveats belong next to the mode.
+GPU_MODE_TEXT = {
+    "whole": "whole",
+    "mig": "mig",
+    "mps": "mps (a fatal fault in one job ends all)",
+    "timeslice": "timeslice (no memory isolation)",
+}
+
+
+def _holders(holders: Iterable[dict[str, Any]]) -> str:
+    return ",".join(f"{h.get('job_id')}({h.get('user')})" for h in holders) or "-"
+
+
+def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
+    """``sinfo -G``: one line per GPU (mode, use, jobs), then one per MIG slice."""
+    rows: list[tuple[Any, ...]] = []
+    for n in sorted(nodes, key=lambda n: _natural(str(n.get("name", "")))):
+        name = n.get("name", "?")
+        for g in sorted(n.get("gpus") or [], key=lambda g: g.get("index", 0)):
+            mode = str(g.get("mode") or "whole")
+            holders = g.get("holders")
+            if holders is None:      # a head without sharing: job ids only
+                holders = [{"job_id": j, "user": "?"} for j in g.get("job_ids") or []]
+            text = GPU_MODE_TEXT.get(mode, mode)
+            slices = g.get("slices") or []
+            if mode == "mig":
+                text += " dynamic" if g.get("dynamic") else " fixed"
+                used = f"{sum(1 for s in slices if s.get('job_id') is not None)}/{len(slices)} slices"
+            elif mode == "mps":
+                mem = sum(int(h.get("mem_mb") or 0) for h in holders)
+                used = (f"{len(holders)}/{g.get('mps_max_clients', 48)} "
+                        f"{format_size_mb(mem)}/{format_size_mb(g.get('memory_mb'))}")
+                if g.get("mps_thread_percentage"):
+                    text += f", {g['mps_thread_percentage']}% SMs each"
+            elif mode == "timeslice":
+                used = f"{len(holders)}/{g.get('replicas', 1)}"
+            else:
+                used = f"{min(1, len(holders))}/1"
+            rows.append((name, g.get("index", "?"), g.get("model", "?"), text, used, _holders(holders)))
+            for sl in sorted(slices, key=lambda s: s.get("start", 0)):
+                job = sl.get("job_id")
+                rows.append((name, f"{g.get('index', '?')}:{sl.get('profile')}@{sl.get('start')}",
+                             format_size_mb(sl.get("memory_mb")), sl.get("uuid", ""),
+                             "1/1" if job is not None else "0/1",
+                             f"{job}({sl.get('user')})" if job is not None else "-"))
+    return table(("NODELIST", "GPU", "MODEL", "MODE", "USED", "JOBS"), rows, header=header)
+
+
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
 

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpud.gpu.mig import MigError, parse_profile
 from gpud.units import UnitError, parse_duration, parse_size_mb
 
 from . import unsupported
@@ -51,7 +52,8 @@ from . import unsupported
 CLIENT_SETTINGS = frozenset({"parsable", "wrap", "wait", "strict", "quiet", "export", "cpus_per_gpu",
                              "mem_per_gpu", "mem_per_cpu"})
 # Options that say the same thing in different ways: a later layer's one replaces them all.
-EXCLUSIVE = (frozenset({"mem_mb", "mem_per_gpu", "mem_per_cpu"}), frozenset({"cpus", "cpus_per_gpu"}))
+EXCLUSIVE = (frozenset({"mem_mb", "mem_per_gpu", "mem_per_cpu"}), frozenset({"cpus", "cpus_per_gpu"}),
+             frozenset({"gpus", "mig_profile", "gpu_mem_mb"}))
 clock = time.time  # --begin/--deadline read it; replaceable in tests
 DIRECTIVE_PREFIXES = ("#GPUD", "#SBATCH")
 _SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh", "ash", "mksh", "busybox"})
@@ -111,15 +113,32 @@ def _flag(settings: dict[str, Any]) -> Converter:
     return lambda _text: dict(settings)
 
 
+def _mig_profile(text: str) -> str | None:
+    """The canonical MIG profile name ``text`` spells (``1g.10gb``, ``MIG-3g.40gb``), else None."""
+    try:
+        return parse_profile(text)
+    except MigError:
+        return None
+
+
 def _gpu_count(option: str) -> Converter:
     def convert(text: str) -> dict[str, Any]:
-        # Slurm spells a typed request --gpus=TYPE:N; accept it besides a bare count.
+        # Slurm spells a typed request --gpus=TYPE:N; accept it besides a bare count.  A MIG
+        # profile as the type (1g.10gb:2, or 1g.10gb for one) asks for slices of it.
         gpu_type, sep, count = text.strip().rpartition(":")
+        if not sep and _mig_profile(count):
+            gpu_type, count = count, "1"
         out = _int("gpus", option, 0, 4096)(count)
-        if sep:
-            if not gpu_type or ":" in gpu_type:
-                raise ScriptError(f"{option} needs N or TYPE:N, not {text!r}")
-            out["gpu_type"] = gpu_type
+        if gpu_type:
+            profile = _mig_profile(gpu_type)
+            if profile:
+                out["mig_profile"] = profile
+            elif ":" in gpu_type:
+                raise ScriptError(f"{option} needs N, TYPE:N or PROFILE:N (e.g. 1g.10gb:2), not {text!r}")
+            else:
+                out["gpu_type"] = gpu_type
+        elif sep:
+            raise ScriptError(f"{option} needs N, TYPE:N or PROFILE:N (e.g. 1g.10gb:2), not {text!r}")
         return out
     return convert
 
@@ -128,7 +147,8 @@ _gpus = _gpu_count("--gpus")
 
 
 def _gres(text: str) -> dict[str, Any]:
-    """``gpu``, ``gpu:2``, ``gpu:h100:2`` (comma-separated; only GPUs exist here)."""
+    """``gpu``, ``gpu:2``, ``gpu:h100:2``, ``gpu:1g.10gb:2`` (MIG slices; comma-separated;
+    only GPUs exist here)."""
     out: dict[str, Any] = {}
     for item in text.split(","):
         parts = item.strip().split(":")
@@ -140,7 +160,9 @@ def _gres(text: str) -> dict[str, Any]:
         count = parts[-1] if len(parts) > 1 and parts[-1].isdigit() else "1"
         typ = parts[1] if len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit()) else None
         out.update(_int("gpus", "--gres", 0, 4096)(count))
-        if typ:
+        if typ and _mig_profile(typ):
+            out["mig_profile"] = _mig_profile(typ)
+        elif typ:
             out["gpu_type"] = typ
     return out
 
@@ -159,6 +181,7 @@ def _size(key: str, option: str) -> Converter:
 
 
 _mem = _size("mem_mb", "--mem")
+_gpu_mem = _size("gpu_mem_mb", "--gpu-mem")
 
 
 def _single(option: str, what: str) -> Converter:
@@ -292,8 +315,11 @@ def normalize_signal(text: str, option: str = "--signal") -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--gpus", "-G", "[TYPE:]N", _gpus, "GPUs for the job: a count, or TYPE:COUNT."),
-    Option("--gres", None, "gpu[:TYPE][:N]", _gres, "GPUs, Slurm's generic-resource way."),
+    Option("--gpus", "-G", "[TYPE:]N", _gpus,
+           "GPUs for the job: a count, TYPE:COUNT, or MIG slices PROFILE:COUNT (1g.10gb:2)."),
+    Option("--gres", None, "gpu[:TYPE][:N]", _gres, "GPUs, Slurm's generic-resource way (gpu:1g.10gb:2)."),
+    Option("--gpu-mem", None, "SIZE", _gpu_mem,
+           "One slice, MPS share or GPU with this much memory, whichever wastes least."),
     Option("--gpus-per-node", None, "[TYPE:]N", _gpu_count("--gpus-per-node"), "Same as --gpus (one node)."),
     Option("--gpus-per-task", None, "[TYPE:]N", _gpu_count("--gpus-per-task"), "Same as --gpus (one task)."),
     Option("--gpu-type", None, "TYPE", _text("gpu_type", "--gpu-type"), "Only GPUs of this model."),
@@ -576,7 +602,7 @@ _API_KEYS = frozenset({
     "name", "work_dir", "stdout", "stderr", "env", "gpus", "gpu_type", "cpus", "mem_mb",
     "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "hold", "comment",
     "array", "dependency", "begin_time", "deadline", "open_mode", "mail_type", "mail_user",
-    "kill_on_invalid_dep", "skip_if_active",
+    "kill_on_invalid_dep", "skip_if_active", "mig_profile", "gpu_mem_mb",
 })
 # Keyword options given as text that go through sbatch's converters.
 _API_TEXT = {"array": _array, "dependency": _dependency, "begin_time": _when("begin_time", "begin_time"),
@@ -594,6 +620,8 @@ def api_settings(options: dict[str, Any]) -> dict[str, Any]:
             continue
         if key == "mem_mb" and isinstance(value, str):
             out.update(_mem(value))
+        elif key == "gpu_mem_mb" and isinstance(value, str):
+            out.update(_gpu_mem(value))
         elif key == "time_limit" and isinstance(value, str):
             out.update(_time(value))
         elif key == "signal":

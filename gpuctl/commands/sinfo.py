@@ -18,14 +18,16 @@ _PARTITION_LETTERS = frozenset("PRal")
 
 @click.command("sinfo")
 @click.option("-N", "--Node", "per_node", is_flag=True, help="One line per node.")
+@click.option("-G", "--gpus", "per_gpu", is_flag=True,
+              help="One line per GPU (its sharing mode, use and jobs) and per MIG slice.")
 @click.option("-o", "--format", "format_", metavar="FORMAT", help="Slurm's %-fields, e.g. '%P %.6D %t %N'.")
 @click.option("-p", "--partition", "partitions", metavar="PART[,PART...]", multiple=True,
               help="Only nodes of these partitions.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
-def command(ctx: click.Context, per_node: bool, format_: str | None, partitions: tuple[str, ...],
-            as_json: bool, noheader: bool) -> None:
+def command(ctx: click.Context, per_node: bool, per_gpu: bool, format_: str | None,
+            partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""
     try:
         layout = cols.parse_percent(format_, cols.SINFO, "--format") if format_ else None
@@ -48,6 +50,8 @@ def command(ctx: click.Context, per_node: bool, format_: str | None, partitions:
         rows = cols.sinfo_rows(nodes, parts if parts is not None and _shows_partition(layout) else None,
                                layout, per_node)
         out = cols.render(layout, rows, 0.0, header=not noheader)
+    elif per_gpu:
+        out = fmt.sinfo_gpus_table(nodes, header=not noheader)
     else:
         table = fmt.sinfo_nodes_table if per_node else fmt.sinfo_summary_table
         out = table(nodes, header=not noheader)
