@@ -65,6 +65,13 @@ class Entry:
     spec: dict[str, Any]
     last_slot: int
     last_job_id: int | None
+    # (last_slot it was computed from, next matching slot): checked every tick, computed once
+    upcoming: tuple[int, int | None] | None = None
+
+    def next_slot(self, tz: tzinfo | None) -> int | None:
+        if self.upcoming is None or self.upcoming[0] != self.last_slot:
+            self.upcoming = (self.last_slot, self.schedule.next_minute(self.last_slot, tz=tz))
+        return self.upcoming[1]
 
 
 def due(schedule: CronSchedule, last_slot: int, now_slot: int, tz: tzinfo | None = None) -> bool:
@@ -142,7 +149,8 @@ class Cron:
         fired = []
         for entry in list(entries.values()):
             now_slot = self.now_slot()
-            if not due(entry.schedule, entry.last_slot, now_slot, self.tz):
+            nxt = entry.next_slot(self.tz)
+            if nxt is None or nxt > now_slot:
                 continue
             async with self.head.lock:
                 if entries.get(entry.entry_id) is not entry:
