@@ -1,4 +1,9 @@
-"""``gpud simulate``: replay a job trace on a virtual cluster under a scheduling config."""
+"""``gpud simulate``: replay a job trace on a virtual cluster under a scheduling config.
+
+The command only gathers inputs (cluster, config, trace or synthetic jobs, policies) and
+prints; ``engine.Simulation`` runs each policy, ``report``/``compare`` format, and ``plot``
+draws.  Every bad argument is one line and exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,13 @@ import click
 from ..sched.config import SchedConfig
 from ..units import UnitError, parse_duration
 from .cluster import ClusterSpecError, parse_cluster
+from .compare import format_compare
 from .engine import Simulation
+from .estimates import MODES, Estimates
+from .policies import DEFAULT_POLICY, POLICIES, policy_config
 from .report import format_text
-from .trace import TraceError, TraceStats, iter_trace, open_trace
+from .synthetic import KINDS, generate, write_trace
+from .trace import TraceError, TraceJob, TraceStats, iter_trace, open_trace
 
 __all__ = ["simulate", "load_sched_config", "SimConfigError"]
 
@@ -78,55 +87,153 @@ def _parse_duration_option(option: str, text: str | None) -> float | None:
                             f"90s, 12h, 7d") from None
 
 
+PLOT_POINTS = 400      # samples per series when plotting
+
+
 @click.command("simulate", cls=_Command)
 @click.option("--config", "config_path", metavar="TOML",
               help="gpud.toml whose [sched] policy to simulate (default: built-in defaults).")
 @click.option("--cluster", "cluster_spec", required=True, metavar="SPEC",
               help="Virtual cluster, NODESxGPUSxMODEL[,...], e.g. 16x8xH100-80GB.")
-@click.option("--trace", "trace_path", required=True, metavar="CSV",
+@click.option("--trace", "trace_path", metavar="CSV",
               help="Job trace: job_id,submit_s,gpus,duration_s,user,group,gpu_type,status.")
+@click.option("--synthetic", type=click.Choice(KINDS), metavar="KIND",
+              help=f"Generate the jobs instead of reading a trace: {', '.join(KINDS)}.")
+@click.option("--jobs", "n_jobs", type=click.IntRange(1, 10_000_000), default=10_000,
+              show_default=True, help="With --synthetic: how many jobs.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="With --synthetic: the random seed (same seed, same jobs).")
+@click.option("--load", type=click.FloatRange(min=0.01, max=100), metavar="F",
+              help="With --synthetic: offered GPU-time over the cluster's "
+                   "(default 0.9 mixed, 2.0 saturating).")
+@click.option("--accounts", "n_accounts", type=click.IntRange(1, 1000), default=2,
+              show_default=True, help="With --synthetic saturating: how many accounts.")
+@click.option("--save-trace", metavar="CSV",
+              help="With --synthetic: also write the jobs as a trace file.")
+@click.option("--policy", type=click.Choice(POLICIES), default=DEFAULT_POLICY, show_default=True,
+              help="fifo (submit order, no backfill), priority (multifactor, no backfill) or "
+                   "full (the config as the head runs it).")
+@click.option("--compare", is_flag=True, help="Run all three policies and print them side by side.")
 @click.option("--until", metavar="DURATION",
               help="Stop the virtual clock at this trace time (seconds, or 7d, 12h, ...).")
 @click.option("--ignore-gpu-type", is_flag=True,
               help="Let every job run on any GPU model (for traces whose gpu_type is not a model).")
-@click.option("--exact-limits", is_flag=True,
-              help="Give jobs without a time_limit_s their own duration as the limit "
-                   "(perfect estimates; default: the partition's max_time, or none).")
+@click.option("--limits", type=click.Choice(MODES), default="user", show_default=True,
+              help="Time limits of jobs the trace gives none: user (over-estimated and rounded "
+                   "up, as people set them), exact (their run time) or max (the partition's "
+                   "max_time, else none).")
+@click.option("--overestimate", type=click.FloatRange(min=1.0, max=1000.0), default=2.0,
+              show_default=True, metavar="F",
+              help="With --limits user: the mean factor between a limit and the run time.")
+@click.option("--exact-limits", is_flag=True, help="Same as --limits exact.")
 @click.option("--pass-interval", metavar="DURATION", default="0",
               help="At most one scheduler pass per this much simulated time (e.g. 5m): "
                    "faster, at the cost of later starts (default 0: after every event).")
+@click.option("--period", metavar="DURATION", default="7d", show_default=True,
+              help="Length of the periods the per-account shares are reported for.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def simulate(config_path: str | None, cluster_spec: str, trace_path: str, until: str | None,
-             ignore_gpu_type: bool, exact_limits: bool, pass_interval: str,
-             as_json: bool) -> None:
-    """Replay a job trace on a virtual cluster with the real scheduler; report waits,
-    GPU allocation, per-account GPU time and preemptions."""
+@click.option("--plot", "plot_path", metavar="PNG",
+              help="Draw utilization, queue length and account shares over time (needs matplotlib).")
+def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
+             synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
+             save_trace: str | None, policy: str, compare: bool, until: str | None,
+             ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
+             pass_interval: str, period: str, as_json: bool, plot_path: str | None) -> None:
+    """Replay a job trace (or synthetic jobs) on a virtual cluster with the real scheduler;
+    report waits, GPU allocation, fairness, preemptions and fragmentation, for one policy or
+    (--compare) fifo, priority and full side by side."""
+    if (trace_path is None) == (synthetic is None):
+        raise _OneLineError("give a job trace with --trace CSV or generate one with "
+                            "--synthetic KIND")
+    if save_trace is not None and synthetic is None:
+        raise _OneLineError("--save-trace writes generated jobs: use it with --synthetic")
     until_s = _parse_duration_option("--until", until)
     interval = _parse_duration_option("--pass-interval", pass_interval)
     if interval is None:
         raise _OneLineError("--pass-interval must be finite")
+    period_s = _parse_duration_option("--period", period)
+    if period_s is None or period_s <= 0:
+        raise _OneLineError("--period must be a positive duration such as 7d")
+    if plot_path is not None:
+        from .plot import PlotError, check_available
+        try:
+            check_available()
+        except PlotError as e:
+            raise _OneLineError(str(e)) from None
     try:
         nodes = parse_cluster(cluster_spec)
         config = load_sched_config(config_path)
     except (ClusterSpecError, SimConfigError) as e:
         raise _OneLineError(str(e)) from None
+    estimates = Estimates("exact" if exact_limits else limits, overestimate)
+
+    jobs: list[TraceJob] | None = None
+    if synthetic is not None:
+        try:
+            jobs = generate(synthetic, n_jobs, seed, gpus=sum(len(n.gpus) for n in nodes),
+                            max_gpus=max(len(n.gpus) for n in nodes), load=load,
+                            accounts=n_accounts)
+        except ValueError as e:
+            raise _OneLineError(str(e)) from None
+        if save_trace is not None:
+            try:
+                with open(save_trace, "w") as out:
+                    write_trace(jobs, out)
+            except OSError as e:
+                raise _OneLineError(f"{save_trace}: {e.strerror or e}") from None
+    else:
+        try:
+            open_trace(trace_path).close()   # a missing file is an error before any run
+        except TraceError as e:
+            raise _OneLineError(str(e)) from None
+
+    series_step = None
+    if plot_path is not None:
+        span = until_s if until_s is not None else (jobs[-1].submit_s if jobs else None)
+        series_step = max(60.0, (span or 86400.0 * 30) / PLOT_POINTS)
+
+    reports: dict[str, dict[str, Any]] = {}
+    for name in (POLICIES if compare else (policy,)):
+        kw = dict(until=until_s, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
+                  estimates=estimates, period=period_s, series_step=series_step)
+        if jobs is not None:
+            stats = TraceStats(rows=len(jobs), accepted=len(jobs))
+            report = Simulation(nodes, jobs, policy_config(config, name), trace_stats=stats,
+                                **kw).run()
+        else:
+            report = _run_trace(trace_path, nodes, policy_config(config, name), kw)
+        reports[name] = {"policy": name, **report}
+
+    if plot_path is not None:
+        from .plot import PlotError, plot
+        try:
+            plot(reports, plot_path)
+        except PlotError as e:
+            click.echo(f"gpud simulate: error: {e}", err=True)
+            sys.exit(1)
+        for r in reports.values():
+            r.pop("series", None)   # drawn; too long to print
+    if as_json:
+        out = {"policies": reports} if compare else reports[policy]
+        click.echo(json.dumps(out, indent=2))
+    elif compare:
+        click.echo(format_compare(reports))
+    else:
+        click.echo(format_text(reports[policy]))
+
+
+def _run_trace(path: str, nodes, config: SchedConfig, kw: dict[str, Any]) -> dict[str, Any]:
     try:
-        f = open_trace(trace_path)
+        f = open_trace(path)
     except TraceError as e:
         raise _OneLineError(str(e)) from None
     stats = TraceStats()
     with f:
-        sim = Simulation(nodes, iter_trace(f, stats, name=trace_path), config, until=until_s,
-                         trace_stats=stats, ignore_gpu_type=ignore_gpu_type,
-                         exact_limits=exact_limits, pass_interval=interval)
+        sim = Simulation(nodes, iter_trace(f, stats, name=path), config, trace_stats=stats, **kw)
         try:
-            report = sim.run()
+            return sim.run()
         except TraceError as e:
             raise _OneLineError(str(e)) from None
         except OSError as e:
-            click.echo(f"gpud simulate: error: {trace_path}: {e.strerror or e}", err=True)
+            click.echo(f"gpud simulate: error: {path}: {e.strerror or e}", err=True)
             sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        click.echo(format_text(report))

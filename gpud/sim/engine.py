@@ -50,7 +50,8 @@ from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
 from ..sched.plan import Plan, Preemption, Start
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
-from .report import Tally
+from .estimates import Estimates
+from .report import Tally, size_bucket
 from .trace import TraceJob, TraceStats
 
 __all__ = ["Simulation", "simulate"]
@@ -70,7 +71,7 @@ class _Job:
 
     __slots__ = ("trace", "account", "user", "qos", "submit", "limit", "attempt",
                  "preempt_count", "first_start", "node", "gpu_indices", "start",
-                 "stop_mode", "weight")
+                 "stop_mode", "weight", "bucket")
 
     def __init__(self, trace: TraceJob, account: str, qos: str, submit: float,
                  limit: float | None) -> None:
@@ -88,6 +89,7 @@ class _Job:
         self.start = 0.0
         self.stop_mode: str | None = None   # set once preempted: "requeue" or "cancel"
         self.weight = 1.0                   # billing weight of the GPUs of the current run
+        self.bucket = size_bucket(trace.gpus, trace.share)
 
 
 class _Usage:
@@ -118,8 +120,10 @@ class _Usage:
             factor = sched_usage.decay(1.0, dt, hl)
             for key in values:
                 values[key] *= factor
+        # the integral is linear in the rate: compute it once per step
+        unit = sched_usage.decayed_integral(1.0, 0.0, dt, dt, hl)
         for key, rate in self.rates.items():
-            values[key] = values.get(key, 0.0) + sched_usage.decayed_integral(rate, 0.0, dt, dt, hl)
+            values[key] = values.get(key, 0.0) + rate * unit
 
 
 class Simulation:
@@ -129,13 +133,16 @@ class Simulation:
                  config: SchedConfig | None = None, *, until: float | None = None,
                  trace_stats: TraceStats | None = None, ignore_gpu_type: bool = False,
                  exact_limits: bool = False, pass_interval: float = 0.0,
+                 estimates: Estimates | None = None, period: float = 7 * 86400.0,
+                 series_step: float | None = None, record_starts: bool = False,
                  schedule: Callable[[Snapshot, float], Plan] = core_schedule) -> None:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
         self.config = config if config is not None else SchedConfig()
         self.until = until
         self.trace_stats = trace_stats
         self.ignore_gpu_type = ignore_gpu_type
-        self.exact_limits = exact_limits
+        self.estimates = estimates if estimates is not None else Estimates(
+            "exact" if exact_limits else "user")
         self.pass_interval = max(0.0, float(pass_interval))
         self._last_pass = -math.inf
         self._schedule = schedule
@@ -155,6 +162,14 @@ class Simulation:
         self._node_model = {n.name: (n.gpus[0].model if len({g.model for g in n.gpus}) == 1
                                      else None) for n in self.nodes}
         self._pending_shapes: Counter[tuple[str | None, int]] = Counter()
+        # nodes by free GPUs, per model (None: any model): [model][k] = nodes with k free
+        self._free_hist: dict[str | None, list[int]] = {}
+        for n in self.nodes:
+            for model, k in self._free_counts(n.name).items():
+                hist = self._free_hist.setdefault(model, [0] * (len(n.gpus) + 1))
+                if len(hist) <= k:
+                    hist.extend([0] * (k + 1 - len(hist)))
+                hist[k] += 1
         self._max_gpus: dict[str | None, int] = {None: 0}
         for n in self.nodes:
             self._max_gpus[None] = max(self._max_gpus[None], len(n.gpus))
@@ -163,7 +178,12 @@ class Simulation:
                 self._max_gpus[model] = max(self._max_gpus.get(model, 0), count)
         self.total_gpus = sum(len(n.gpus) for n in self.nodes)
         self.allocated = 0
-        self.tally = Tally(total_gpus=self.total_gpus)
+        self.tally = Tally(total_gpus=self.total_gpus, period=period, series_step=series_step)
+        # the fewest GPUs a job waiting for Resources wants, as of the last pass
+        self._resources_need: int | None = None
+        # (time, trace job id, node, GPU indices) of every start, when asked for
+        self.start_log: list[tuple[float, str, str, tuple[int, ...]]] | None = (
+            [] if record_starts else None)
         self.usage = _Usage(self.config)
         self._recent_preemptions: deque[float] = deque()
         self._started = False
@@ -201,15 +221,12 @@ class Simulation:
                             MAX_PASSES_PER_INSTANT, t)
         end = self.until if self.until is not None else self.clock
         self._advance(max(end, self.clock))
-        for run in self.running.values():
-            job = self.jobs[run.job_id]
-            self.tally.run_ended(job.account, self.clock - job.start, job.trace.share,
-                                 len(job.gpu_indices))
         stats = self.trace_stats
         trace = ({"rows": stats.rows, "accepted": stats.accepted,
                   "skipped": dict(sorted(stats.skipped.items()))} if stats else {})
         return self.tally.report(end=self.clock, pending=len(self.pending),
-                                 running=len(self.running), trace=trace, nodes=len(self.nodes))
+                                 running=len(self.running), trace=trace, nodes=len(self.nodes),
+                                 config=self.config)
 
     def _next_time(self) -> float | None:
         times = []
@@ -222,7 +239,8 @@ class Simulation:
     def _advance(self, t: float) -> None:
         dt = t - self.clock
         if dt > 0:
-            self.tally.advance(dt, self.allocated, bool(self.pending))
+            self.tally.advance(self.clock, t, self.allocated, len(self.pending),
+                               self._resources_need if self.pending else None)
             self.usage.advance(dt)
             self.clock = t
 
@@ -263,27 +281,33 @@ class Simulation:
             return False
         if self._can_preempt:
             return True
-        most_free: dict[str | None, int] = {None: 0}
-        for name, free in self._free.items():
-            if not free:
+        for (gpu_type, gpus), n in self._pending_shapes.items():
+            if n <= 0:
                 continue
-            k = len(free)
-            if k > most_free[None]:
-                most_free[None] = k
-            model = self._node_model[name]
-            if model is not None:
-                if k > most_free.get(model, 0):
-                    most_free[model] = k
-                continue
-            counts: dict[str, int] = {}
-            models = self._models[name]
-            for i in free:
-                counts[models[i]] = counts.get(models[i], 0) + 1
-            for m, c in counts.items():
-                if c > most_free.get(m, 0):
-                    most_free[m] = c
-        return any(gpus <= most_free.get(gpu_type, 0)
-                   for (gpu_type, gpus), n in self._pending_shapes.items() if n > 0)
+            hist = self._free_hist.get(gpu_type)
+            if hist is not None and any(hist[gpus:]):
+                return True
+        return False
+
+    def _free_counts(self, node: str) -> dict[str | None, int]:
+        """Free GPUs on ``node``: in all (key None) and per model."""
+        free = self._free[node]
+        model = self._node_model[node]
+        if model is not None:
+            return {None: len(free), model: len(free)}
+        counts: dict[str | None, int] = {None: len(free)}
+        models = self._models[node]
+        for m in set(models.values()):
+            counts[m] = 0
+        for i in free:
+            counts[models[i]] += 1
+        return counts
+
+    def _refile(self, node: str, before: dict[str | None, int]) -> None:
+        for model, k in self._free_counts(node).items():
+            hist = self._free_hist[model]
+            hist[before[model]] -= 1
+            hist[k] += 1
 
     def _push(self, t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
         self._seq += 1
@@ -307,19 +331,18 @@ class Simulation:
         submit = max(row.submit_s, t)
         job = _Job(row, account, row.qos or cfg.default_qos, submit, limit)
         self.jobs[row.seq] = job
-        self.tally.submit(account, submit)
+        run_for = row.duration_s if limit is None else min(row.duration_s, limit)
+        self.tally.submit(account, submit, run_for * row.share)
         self._make_pending(job)
         return row.seq
 
     def _limit(self, row: TraceJob) -> float | None:
-        """The job's time limit: the trace's; else its own duration with ``exact_limits``;
-        else the partition's maximum (what anyone may ask for), or unlimited."""
+        """The job's time limit: the trace's, else one set by ``estimates``."""
         if row.time_limit_s is not None:
             return row.time_limit_s
-        if self.exact_limits:
-            return max(row.duration_s, 1.0)
         part = self._partition()
-        return part.max_time if part is not None else None
+        return self.estimates.limit(row.seq, row.duration_s,
+                                    part.max_time if part is not None else None)
 
     def _partition(self) -> PartitionConfig | None:
         return self.config.partitions.get(self.config.default_partition)
@@ -351,6 +374,7 @@ class Simulation:
         row = job.trace
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
         self._pending_shapes[(gpu_type, row.gpus)] += 1
+        self.tally.queue(job.account, row.share)
         self.pending[row.seq] = PendingJob(
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
@@ -361,13 +385,16 @@ class Simulation:
         job_id = job.trace.seq
         run = self.running.pop(job_id)
         free = self._free[run.node]
+        before = self._free_counts(run.node)
         free.update(run.gpu_indices)
+        self._refile(run.node, before)
         self._free_cpus[run.node] += run.cpus
         self._free_mem[run.node] += run.mem_mb
         n = len(run.gpu_indices)
         self.allocated -= n
         self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight)
-        self.tally.run_ended(job.account, t - job.start, job.trace.share, n)
+        self.tally.run_stopped(job.account, job.trace.share, n, t - job.start,
+                               preempted=job.stop_mode is not None)
         if job.stop_mode == "requeue":
             job.stop_mode = None
             job.node, job.gpu_indices = None, ()
@@ -378,7 +405,7 @@ class Simulation:
         else:
             timed_out = job.limit is not None and job.limit < job.trace.duration_s
             state = "TIMEOUT" if natural and timed_out else "COMPLETED"
-        self.tally.job_ended(job.account, state, t)
+        self.tally.job_ended(job.account, state, t, job.submit, t - job.start, job.bucket)
         del self.jobs[job_id]
 
     # -- one scheduler pass -----------------------------------------------------------
@@ -398,6 +425,10 @@ class Simulation:
             self._start(s, t)
         for p in plan.preemptions:
             self._preempt(p, t)
+        pending = self.pending
+        self._resources_need = min(
+            (pending[j].gpus for j, why in plan.reasons.items() if why == "Resources" and j in pending),
+            default=None)
         later = [w for w in plan.expected_starts.values() if w > t and math.isfinite(w)]
         if later:
             self._wake(min(later))
@@ -423,7 +454,10 @@ class Simulation:
             return
         del self.pending[s.job_id]
         self._pending_shapes[(pend.gpu_type, pend.gpus)] -= 1
+        self.tally.queue(job.account, -job.trace.share)
+        before = self._free_counts(s.node)
         free.difference_update(want)
+        self._refile(s.node, before)
         self._free_cpus[s.node] -= s.cpus
         self._free_mem[s.node] -= s.mem_mb
         self.allocated += len(want)
@@ -435,7 +469,10 @@ class Simulation:
         if job.first_start is None:
             job.first_start = t
             wait = t - job.submit
-        self.tally.start(job.account, wait)
+        self.tally.start(job.account, wait, job.bucket)
+        self.tally.run_started(job.account, job.trace.share, len(want))
+        if self.start_log is not None:
+            self.start_log.append((t, job.trace.trace_id, s.node, tuple(s.gpu_indices)))
         self.running[s.job_id] = RunningJob(
             job_id=s.job_id, user=job.user, account=job.account, partition=pend.partition,
             qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,

@@ -1,0 +1,86 @@
+"""``gpud simulate --compare``: the same trace under each policy, one table.
+
+Rows are the report's headline measures; columns the policies in ``POLICIES`` order
+(``fifo``, ``priority``, ``full``).  Per-account GPU shares and waits follow, the biggest
+accounts first (at most ``MAX_ACCOUNT_ROWS``; ``--json`` has them all).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .report import dur, num, pct
+
+__all__ = ["format_compare", "MAX_ACCOUNT_ROWS"]
+
+MAX_ACCOUNT_ROWS = 12
+
+
+def _hours(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+# (label, getter, formatter)
+ROWS: list[tuple[str, Callable[[dict], Any], Callable[[Any], str]]] = [
+    ("GPU allocation while jobs waited", lambda r: r["gpu_allocation"], pct),
+    ("GPU utilization overall", lambda r: r["utilization"], pct),
+    ("jobs started", lambda r: r["jobs"]["started"], lambda v: f"{v:,}"),
+    ("jobs pending at end", lambda r: r["jobs"]["pending"], lambda v: f"{v:,}"),
+    ("wait mean", lambda r: r["wait_s"]["mean"], dur),
+    ("wait p50", lambda r: r["wait_s"]["p50"], dur),
+    ("wait p95", lambda r: r["wait_s"]["p95"], dur),
+    ("completion time mean", lambda r: r["jct_s"]["mean"], dur),
+    ("bounded slowdown mean", lambda r: r["bounded_slowdown"]["mean"], num),
+    ("bounded slowdown p95", lambda r: r["bounded_slowdown"]["p95"], num),
+    ("preemptions", lambda r: r["preemptions"], lambda v: f"{v:,}"),
+    ("GPU-hours lost to preemption", lambda r: r["preempted_gpu_hours"], _hours),
+    ("idle GPU-hours, job waiting (Resources)", lambda r: r["fragmentation"]["idle_gpu_hours"], _hours),
+    ("  of which scattered over nodes", lambda r: r["fragmentation"]["scattered_gpu_hours"], _hours),
+    ("Jain's index (share / fair share)", lambda r: r["fairness"]["jain"], lambda v: num(v, ".3f")),
+    ("makespan", lambda r: r["makespan_s"], dur),
+    ("scheduler passes", lambda r: r["scheduler_passes"], lambda v: f"{v:,}"),
+]
+
+
+def format_compare(reports: dict[str, dict[str, Any]]) -> str:
+    """The reports of several policies (name -> report) side by side."""
+    names = list(reports)
+    first = reports[names[0]]
+    cl, tr, jobs = first["cluster"], first["trace"], first["jobs"]
+    infeasible = ", ".join(f"{k} {v}" for k, v in jobs["infeasible"].items()) or "none"
+    width = 40
+    col = max(12, *(len(n) + 2 for n in names))
+    head = [f"Cluster {cl['nodes']} nodes, {cl['gpus']} GPUs; trace {tr.get('accepted', 0)} jobs "
+            f"accepted of {tr.get('rows', 0)} rows, {jobs['submitted']} submitted "
+            f"(refused: {infeasible}); simulated {dur(first['simulated_s'])}",
+            "",
+            f"{'':<{width}}" + "".join(f"{n:>{col}}" for n in names)]
+    for label, get, fmt in ROWS:
+        cells = []
+        for n in names:
+            try:
+                v = get(reports[n])
+            except (KeyError, TypeError):
+                v = None
+            cells.append("-" if v is None else fmt(v))
+        head.append(f"{label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+    sizes = list(dict.fromkeys(s for r in reports.values() for s in r["by_size"]))
+    if sizes:
+        head += ["", f"{'mean wait by job size (GPUs)':<{width}}"]
+        for s in sizes:
+            cells = [dur(r["by_size"].get(s, {}).get("wait_s", {}).get("mean")) for r in reports.values()]
+            head.append(f"{'  ' + s:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+    accts = sorted(first["accounts"].items(), key=lambda kv: (-kv[1]["gpu_seconds"], kv[0]))
+    if accts:
+        head += ["", f"{'share of GPU-time (configured, fair)':<{width}}"]
+        for name, a in accts[:MAX_ACCOUNT_ROWS]:
+            label = f"  {name[:20]} ({pct(a['configured_share'])}, {pct(a['fair_share'])})"
+            cells = [pct(r["accounts"].get(name, {}).get("share")) for r in reports.values()]
+            head.append(f"{label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+        head += ["", f"{'mean wait by account':<{width}}"]
+        for name, _ in accts[:MAX_ACCOUNT_ROWS]:
+            cells = [dur(r["accounts"].get(name, {}).get("mean_wait_s")) for r in reports.values()]
+            head.append(f"{'  ' + name[:36]:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+        if len(accts) > MAX_ACCOUNT_ROWS:
+            head.append(f"  ({len(accts) - MAX_ACCOUNT_ROWS} smaller accounts: see --json)")
+    return "\n".join(head)

@@ -1,0 +1,73 @@
+"""``gpud simulate --plot FILE.png``: utilization, queue length and per-account share over
+time, one column per policy.
+
+matplotlib is an optional extra (``pip install 'gpud[plot]'``): it is imported only here,
+only when a plot is asked for, and its absence is a one-line error before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PlotError", "check_available", "plot"]
+
+MAX_ACCOUNTS = 8     # more accounts are drawn as one "others" band
+
+
+class PlotError(RuntimeError):
+    """A plot that cannot be drawn; the message is one line."""
+
+
+def check_available() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotError("--plot needs matplotlib: pip install 'gpud[plot]' "
+                        "(or pip install matplotlib)") from None
+
+
+def plot(reports: dict[str, dict[str, Any]], path: str) -> None:
+    """Draw each report's ``series`` (a column per policy) into ``path``."""
+    check_available()
+    import matplotlib
+
+    matplotlib.use("Agg")      # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+
+    names = list(reports)
+    fig, axes = plt.subplots(3, len(names), figsize=(5 * len(names), 9), squeeze=False,
+                             sharex="col")
+    for c, name in enumerate(names):
+        r = reports[name]
+        s = r.get("series") or {}
+        days = [t / 86400 for t in s.get("t", [])]
+        gpus = r["cluster"]["gpus"]
+        util = [a / gpus * 100 for a in s.get("allocated", [])]
+        top, mid, low = axes[0][c], axes[1][c], axes[2][c]
+        top.plot(days, util, lw=0.8)
+        top.set_ylim(0, 105)
+        top.set_title(name)
+        top.set_ylabel("GPUs allocated (%)")
+        mid.plot(days, s.get("pending", []), lw=0.8, color="tab:red")
+        mid.set_ylabel("jobs waiting")
+        accounts = s.get("accounts", {})
+        order = sorted(accounts, key=lambda a: -sum(accounts[a]))
+        bands = [(a, accounts[a]) for a in order[:MAX_ACCOUNTS]]
+        rest = order[MAX_ACCOUNTS:]
+        if rest:
+            bands.append(("others", [sum(v) for v in zip(*(accounts[a] for a in rest))]))
+        if bands and days:
+            totals = [sum(v) or 1.0 for v in zip(*(b for _, b in bands))]
+            low.stackplot(days, *[[x / t * 100 for x, t in zip(b, totals)] for _, b in bands],
+                          labels=[a for a, _ in bands])
+            low.legend(loc="lower left", fontsize="x-small", ncol=2)
+        low.set_ylim(0, 100)
+        low.set_ylabel("share of GPUs in use (%)")
+        low.set_xlabel("days")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise PlotError(f"{path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
