@@ -21,6 +21,8 @@ how many have run.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import os
@@ -353,6 +355,15 @@ class Txn:
         self._sql.append((sql, params))
 
 
+def _one_writer(method: Callable) -> Callable:
+    """Run a write method under ``Store.write_lock`` (see there)."""
+    @functools.wraps(method)
+    async def run(self: "Store", *args: Any, **kwargs: Any) -> Any:
+        async with self.write_lock:
+            return await method(self, *args, **kwargs)
+    return run
+
+
 class Store:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -362,6 +373,11 @@ class Store:
         self._cols: list[str] = []
         # Called with each committed Txn (metrics count outcomes here); must not raise.
         self.on_commit: list[Callable[[Txn], None]] = []
+        # One transaction at a time on the one connection: a second BEGIN while another
+        # coroutine's transaction is open fails ("cannot start a transaction within a
+        # transaction").  Every write method below holds it; code that opens its own
+        # transaction on ``db`` must too.
+        self.write_lock = asyncio.Lock()
 
     async def open(self) -> "Store":
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -418,6 +434,7 @@ class Store:
 
     # -- writes -----------------------------------------------------------------------
 
+    @_one_writer
     async def commit(self, txn: Txn) -> None:
         """Run ``txn`` in one IMMEDIATE transaction, then update memory."""
         if not txn._sql:
@@ -445,6 +462,7 @@ class Store:
             except Exception:  # an observer must never undo a committed transaction
                 log.exception("commit listener failed")
 
+    @_one_writer
     async def insert_jobs(self, jobs: list[JobRecord], now: float, *,
                           also: Callable[[list[JobRecord]], list[tuple[str, tuple]]] | None = None,
                           ) -> list[JobRecord]:
@@ -496,6 +514,7 @@ class Store:
             self.active[job.job_id] = job
         return out
 
+    @_one_writer
     async def upsert_node(self, node: NodeRecord) -> None:
         assert self.db is not None
         await self.db.execute("BEGIN IMMEDIATE")
@@ -512,6 +531,7 @@ class Store:
             raise
         self.nodes[node.name] = node
 
+    @_one_writer
     async def write_many(self, batches: Iterable[tuple[str, list[tuple]]]) -> None:
         """Each (statement, rows) as one executemany, all in one IMMEDIATE transaction: bulk
         writes that touch no job state in memory (telemetry)."""
@@ -526,6 +546,7 @@ class Store:
             await self.db.execute("ROLLBACK")
             raise
 
+    @_one_writer
     async def save_usage(self, usage: dict[tuple[str, str], float], now: float) -> None:
         assert self.db is not None
         await self.db.execute("BEGIN IMMEDIATE")
