@@ -1,4 +1,4 @@
-"""``gpuctl``: Slurm's verbs for gpud.  ``gpuctl [--socket PATH] [--config PATH] VERB ...``
+"""``gpuctl``: Slurm's verbs for gpud.  ``gpuctl [--socket PATH] [--config PATH] [-M CLUSTERS] VERB ...``
 
 Theory of operation
 -------------------
@@ -105,11 +105,23 @@ def _one_line(message: str) -> str:
               help="The head's socket (default: $GPUD_SOCKET, the config file, /run/gpud/gpud.sock).")
 @click.option("--config", "config_path", metavar="PATH",
               help="Config file to read the socket from (default: $GPUD_CONFIG, /etc/gpud/gpud.toml).")
+@click.option("-M", "--clusters", "clusters", metavar="NAME[,NAME...]|all",
+              help="Ask these clusters of the config's [clusters] table instead of the local head.")
 @click.pass_context
-def cli(ctx: click.Context, socket_path: str | None, config_path: str | None) -> None:
+def cli(ctx: click.Context, socket_path: str | None, config_path: str | None, clusters: str | None) -> None:
     """Submit and watch batch jobs on a gpud cluster, with Slurm's verbs and options."""
     ctx.obj = Session(socket_path, config_path)
     ctx.call_on_close(ctx.obj.close)
+    if clusters is not None:
+        from .clusters import ClusterError, select
+
+        if socket_path is not None:
+            raise click.UsageError("-M and --socket exclude each other: -M takes each cluster's socket "
+                                   "from the config's [clusters] table", ctx)
+        try:
+            ctx.obj.targets = select(clusters, config_path)
+        except ClusterError as e:
+            raise click.UsageError(str(e), ctx) from None
 
 
 def main(args: list[str] | None = None, prog_name: str = "gpuctl") -> None:

@@ -31,7 +31,7 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--bbf": (None, "value", ""),
     "--burst-buffer": (None, "value", ""),
     "--cluster-constraint": (None, "value", ""),
-    "--clusters": ("-M", "value", ""),
+    "--clusters": ("-M", "value", "name clusters before the verb: gpuctl -M a,b sbatch ..."),
     "--constraint": ("-C", "value", "pick a GPU model with --gpus TYPE:N or --gres=gpu:TYPE:N"),
     "--container": (None, "value", ""),
     "--container-id": (None, "value", ""),

@@ -183,6 +183,17 @@ def gpu_modes(v: Any) -> Any:
     return parse_gpu_modes(v)
 
 
+def cluster_sockets(v: Any) -> dict[str, str]:
+    """``[clusters]``: the clusters gpuctl -M reaches, NAME -> its head's (or relay's) socket."""
+    if not isinstance(v, dict):
+        raise ValueError('must be a table of NAME = "/path/to/gpud.sock" lines')
+    for name, sock in v.items():
+        if not _NAME.match(name) or not isinstance(sock, str) or not sock:
+            raise ValueError(f'{name}: write NAME = "/path/to/gpud.sock", with a name of letters, digits, '
+                             f"'.', '_' and '-', not {_show(sock)}")
+    return dict(v)
+
+
 def setting(default: Any, parse: Parser, *, live: bool = False) -> Any:
     """A config key.  ``live``: a running head applies a new value on reload."""
     return field(default=default, metadata={"parse": parse, "live": live})
@@ -234,6 +245,7 @@ class Config:
     state_dir: str = setting("/var/lib/gpud", text)
     key_file: str = setting("/etc/gpud/cluster.key", text)
     log_level: str = setting("info", choice(*LOG_LEVELS), live=True)
+    clusters: dict[str, str] | None = setting(None, cluster_sockets, live=True)  # gpuctl -M (gpuctl.clusters)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)

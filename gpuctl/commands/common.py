@@ -16,16 +16,41 @@ class Session:
         self.socket_path = socket_path
         self.config_path = config_path
         self._client: Client | None = None
+        # -M (gpuctl.clusters): (name, socket) per named cluster, None without -M; the
+        # cluster a listing verb is asking now; a client per cluster.
+        self.targets: list[tuple[str, str]] | None = None
+        self.bound: str | None = None
+        self._clients: dict[str, Client] = {}
 
     @property
     def client(self) -> Client:
+        if self.targets is not None:
+            return self.client_for(self._one_cluster())
         if self._client is None:
             self._client = Client(self.socket_path, config_path=self.config_path)
         return self._client
 
+    def client_for(self, cluster: str) -> Client:
+        if cluster not in self._clients:
+            self._clients[cluster] = Client(dict(self.targets or ())[cluster])
+        return self._clients[cluster]
+
+    def _one_cluster(self) -> str:
+        assert self.targets is not None
+        if self.bound is not None:
+            return self.bound
+        if len(self.targets) == 1:
+            return self.targets[0][0]
+        ctx = click.get_current_context(silent=True)
+        verb = ctx.info_name if ctx is not None else "this verb"
+        raise click.UsageError(f"{verb} acts on one cluster at a time: name one with -M NAME, not "
+                               f"{','.join(n for n, _ in self.targets)}", ctx)
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+        for c in self._clients.values():
+            c.close()
 
 
 class CommandFailed(click.ClickException):

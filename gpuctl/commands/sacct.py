@@ -14,6 +14,7 @@ import click
 
 from .. import columns as cols
 from .. import format as fmt
+from ..clusters import per_cluster
 from .common import job_refs, session, split_list
 from .squeue import select_refs
 
@@ -100,6 +101,7 @@ def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...]} as JSON.')
 @click.option("-n", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
+@per_cluster
 def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool,
             starttime: str | None, endtime: str | None, states: tuple[str, ...], format_: str | None,
             long_: bool, brief: bool, allocations: bool, parsable2: bool, parsable: bool, as_json: bool,

@@ -90,20 +90,32 @@ def command(ctx: click.Context, script_path: str | None, args: tuple[str, ...], 
     quiet = bool(settings.get("quiet"))
     for w in warnings:
         _warn(w, quiet)
-    client = session(ctx).client
+    sess = session(ctx)
+    cluster = ""   # with -M: where the job goes (gpuctl.clusters), said after its id
+    if sess.targets is None:
+        client = sess.client
+    else:
+        from .. import clusters
+
+        if spec.get("test_only") and len(sess.targets) > 1:
+            clusters.test_everywhere(sess, spec, _estimate)
+            return
+        cluster, client = clusters.pick_cluster(sess, spec)
     result = client.submit_request(spec)
     for w in result.get("warnings") or ():
         _warn(w, quiet)
+    on = f" on cluster {cluster}" if cluster else ""
     if spec.get("test_only"):
-        click.echo(_estimate(result), err=True)
+        click.echo(_estimate(result) + on, err=True)
         return
     job_id = int(result["job_id"])
     parsable = settings.get("parsable")
+    ident = f"{job_id};{cluster}" if cluster else str(job_id)   # Slurm's --parsable form
     if result.get("skipped"):
-        click.echo(str(job_id) if parsable else
-                   f"Job {job_id} named {spec['name']!r} is still pending or running; nothing submitted")
+        click.echo(ident if parsable else
+                   f"Job {job_id} named {spec['name']!r} is still pending or running{on}; nothing submitted")
         return
-    click.echo(str(job_id) if parsable else f"Submitted batch job {job_id}")
+    click.echo(ident if parsable else f"Submitted batch job {job_id}{on}")
     if settings.get("wait"):
         ctx.exit(wait_exit_code(client, job_id))
 

@@ -11,6 +11,7 @@ import click
 
 from .. import columns as cols
 from .. import format as fmt
+from ..clusters import per_cluster
 from .common import session, split_list
 
 _PARTITION_LETTERS = frozenset("PRal")
@@ -26,6 +27,7 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
+@per_cluster
 def command(ctx: click.Context, per_node: bool, per_gpu: bool, format_: str | None,
             partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""

@@ -13,6 +13,7 @@ import click
 
 from .. import columns as cols
 from .. import format as fmt
+from ..clusters import per_cluster
 from .common import job_refs, session, split_list
 
 _STATES = {**{code: name for name, code in fmt.STATE_CODES.items()}, **{n: n for n in fmt.STATE_CODES}}
@@ -65,6 +66,7 @@ def select_refs(records: list[dict], refs: list[int | str]) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
+@per_cluster
 def command(ctx: click.Context, users: tuple[str, ...], jobs: tuple[str, ...], states: tuple[str, ...],
             partitions: tuple[str, ...], accounts: tuple[str, ...], me: bool, format_: str | None,
             format_long: str | None, long_: bool, start: bool, sort: str | None, expand_arrays: bool,
