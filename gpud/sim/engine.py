@@ -50,6 +50,7 @@ from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
 from ..sched.plan import Plan, Preemption, Start
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from . import sharing as _sharing
 from .estimates import Estimates
 from .report import Tally, size_bucket
 from .trace import TraceJob, TraceStats
@@ -379,7 +380,7 @@ class Simulation:
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
             mem_mb=self.config.default_mem_mb, time_limit=job.limit, submit_time=job.submit,
-            gpu_type=gpu_type, preempt_count=job.preempt_count)
+            gpu_type=gpu_type, preempt_count=job.preempt_count, **_sharing.pending_fields(row))
 
     def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
         job_id = job.trace.seq
@@ -425,6 +426,11 @@ class Simulation:
             self._start(s, t)
         for p in plan.preemptions:
             self._preempt(p, t)
+        for r in plan.relayouts:           # shared GPUs: re-cut now, start the waiting jobs soon
+            nodes = _sharing.apply_relayout(self.nodes, r, self.running.values(), t)
+            if nodes is not None:
+                self.nodes = nodes
+                self._wake(t + _sharing.RELAYOUT_S)
         pending = self.pending
         self._resources_need = min(
             (pending[j].gpus for j, why in plan.reasons.items() if why == "Resources" and j in pending),
@@ -447,7 +453,8 @@ class Simulation:
         want = set(s.gpu_indices)
         pend = self.pending[s.job_id]
         models = self._models[s.node]
-        if (len(want) != len(s.gpu_indices) or not want <= free or len(want) != pend.gpus
+        shared = any(d.kind != "gpu" for d in s.devices)    # slices and shares: the core's to count
+        if ((not shared and (len(want) != len(s.gpu_indices) or not want <= free or len(want) != pend.gpus))
                 or s.cpus > self._free_cpus[s.node] or s.mem_mb > self._free_mem[s.node]
                 or (pend.gpu_type is not None and any(models[i] != pend.gpu_type for i in want))):
             log.warning("plan start of job %d on %s does not fit; skipped", s.job_id, s.node)
@@ -477,7 +484,8 @@ class Simulation:
             job_id=s.job_id, user=job.user, account=job.account, partition=pend.partition,
             qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,
             mem_mb=s.mem_mb, start_time=t, time_limit=job.limit,
-            preempt_count=job.preempt_count, borrowed=s.borrowed, submit_time=job.submit)
+            preempt_count=job.preempt_count, borrowed=s.borrowed, submit_time=job.submit,
+            devices=s.devices)
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
 

@@ -1,0 +1,74 @@
+"""The simulator with shared GPUs: trace rows asking for MIG slices or GPU memory, re-layouts
+applied on virtual time as a worker applies them."""
+
+from __future__ import annotations
+
+from gpud.gpu import mig
+from gpud.sched.config import sched_config_from_dict
+from gpud.sched.plan import Relayout
+from gpud.sched.snapshot import Device, GpuView, NodeView, RunningJob, SliceView
+from gpud.sim import sharing
+from gpud.sim.engine import Simulation
+from gpud.sim.trace import TraceJob
+
+A100 = "A100-80GB"
+
+
+def node(name: str = "a01", gpus: int = 2, dynamic: bool = True, layout: str | None = None) -> NodeView:
+    cat = mig.catalog(A100)
+    views = []
+    for i in range(gpus):
+        slices = tuple(SliceView(s.profile, s.start, f"MIG-{name}-{i}-{s.start}", cat[s.profile].memory_mb)
+                       for s in (mig.named_layout(A100, layout) if layout else []))
+        views.append(GpuView(i, f"GPU-{name}-{i}", A100, 81920, mode="mig", dynamic=dynamic, slices=slices))
+    return NodeView(name, 64, 512 * 1024, tuple(views))
+
+
+def row(seq: int, submit: float, run: float, profile: str | None = None, mem: str | None = None) -> TraceJob:
+    return TraceJob(seq=seq, trace_id=f"t{seq}", submit_s=submit, gpus=1, share=0.5, duration_s=run,
+                    user="u", account=None, gpu_type=None, status=None, time_limit_s=run,
+                    mig_profile=profile, gpu_mem=mem)
+
+
+def test_slices_are_cut_and_jobs_served_on_virtual_time():
+    cfg = sched_config_from_dict({"scheduler": {"mig_min_interval": "10m"}}, "<test>")
+    jobs = ([row(k + 1, 0.0, 600.0, "1g.10gb") for k in range(14)]
+            + [row(15 + k, 60.0, 600.0, "7g.80gb") for k in range(2)]
+            + [row(17, 120.0, 300.0, mem="30G")])
+    sim = Simulation((node(),), jobs, cfg, record_starts=True)
+    report = sim.run()
+    assert report["jobs"]["completed"] == 17 and report["jobs"]["pending"] == 0
+    starts = {trace_id: t for t, trace_id, _, _ in sim.start_log}
+    assert all(starts[f"t{k + 1}"] == sharing.RELAYOUT_S for k in range(14))   # 14 slices, one re-layout each
+    assert min(starts["t15"], starts["t16"]) >= 600.0                           # after the 1g jobs
+    layouts = {g.index: {s.profile for s in g.slices} for g in sim.nodes[0].gpus}
+    assert all(g.relaid_at is not None for g in sim.nodes[0].gpus)
+    assert any("7g.80gb" in p or "3g.40gb" in p for p in layouts.values())
+
+
+def test_a_static_layout_serves_its_own_profile_only():
+    jobs = [row(1, 0.0, 60.0, "1g.10gb"), row(2, 0.0, 60.0, mem="8G")]
+    sim = Simulation((node(dynamic=False, layout="all-1g.10gb"),), jobs, record_starts=True)
+    report = sim.run()
+    assert report["jobs"]["completed"] == 2
+    assert {t for t, *_ in sim.start_log} == {0.0}
+
+
+def test_apply_relayout_refuses_what_a_worker_refuses():
+    n = node(gpus=1, layout="all-1g.10gb")
+    busy = RunningJob(1, "u", "a", "gpu", "normal", "a01", (), 1, 1, 0.0, None,
+                      devices=(Device(0, "mig", "MIG-a01-0-3", 3, 9728, "1g.10gb"),))
+    assert sharing.apply_relayout((n,), Relayout("a01", 0, (3,), (), "x"), [busy], 0.0) is None
+    assert sharing.apply_relayout((n,), Relayout("a01", 0, (), (mig.Slice("1g.10gb", 3),), "x"), [], 0.0) is None
+    static = node(gpus=1, dynamic=False)
+    assert sharing.apply_relayout((static,), Relayout("a01", 0, (), (mig.Slice("7g.80gb", 0),), "x"), [], 0.0) is None
+    done = sharing.apply_relayout((n,), Relayout("a01", 0, (0, 1, 2), (mig.Slice("2g.20gb", 0),), "x"),
+                                  [busy], 42.0)
+    g = done[0].gpus[0]
+    assert g.relaid_at == 42.0 and [(s.profile, s.start) for s in g.slices][:2] == [("2g.20gb", 0), ("1g.10gb", 3)]
+
+
+def test_pending_fields():
+    assert sharing.pending_fields(row(1, 0, 1, "MIG 2G.20GB")) == {"mig_profile": "2g.20gb", "gpu_mem_mb": None}
+    assert sharing.pending_fields(row(1, 0, 1, mem="20G")) == {"mig_profile": None, "gpu_mem_mb": 20480}
+    assert sharing.pending_fields(row(1, 0, 1, "nonsense", "lots")) == {"mig_profile": None, "gpu_mem_mb": None}
