@@ -114,6 +114,9 @@ class _Gpu:
     busy: bool = False                              # re-layout in flight or planned: no starts
     claims: list[_Claim] = field(default_factory=list)
     incoming: Counter = field(default_factory=Counter)   # profile -> slices planned, not yet made
+    # earliest-start answers; ``used`` and ``clients`` only grow in a pass, so their sizes
+    # say whether an answer is still current
+    memo: dict = field(default_factory=dict)
 
     @property
     def index(self) -> int:
@@ -203,7 +206,12 @@ class Sharing:
                     g.clients.append((end, r.user, d.mem_mb or 0))
         self._members: dict[str, frozenset[int]] = {}
         self._later: Counter = Counter()           # (profile, partition, gpu_type) -> slices wanted
-        self._failed: set[tuple] = set()           # request shapes that found nothing to start now
+        # Pruning, by request shape.  Within a pass free slices and shares only go and claims
+        # only come, so what found nothing once finds nothing again.
+        self._failed: set[tuple] = set()           # nothing to start now
+        self._no_relayout: set[tuple] = set()      # no re-layout possible now
+        self._cands: dict[tuple, list[_Gpu]] = {}
+        self._misfits: dict[tuple, str | None] = {}
 
     @property
     def active(self) -> bool:
@@ -233,6 +241,12 @@ class Sharing:
     def misfit(self, job: PendingJob) -> str | None:
         """"BadConstraints" when no node of the partition could ever hold the request,
         "ReqNodeNotAvail" when only nodes that are down could, else None."""
+        key = (job.partition, job.mig_profile, job.gpu_mem_mb, job.gpus, job.cpus, job.mem_mb, job.gpu_type)
+        if key not in self._misfits:
+            self._misfits[key] = self._misfit(job)
+        return self._misfits[key]
+
+    def _misfit(self, job: PendingJob) -> str | None:
         c = self.cluster
         verdict = "BadConstraints"
         for i in sorted(self.members(job.partition)):
@@ -274,10 +288,15 @@ class Sharing:
         return self._by_memory(job, end, node_ok, may_claim)
 
     def _candidates(self, job: PendingJob, kinds: tuple[str, ...]) -> list[_Gpu]:
-        members = self.members(job.partition)
-        return [g for g in self.gpus if g.node in members and self.cluster.up[g.node]
+        key = (job.partition, job.gpu_type, job.mig_profile, kinds)
+        found = self._cands.get(key)
+        if found is None:
+            members = self.members(job.partition)
+            found = self._cands[key] = [
+                g for g in self.gpus if g.node in members and self.cluster.up[g.node]
                 and g.view.mode in kinds and _type_ok(job, g)
                 and (g.view.mode != "mig" or (g.layout_ok and _has_profile(g, job)))]
+        return found
 
     # MIG slices of one profile -------------------------------------------------------------------
 
@@ -286,8 +305,9 @@ class Sharing:
         assert p is not None
         cands = self._candidates(job, ("mig",))
         shape = ("mig", p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb, end)
+        coarse = ("mig", p, job.partition, job.gpu_type)
         # 1. free slices now, packed onto the busiest GPUs
-        if shape not in self._failed:
+        if shape not in self._failed and coarse not in self._failed:
             by_node: dict[int, list[tuple[tuple, _Gpu, mig.Slice]]] = {}
             for g in cands:
                 if g.busy:
@@ -312,15 +332,21 @@ class Sharing:
                     devs.append(Device(g.index, "mig", v.uuid, s.start, v.memory_mb, s.profile))
                 return Decision(node=i, devices=tuple(devs))
             self._failed.add(shape)
+            if not any(not g.busy and any(sl.profile == p and sl.start not in g.used for sl in g.slices.values())
+                       for g in cands):
+                self._failed.add(coarse)           # no free slice of p at all, claims aside
         # 2. a slice already being cut in this pass
         for g in cands:
             if g.incoming.get(p, 0) >= k and self._node_fits(g.node, job):
                 g.incoming[p] -= k
                 return Decision(reason="MigReconfig")
         # 3. cut new slices
-        d = self._relayout_for(job, p, k, cands, end)
-        if d is not None:
-            return d
+        again = (p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
+        if again not in self._no_relayout:
+            d = self._relayout_for(job, p, k, cands, end)
+            if d is not None:
+                return d
+            self._no_relayout.add(again)
         # 4. wait
         return self._wait_for_slices(job, p, k, cands, may_claim)
 
@@ -447,11 +473,12 @@ class Sharing:
 
     def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[_Gpu], may_claim: bool) -> Decision:
         best: tuple[float, int, int, _Gpu, int] | None = None
-        reconfiguring = False
+        reconfiguring = any(g.view.reconfiguring for g in cands)
+        if not may_claim:                  # past backfill_depth: the reason only
+            return Decision(reason="MigReconfig" if reconfiguring else "Resources")
         for g in cands:
             if not self._node_fits(g.node, job):
                 continue
-            reconfiguring |= g.view.reconfiguring      # likely cutting slices for this job
             t, mask = self._earliest_slices(g, p, k)
             if t < INF and (best is None or (t, g.node, g.index) < best[:3]):
                 best = (t, g.node, g.index, g, mask)
@@ -461,13 +488,18 @@ class Sharing:
         t, _, _, g, mask = best
         if g.view.dynamic and not g.busy and t == self._interval_end(g):
             reason = "MigReconfig"        # only the minimum interval keeps the re-layout back
-        if not may_claim:
-            return Decision(reason=reason)
         g.claims.append(_Claim(job.job_id, t, mask))
         return Decision(reason=reason, expected=t, expected_node=g.node)
 
     def _earliest_slices(self, g: _Gpu, p: str, k: int) -> tuple[float, int]:
         """(when ``g`` could give ``k`` slices of ``p``, the memory slots they take)."""
+        key = ("slices", p, k, len(g.used))
+        hit = g.memo.get(key)
+        if hit is None:
+            hit = g.memo[key] = self._earliest_slices_now(g, p, k)
+        return hit
+
+    def _earliest_slices_now(self, g: _Gpu, p: str, k: int) -> tuple[float, int]:
         if not g.layout_ok:
             return INF, 0
         mine = sorted((g.used.get(s.start, self.now), s.start) for s in g.slices.values() if s.profile == p)
@@ -585,6 +617,13 @@ class Sharing:
         return Decision(reason=reason, expected=t, expected_node=g.node)
 
     def _earliest_share(self, g: _Gpu, job: PendingJob, want: int) -> float:
+        key = ("share", job.user, want, len(g.used), len(g.clients))
+        hit = g.memo.get(key)
+        if hit is None:
+            hit = g.memo[key] = self._earliest_share_now(g, job, want)
+        return hit
+
+    def _earliest_share_now(self, g: _Gpu, job: PendingJob, want: int) -> float:
         v = g.view
         if v.mode == "mig":
             ends = sorted(g.used.get(s.start, self.now) for s in g.slices.values()
