@@ -15,6 +15,7 @@ killed by a signal or ended without one), as Slurm's sbatch does.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -185,7 +186,7 @@ def _read_file(ctx: click.Context, path: str) -> str:
 
 
 def _read_stdin(ctx: click.Context) -> str:
-    stdin = click.get_binary_stream("stdin")
+    stdin = sys.stdin.buffer
     if stdin.isatty():
         raise click.UsageError("no batch script: give a script file, --wrap CMD, or pipe a script on stdin", ctx)
     data = stdin.read()
