@@ -116,6 +116,9 @@ PLOT_POINTS = 400      # samples per series when plotting
 @click.option("--compare", is_flag=True, help="Run all three policies and print them side by side.")
 @click.option("--until", metavar="DURATION",
               help="Stop the virtual clock at this trace time (seconds, or 7d, 12h, ...).")
+@click.option("--drain", is_flag=True,
+              help="With --until: take no arrivals after it, but run until every job admitted "
+                   "before it has ended (comparable waits across policies).")
 @click.option("--ignore-gpu-type", is_flag=True,
               help="Let every job run on any GPU model (for traces whose gpu_type is not a model).")
 @click.option("--limits", type=click.Choice(MODES), default="user", show_default=True,
@@ -137,7 +140,7 @@ PLOT_POINTS = 400      # samples per series when plotting
 def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
              synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
              save_trace: str | None, policy: str, compare: bool, until: str | None,
-             ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
+             drain: bool, ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
              pass_interval: str, period: str, as_json: bool, plot_path: str | None) -> None:
     """Replay a job trace (or synthetic jobs) on a virtual cluster with the real scheduler;
     report waits, GPU allocation, fairness, preemptions and fragmentation, for one policy or
@@ -148,6 +151,8 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
     if save_trace is not None and synthetic is None:
         raise _OneLineError("--save-trace writes generated jobs: use it with --synthetic")
     until_s = _parse_duration_option("--until", until)
+    if drain and until_s is None:
+        raise _OneLineError("--drain needs --until (when arrivals stop)")
     interval = _parse_duration_option("--pass-interval", pass_interval)
     if interval is None:
         raise _OneLineError("--pass-interval must be finite")
@@ -194,7 +199,7 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
 
     reports: dict[str, dict[str, Any]] = {}
     for name in (POLICIES if compare else (policy,)):
-        kw = dict(until=until_s, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
+        kw = dict(until=until_s, drain=drain, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
                   estimates=estimates, period=period_s, series_step=series_step)
         if jobs is not None:
             stats = TraceStats(rows=len(jobs), accepted=len(jobs))

@@ -136,10 +136,13 @@ class Simulation:
                  exact_limits: bool = False, pass_interval: float = 0.0,
                  estimates: Estimates | None = None, period: float = 7 * 86400.0,
                  series_step: float | None = None, record_starts: bool = False,
+                 drain: bool = False,
                  schedule: Callable[[Snapshot, float], Plan] = core_schedule) -> None:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
         self.config = config if config is not None else SchedConfig()
         self.until = until
+        # with ``until``: stop arrivals there but run on until every admitted job has ended
+        self.drain = drain and until is not None
         self.trace_stats = trace_stats
         self.ignore_gpu_type = ignore_gpu_type
         self.estimates = estimates if estimates is not None else Estimates(
@@ -202,7 +205,7 @@ class Simulation:
         instant_passes, last_instant = 0, None
         while True:
             t = self._next_time()
-            if t is None or (self.until is not None and t > self.until):
+            if t is None or (self.until is not None and t > self.until and not self.drain):
                 break
             self._advance(t)
             if not self._apply_events(t):
@@ -220,7 +223,7 @@ class Simulation:
                 instant_passes += 1
                 log.warning("scheduler planned %d times at t=%s; waiting for the next event",
                             MAX_PASSES_PER_INSTANT, t)
-        end = self.until if self.until is not None else self.clock
+        end = self.until if self.until is not None and not self.drain else self.clock
         self._advance(max(end, self.clock))
         stats = self.trace_stats
         trace = ({"rows": stats.rows, "accepted": stats.accepted,
@@ -315,7 +318,10 @@ class Simulation:
         heapq.heappush(self._heap, (t, kind, self._seq, job_id, attempt))
 
     def _pull_row(self) -> None:
-        self._next_row = next(self._rows, None)
+        row = next(self._rows, None)
+        if row is not None and self.drain and row.submit_s > self.until:
+            row = None          # arrivals are over; the rest of the trace is never read
+        self._next_row = row
 
     # -- arrivals and ends ------------------------------------------------------------
 
@@ -440,7 +446,7 @@ class Simulation:
             self._wake(min(later))
 
     def _wake(self, w: float) -> None:
-        if w not in self._wakes and (self.until is None or w <= self.until):
+        if w not in self._wakes and (self.until is None or self.drain or w <= self.until):
             self._wakes.add(w)
             self._push(w, _WAKE)
 
