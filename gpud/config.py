@@ -194,6 +194,23 @@ def cluster_sockets(v: Any) -> dict[str, str]:
     return dict(v)
 
 
+NODE_LABELS = ("rack", "switch")   # where a node sits, for topology-aware placement
+
+
+def node_labels(v: Any) -> dict[str, str]:
+    """``[worker] labels``: this node's place in the data centre, e.g. ``{ rack = "r1" }``."""
+    if not isinstance(v, dict):
+        raise ValueError('must be a table such as { rack = "r1", switch = "s1" }')
+    for key, value in v.items():
+        if key not in NODE_LABELS:
+            close = difflib.get_close_matches(key, NODE_LABELS, 1)
+            hint = f"did you mean {close[0]}?" if close else f"labels are {' and '.join(NODE_LABELS)}"
+            raise ValueError(f"unknown label {key!r}; {hint}")
+        if not isinstance(value, str) or not _NAME.match(value):
+            raise ValueError(f"{key}: must be a name of letters, digits, '.', '_' and '-', not {_show(value)}")
+    return dict(v)
+
+
 def setting(default: Any, parse: Parser, *, live: bool = False) -> Any:
     """A config key.  ``live``: a running head applies a new value on reload."""
     return field(default=default, metadata={"parse": parse, "live": live})
@@ -237,6 +254,7 @@ class WorkerConfig:
     mem_mb: int | None = setting(None, size_mb)
     relay_socket: str | None = setting(None, text)           # also serve gpuctl here (gpud.relay)
     gpu_modes: dict[str, str] | None = setting(None, gpu_modes)  # MIG, MPS, time-slicing per GPU
+    labels: dict[str, str] | None = setting(None, node_labels)   # rack and switch of this node
 
 
 @dataclass(frozen=True)

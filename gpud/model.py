@@ -328,6 +328,8 @@ class GpuInfo:
     mps_thread_percentage: int | None = None
     replicas: int = 1               # timeslice: jobs that may share the GPU
     relaid_at: float | None = None  # last re-layout (epoch seconds), for the minimum interval
+    numa_node: int | None = None    # the NUMA node it hangs off; None: unknown (gpud.gpu.topology)
+    nvlink_peers: tuple[int, ...] = ()   # indices of the GPUs it reaches over NVLink
 
     @classmethod
     def from_dict(cls, d: dict) -> "GpuInfo":
@@ -348,15 +350,25 @@ class GpuInfo:
         if not 1 <= replicas <= 1024:
             raise ValueError(f"timeslice replicas must be 1-1024, not {replicas}")
         relaid = d.get("relaid_at")
-        return cls(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
+        numa = d.get("numa_node")
+        if numa is not None and (isinstance(numa, bool) or not isinstance(numa, int) or numa < 0):
+            raise ValueError(f"numa_node must be a NUMA node number or null, not {numa!r}")
+        peers = d.get("nvlink_peers", ())
+        if not isinstance(peers, (list, tuple)) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in peers):
+            raise ValueError(f"nvlink_peers must be a list of GPU indices, not {peers!r}")
+        index = int(d["index"])
+        return cls(index=index, uuid=str(d["uuid"]), model=str(d["model"]),
                    memory_mb=int(d["memory_mb"]), mode=mode, dynamic=dynamic,
                    slices=tuple(SliceInfo.from_dict(s) for s in d.get("slices", ())),
                    mps_max_clients=clients, mps_thread_percentage=None if pct is None else int(pct),
-                   replicas=replicas, relaid_at=None if relaid is None else float(relaid))
+                   replicas=replicas, relaid_at=None if relaid is None else float(relaid),
+                   numa_node=numa, nvlink_peers=tuple(sorted(set(peers) - {index})))
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["slices"] = [s.to_dict() for s in self.slices]
+        d["nvlink_peers"] = list(self.nvlink_peers)
         return d
 
 

@@ -33,6 +33,20 @@ compares the two checks something):
   the new mode becomes current only when the GPU can be reset (no processes, and
   ``reset_blocked`` false), otherwise it stays pending and the activation status says why;
   ``reboot()`` forgets the mode on Hopper boards and keeps it (InfoROM) on Ampere ones.
+
+Topology, read-only, as the driver reports it on an x86 server (``machine`` wires it):
+
+* every GPU has a PCI bus id (``nvmlDeviceGetPciInfo``; ``busId`` is bytes, as pynvml's
+  ctypes structure gives it) and hangs off a NUMA node and a PCIe switch;
+  ``nvmlDeviceGetTopologyCommonAncestor`` answers from those (SINGLE under one switch,
+  NODE within one NUMA node, SYSTEM across nodes); ``write_sysfs(root)`` writes the
+  ``numa_node`` file the kernel keeps for each GPU's PCI device;
+* ``nvmlDeviceGetNumaNodeId`` is NOT_SUPPORTED unless the GPU is itself a NUMA node
+  (``gpu_numa_node``, coherent platforms);
+* NVLink: SXM boards (H100, H200, A100) reach NVSwitches on every link (18 links over 4
+  switches, 12 over 6 on an A100), NVL cards their bridged partner, PCIe cards nothing
+  (NOT_SUPPORTED); a link past the board's last is INVALID_ARGUMENT.  A function named in
+  ``missing_functions`` is FUNCTION_NOT_FOUND, as on a driver older than the binding.
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ _ERROR_CODES = {
     "IN_USE": 19,
     "INSUFFICIENT_RESOURCES": 23,
     "INSUFFICIENT_SIZE": 7,
+    "FUNCTION_NOT_FOUND": 13,
     "UNKNOWN": 999,
 }
 _MESSAGES = {
@@ -64,7 +79,7 @@ _MESSAGES = {
     4: "Insufficient Permissions", 5: "Already Initialized", 6: "Not Found",
     7: "Insufficient Size", 9: "Driver Not Loaded", 12: "NVML Shared Library Not Found",
     15: "GPU is lost", 16: "GPU requires restart", 19: "In use by another client",
-    23: "Insufficient resources", 999: "Unknown Error",
+    23: "Insufficient resources", 13: "Function Not Found", 999: "Unknown Error",
 }
 
 
@@ -120,6 +135,7 @@ NVMLError_ResetRequired = _CLASSES["RESET_REQUIRED"]
 NVMLError_InUse = _CLASSES["IN_USE"]
 NVMLError_InsufficientResources = _CLASSES["INSUFFICIENT_RESOURCES"]
 NVMLError_InsufficientSize = _CLASSES["INSUFFICIENT_SIZE"]
+NVMLError_FunctionNotFound = _CLASSES["FUNCTION_NOT_FOUND"]
 NVMLError_Unknown = _CLASSES["UNKNOWN"]
 
 MIB = 1 << 20
@@ -127,6 +143,23 @@ NVML_TEMPERATURE_GPU = 0
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+# Topology (nvml.h): common-ancestor levels, link states, remote device types.
+NVML_TOPOLOGY_INTERNAL = 0
+NVML_TOPOLOGY_SINGLE = 10
+NVML_TOPOLOGY_MULTIPLE = 20
+NVML_TOPOLOGY_HOSTBRIDGE = 30
+NVML_TOPOLOGY_NODE = 40
+NVML_TOPOLOGY_SYSTEM = 50
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_DEVICE_TYPE_GPU = 0
+NVML_NVLINK_DEVICE_TYPE_IBMNPU = 1
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+# NVLink wiring by board: (links, NVSwitches) for SXM boards on an HGX baseboard, and the
+# links to the partner card for NVL pairs.
+NVSWITCH_BOARDS = {"H100": (18, 4), "H200": (18, 4), "A100": (12, 6), "A100_40": (12, 6)}
+NVL_PAIR_LINKS = {"H100_NVL": 12}
 
 # pynvml's profile constants (the NVML header's values).
 GI_PROFILES = {"1_SLICE": 0, "2_SLICE": 1, "3_SLICE": 2, "4_SLICE": 3, "7_SLICE": 4, "8_SLICE": 5,
@@ -229,6 +262,26 @@ class FakeGpu:
     mig: list[FakeMigSlice] | None = None   # MIG mode on, with these slices
     mig_pending: bool | None = None  # a mode set but not yet active (None: as current)
     reset_blocked: bool = False      # the driver cannot reset this GPU (pass-through, ...)
+    # topology
+    bus_id: str = "00000000:00:00.0"   # NVML's spelling, 8-digit domain
+    numa_node: int | None = None     # the NUMA node it hangs off (None: the kernel does not say)
+    pcie_switch: int | None = None   # GPUs under one PCIe switch share this number
+    gpu_numa_node: int | None = None  # set where the GPU is itself a NUMA node
+    nvlinks: list["FakeLink"] | None = None   # None: no NVLink on this board
+
+
+@dataclass
+class FakeLink:
+    """One NVLink of a GPU and what is at its far end."""
+
+    remote_bus_id: str
+    remote_type: int = NVML_NVLINK_DEVICE_TYPE_SWITCH
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class _PciInfo:
+    busId: bytes
 
 
 @dataclass(frozen=True)
@@ -319,6 +372,7 @@ class FakeNvml:
     NVMLError_InUse = NVMLError_InUse
     NVMLError_InsufficientResources = NVMLError_InsufficientResources
     NVMLError_InsufficientSize = NVMLError_InsufficientSize
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_Unknown = NVMLError_Unknown
     NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
@@ -336,18 +390,36 @@ class FakeNvml:
         self.calls: list[str] = []
         self._refs: dict[tuple[int, int, int], _InstanceRef] = {}   # keeps handles' targets alive
         self._serial = itertools.count(1)
+        self.missing_functions: set[str] = set()   # FUNCTION_NOT_FOUND: an older driver
 
     @classmethod
     def machine(cls, *, driver: bool = True, bytes_strings: bool = False, host: str = "fake",
                 **boards: int) -> "FakeNvml":
         """A host with the given boards, e.g. ``machine(H100=8)`` or ``machine(A100=4, A30=2)``."""
         gpus = []
+        kinds = []
         for board, count in boards.items():
             name, mib = BOARDS[board]
             for _ in range(count):
                 serial = uuid.uuid5(uuid.NAMESPACE_OID, f"{host}/{len(gpus)}/{board}")
                 gpus.append(FakeGpu(name=name, memory_mib=mib, uuid=f"GPU-{serial}"))
+                kinds.append(board)
+        _wire(gpus, kinds)
         return cls(gpus, driver=driver, bytes_strings=bytes_strings)
+
+    def write_sysfs(self, root: str, *, skip: tuple[int, ...] = ()) -> None:
+        """The kernel's ``bus/pci/devices/<bus id>/numa_node`` for each GPU (-1 when it does
+        not know), under ``root``; GPUs in ``skip`` get no file."""
+        import os
+
+        for i, gpu in enumerate(self.gpus):
+            if i in skip:
+                continue
+            domain, rest = gpu.bus_id.split(":", 1)
+            path = os.path.join(root, "bus", "pci", "devices", f"{int(domain, 16):04x}:{rest.lower()}")
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "numa_node"), "w") as f:
+                f.write(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
 
     # -- library lifetime -----------------------------------------------------------------
 
@@ -620,6 +692,52 @@ class FakeNvml:
                 gpu.mig = [] if pending else None   # a reboot is also the pending reset
             gpu.mig_pending = None
 
+    # -- topology ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:
+        self.calls.append("nvmlDeviceGetPciInfo")
+        return _PciInfo(busId=self._gpu(handle).bus_id.encode())
+
+    def nvmlDeviceGetNumaNodeId(self, handle: _Handle) -> int:
+        self._topology_call("nvmlDeviceGetNumaNodeId")
+        return self._reading(self._gpu(handle).gpu_numa_node)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, handle1: _Handle, handle2: _Handle) -> int:
+        self._topology_call("nvmlDeviceGetTopologyCommonAncestor")
+        a, b = self._gpu(handle1), self._gpu(handle2)
+        if a is b:
+            return NVML_TOPOLOGY_INTERNAL
+        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+            return NVML_TOPOLOGY_SINGLE
+        if a.numa_node is not None and a.numa_node == b.numa_node:
+            return NVML_TOPOLOGY_NODE
+        return NVML_TOPOLOGY_SYSTEM
+
+    def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:
+        self._topology_call("nvmlDeviceGetNvLinkState")
+        return NVML_FEATURE_ENABLED if self._link(handle, link).active else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: _Handle, link: int) -> _PciInfo:
+        self._topology_call("nvmlDeviceGetNvLinkRemotePciInfo")
+        return _PciInfo(busId=self._link(handle, link).remote_bus_id.encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: _Handle, link: int) -> int:
+        self._topology_call("nvmlDeviceGetNvLinkRemoteDeviceType")
+        return self._link(handle, link).remote_type
+
+    def _topology_call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.missing_functions:
+            raise NVMLError(_ERROR_CODES["FUNCTION_NOT_FOUND"])
+
+    def _link(self, handle: _Handle, link: int) -> FakeLink:
+        gpu = self._gpu(handle)
+        if gpu.nvlinks is None:
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        if not isinstance(link, int) or not 0 <= link < min(len(gpu.nvlinks), NVML_NVLINK_MAX_LINKS):
+            raise NVMLError(_ERROR_CODES["INVALID_ARGUMENT"])
+        return gpu.nvlinks[link]
+
     # -- helpers --------------------------------------------------------------------------
 
     def _check_init(self) -> None:
@@ -687,6 +805,27 @@ class FakeNvml:
         return value.encode() if self.bytes_strings else value
 
 
+def _wire(gpus: list[FakeGpu], boards: list[str]) -> None:
+    """An x86 server's wiring: two NUMA nodes split evenly, two GPUs per PCIe switch, SXM
+    boards on one NVSwitch fabric, NVL cards in bridged pairs."""
+    n = len(gpus)
+    switch_bus = [f"00000000:{0x05 + s:02X}:00.0" for s in range(8)]
+    nvl: list[int] = []
+    for i, (gpu, board) in enumerate(zip(gpus, boards)):
+        gpu.bus_id = f"00000000:{0x18 + 8 * i:02X}:00.0"
+        gpu.numa_node = i * 2 // n
+        gpu.pcie_switch = i // 2
+        if board in NVSWITCH_BOARDS:
+            links, switches = NVSWITCH_BOARDS[board]
+            gpu.nvlinks = [FakeLink(switch_bus[k % switches]) for k in range(links)]
+        elif board in NVL_PAIR_LINKS:
+            nvl.append(i)
+    for a, b in zip(nvl[::2], nvl[1::2]):
+        for x, y in ((a, b), (b, a)):
+            gpus[x].nvlinks = [FakeLink(gpus[y].bus_id, NVML_NVLINK_DEVICE_TYPE_GPU)
+                               for _ in range(NVL_PAIR_LINKS[boards[x]])]
+
+
 def _out(ref):
     """The object behind ``byref(x)`` (or ``x`` itself)."""
     return getattr(ref, "_obj", ref)
@@ -696,6 +835,11 @@ def _out(ref):
 for _name, _code in _ERROR_CODES.items():
     globals()["NVML_ERROR_" + _name] = _code
     setattr(FakeNvml, "NVML_ERROR_" + _name, _code)
+for _name in ("NVML_TOPOLOGY_INTERNAL", "NVML_TOPOLOGY_SINGLE", "NVML_TOPOLOGY_MULTIPLE",
+              "NVML_TOPOLOGY_HOSTBRIDGE", "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM",
+              "NVML_FEATURE_DISABLED", "NVML_FEATURE_ENABLED", "NVML_NVLINK_MAX_LINKS",
+              "NVML_NVLINK_DEVICE_TYPE_GPU", "NVML_NVLINK_DEVICE_TYPE_IBMNPU", "NVML_NVLINK_DEVICE_TYPE_SWITCH"):
+    setattr(FakeNvml, _name, globals()[_name])
 for _name, _code in GI_PROFILES.items():
     globals()["NVML_GPU_INSTANCE_PROFILE_" + _name] = _code
     setattr(FakeNvml, "NVML_GPU_INSTANCE_PROFILE_" + _name, _code)

@@ -184,16 +184,18 @@ def test_nvml_accepts_str_and_bytes(bytes_strings):
     assert gpus[0].memory_mb == 143771
 
 
-def test_nvml_only_reads_and_releases_the_driver_on_close():
+def test_nvml_only_reads_and_releases_the_driver_on_close(tmp_path):
     fake = FakeNvml.machine(H100=2)
-    b = NvmlBackend(nvml=fake)
+    b = NvmlBackend(nvml=fake, sysfs_root=str(tmp_path))   # no sysfs: NUMA from NVML
     b.discover()
     b.close()
     b.close()
     assert fake.refcount == 0
     assert set(fake.calls) == {
         "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-        "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo"}
+        "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetPciInfo", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkRemoteDeviceType"}
 
 
 def test_nvml_leaves_out_a_lost_gpu(caplog):

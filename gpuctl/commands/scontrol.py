@@ -220,6 +220,8 @@ def job_record(j: dict[str, Any]) -> list[str]:
 def node_record(n: dict[str, Any]) -> list[str]:
     from gpud.units import format_size_mb
 
+    from .. import topology
+
     models: dict[str, int] = {}
     for g in n.get("gpus") or []:
         models[str(g.get("model"))] = models.get(str(g.get("model")), 0) + 1
@@ -230,6 +232,7 @@ def node_record(n: dict[str, Any]) -> list[str]:
         f"AllocMem={n.get('mem_alloc_mb', 0)} ({format_size_mb(n.get('mem_mb'))})",
         f"Gres={gres} GresUsed=gpu:{n.get('gpus_alloc', 0)}",
         f"Partitions={','.join(n.get('partitions') or []) or '(null)'}",
+        *topology.node_lines(n),
         f"LastSeen={_t(n.get('last_seen'))} Reason={_v(n.get('reason'))}",
     ]
 

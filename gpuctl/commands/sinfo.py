@@ -1,4 +1,5 @@
-"""``gpuctl sinfo``: nodes, summarised by state and GPU model, or one per line with -N.
+"""``gpuctl sinfo``: nodes, summarised by state and GPU model, one per line with -N, or where
+they sit with --topology (rack, switch, NVLink islands, NUMA nodes: gpuctl.topology).
 
 ``-o`` takes Slurm's %-fields (``%P %.5a %.10l %.6D %.6t %N``); nodes whose shown values
 agree share a line, as in Slurm.  Partition fields (%P, %a, %l) ask the head for its
@@ -21,6 +22,8 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("-N", "--Node", "per_node", is_flag=True, help="One line per node.")
 @click.option("-G", "--gpus", "per_gpu", is_flag=True,
               help="One line per GPU (its sharing mode, use and jobs) and per MIG slice.")
+@click.option("--topology", "topology", is_flag=True,
+              help="One line per node: its rack and switch, its GPUs' NVLink islands and NUMA nodes.")
 @click.option("-o", "--format", "format_", metavar="FORMAT", help="Slurm's %-fields, e.g. '%P %.6D %t %N'.")
 @click.option("-p", "--partition", "partitions", metavar="PART[,PART...]", multiple=True,
               help="Only nodes of these partitions.")
@@ -28,7 +31,7 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
 @per_cluster
-def command(ctx: click.Context, per_node: bool, per_gpu: bool, format_: str | None,
+def command(ctx: click.Context, per_node: bool, per_gpu: bool, topology: bool, format_: str | None,
             partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""
     try:
@@ -54,6 +57,10 @@ def command(ctx: click.Context, per_node: bool, per_gpu: bool, format_: str | No
         out = cols.render(layout, rows, 0.0, header=not noheader)
     elif per_gpu:
         out = fmt.sinfo_gpus_table(nodes, header=not noheader)
+    elif topology:
+        from ..topology import sinfo_table
+
+        out = sinfo_table(nodes, header=not noheader)
     else:
         table = fmt.sinfo_nodes_table if per_node else fmt.sinfo_summary_table
         out = table(nodes, header=not noheader)

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 ``NvmlBackend`` initialises NVML once and keeps it open until ``close``; discovery only
-reads (count, handle, UUID, name, memory).  Marketing names are turned into the short model
-names that users type in ``--gpu-type`` and admins use for billing weights::
+reads (count, handle, UUID, name, memory; and once, the NUMA nodes and NVLink peers that
+gpud.gpu.topology reads).  Marketing names are turned into the short model names that
+users type in ``--gpu-type`` and admins use for billing weights::
 
     "NVIDIA H100 80GB HBM3"  -> "H100-80GB"
     "NVIDIA A100-SXM4-40GB"  -> "A100-40GB"
@@ -45,7 +46,7 @@ import re
 from typing import Any, Callable, Iterable, Sequence
 
 from ..model import GpuInfo, SliceInfo
-from . import mig
+from . import mig, topology
 from .backend import (NO_DRIVER_MESSAGE, Assignment, DeviceUse, GpuError, GpuInUseError, GpuSample,
                       MigRefusedError, NoGpuError, ResetRequiredError, SliceSample)
 
@@ -111,7 +112,7 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, *, sysfs_root: str = "/sys") -> None:
         if nvml is None:
             try:
                 import pynvml as nvml
@@ -132,6 +133,8 @@ class NvmlBackend:
         self._open = True
         self._models: dict[int, str] = {}      # index -> model name, for the MIG catalog
         self._profiles: dict[int, dict[str, Any]] = {}   # index -> profile name -> NVML info
+        self._sysfs_root = sysfs_root                     # where the GPUs' PCI numa_node is read
+        self._wiring: dict[int, topology.Wiring] | None = None   # read once: it does not change
 
     def discover(self) -> list[GpuInfo]:
         nv = self._nvml
@@ -142,6 +145,7 @@ class NvmlBackend:
         except nv.NVMLError as e:
             raise GpuError(f"NVML cannot count GPUs: {e}; check the NVIDIA driver with nvidia-smi") from None
         gpus: list[GpuInfo] = []
+        handles: dict[int, Any] = {}
         for index in range(count):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
@@ -154,7 +158,10 @@ class NvmlBackend:
             gpus.append(GpuInfo(index=index, uuid=uuid, model=normalize_model(name, total),
                                 memory_mb=total // MIB))
             self._models[index] = gpus[-1].model
-        return gpus
+            handles[index] = handle
+        if self._wiring is None:
+            self._wiring = topology.read_nvml(nv, handles, self._sysfs_root)
+        return topology.apply(gpus, self._wiring)
 
     def sample(self, assignments: Sequence[Assignment] = ()) -> list[GpuSample]:
         """One reading per reachable GPU; ``assignments`` are not needed on real hardware."""

@@ -6,7 +6,8 @@ A spec is a comma-joined list of ``COUNTxMODEL`` groups; GPUs are numbered in sp
 A model is ``<family>-<N>GB`` (``H100-80GB``, ``H200-141GB``, ``L40S-48GB``, any name of
 that shape) and its memory is ``N`` GiB.  Each simulated GPU gets a UUID derived from
 (node, index, model), so it is stable across restarts of the same worker and unique across
-nodes, exactly like a real board's UUID would be.
+nodes, exactly like a real board's UUID would be.  An optional suffix wires them:
+``8xH100-80GB@islands4`` (NVLink islands and NUMA nodes: gpud.gpu.topology).
 
 Telemetry: a simulated GPU is as busy as the job on it says it is.  A job declares its
 utilization in its environment, ``GPUD_SIM_UTIL=85`` (percent; ``90,0`` gives its first GPU
@@ -36,7 +37,7 @@ import uuid
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..model import GpuInfo, SliceInfo
-from . import mig
+from . import mig, topology
 from .backend import (Assignment, DeviceUse, GpuInUseError, GpuSample, MigRefusedError,
                       SimSpecError)
 
@@ -67,11 +68,14 @@ def parse_model(model: str) -> tuple[str, int]:
 
 
 def parse_spec(spec: str) -> list[str]:
-    """The model of each simulated GPU, in index order; SimSpecError with one line."""
+    """The model of each simulated GPU, in index order; SimSpecError with one line.
+
+    An ``@TOPOLOGY`` suffix (gpud.gpu.topology) is checked here and left to ``SimBackend``."""
     if not isinstance(spec, str) or not spec.strip():
         raise SimSpecError(f"invalid --sim spec {spec!r}: {_USAGE}")
+    groups, suffix = topology.split_spec(spec)
     models: list[str] = []
-    for group in spec.split(","):
+    for group in groups.split(","):
         m = _GROUP.match(group.strip())
         if not m:
             raise SimSpecError(f"invalid --sim spec {spec!r}: {_USAGE}")
@@ -85,6 +89,10 @@ def parse_spec(spec: str) -> list[str]:
         models.extend([f"{family}-{gib}GB"] * count)
         if len(models) > MAX_GPUS:
             raise SimSpecError(f"invalid --sim spec {spec!r}: at most {MAX_GPUS} GPUs per node")
+    try:
+        topology.parse_topology(suffix, models)
+    except ValueError as e:
+        raise SimSpecError(f"invalid --sim spec {spec!r}: {e}") from None
     return models
 
 
@@ -106,11 +114,11 @@ class SimBackend:
         self.node = node
         self._clock = clock
         self._last: tuple[float, list[float]] | None = None   # (time, power per GPU) of the last sample
-        self._gpus = [
-            GpuInfo(index=i, uuid=sim_uuid(node, i, model), model=model,
-                    memory_mb=parse_model(model)[1] * 1024)
-            for i, model in enumerate(parse_spec(spec))
-        ]
+        models = parse_spec(spec)
+        self._gpus = topology.apply(
+            (GpuInfo(index=i, uuid=sim_uuid(node, i, model), model=model,
+                     memory_mb=parse_model(model)[1] * 1024) for i, model in enumerate(models)),
+            topology.sim_wiring(models, topology.split_spec(spec)[1]))
         self._energy_mj = [0.0] * len(self._gpus)   # per GPU, integrated at each sample
         self._mig_on = [False] * len(self._gpus)
         self._slices: list[dict[int, SliceInfo]] = [{} for _ in self._gpus]   # by start slot

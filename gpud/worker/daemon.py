@@ -110,7 +110,7 @@ def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
         cpus=cfg.worker.cpus or cpus,
         mem_mb=cfg.worker.mem_mb or mem,
         gpus=gpus,
-        labels={},
+        labels=dict(cfg.worker.labels or {}),
     )
 
 
