@@ -7,10 +7,11 @@ Like Slurm, jobs since midnight unless ``-S`` says otherwise or ``-j`` names job
 
 from __future__ import annotations
 
-import re
 import time
 
 import click
+
+from gpud.syntax import SyntaxProblem, parse_time
 
 from .. import columns as cols
 from .. import format as fmt
@@ -18,18 +19,7 @@ from ..clusters import per_cluster
 from .common import job_refs, session, split_list
 from .squeue import select_refs
 
-_UNITS = {
-    "": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
-    "min": 60, "mins": 60, "minute": 60, "minutes": 60,
-    "h": 3600, "hour": 3600, "hours": 3600,
-    "d": 86400, "day": 86400, "days": 86400,
-    "w": 604800, "week": 604800, "weeks": 604800,
-}
 clock = time.time  # replaceable in tests
-_RELATIVE = re.compile(r"^now(?:([+-])(\d+)([a-z]*))?$")
-_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
-_START_FORMATS = ("YYYY-MM-DD[THH:MM[:SS]], HH:MM[:SS], now[-N{seconds,minutes,hours,days,weeks}], "
-                  "today, midnight, noon")
 
 
 def midnight(now: float) -> float:
@@ -38,34 +28,12 @@ def midnight(now: float) -> float:
 
 
 def parse_start_time(text: str, now: float) -> float:
-    """Epoch seconds for sacct's ``-S``, in local time; ValueError naming the accepted forms."""
-    s = text.strip().lower()
-    if s in ("today", "midnight"):
-        return midnight(now)
-    if s == "noon":
-        return midnight(now) + 12 * 3600
-    m = _RELATIVE.match(s)
-    if m:
-        sign, count, unit = m.groups()
-        if sign is None:
-            return now
-        if unit not in _UNITS:
-            raise ValueError(f"invalid start time {text!r}: unknown unit {unit!r}; use {_START_FORMATS}")
-        delta = int(count) * _UNITS[unit]
-        return now - delta if sign == "-" else now + delta
-    m = _CLOCK.match(s)
-    if m:
-        h, mi, sec = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-        if h < 24 and mi < 60 and sec < 60:
-            return midnight(now) + h * 3600 + mi * 60 + sec
-    else:
-        from datetime import datetime
-
-        try:
-            return datetime.fromisoformat(text.strip()).timestamp()
-        except ValueError:
-            pass
-    raise ValueError(f"invalid start time {text!r}: use {_START_FORMATS}")
+    """Epoch seconds for sacct's ``-S``/``-E``: Slurm's time formats, as sbatch --begin reads
+    them (gpud.syntax), except that a time of day means today even when it has passed."""
+    try:
+        return parse_time(text, now, roll_forward=False)
+    except SyntaxProblem as e:
+        raise ValueError(str(e).replace("invalid time", "invalid start time", 1)) from None
 
 
 _SACCT_STATES = {**{code: name for name, code in fmt.STATE_CODES.items()}, **{n: n for n in fmt.STATE_CODES},
