@@ -104,11 +104,7 @@ class Rig:
 
     def commands(self) -> list:
         """What the head told the workers so far (kind, body), in order."""
-        out = []
-        while not self.worker_bus._inbox.empty():
-            m = self.worker_bus._inbox.get_nowait()
-            out.append((m.kind, m.body))
-        return out
+        return [(m.kind, m.body) for m in self.worker_bus._inbox.drain()]
 
 
 @contextlib.asynccontextmanager

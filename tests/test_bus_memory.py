@@ -41,10 +41,7 @@ async def next_message(bus, timeout=5.0):
 
 def drain(bus):
     """Messages already delivered (delivery is synchronous)."""
-    out = []
-    while not bus._inbox.empty():
-        out.append(bus._inbox.get_nowait())
-    return out
+    return bus._inbox.drain()
 
 
 @pytest.mark.parametrize("pattern, topic, expected", [

@@ -31,7 +31,8 @@ from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from .base import Message, Will
-from .envelope import RESEAL_AFTER, EnvelopeError, Verifier, may_be_stale, reseal, seal
+from .envelope import RESEAL_AFTER, reseal, seal
+from .inbox import Inbox
 
 log = logging.getLogger("gpud.bus")
 
@@ -179,9 +180,6 @@ class MemoryBroker:
                 session.queued.append((topic, payload))
 
 
-_CLOSED: Any = object()
-
-
 class MemoryBus:
     """The ``Bus`` protocol over a ``MemoryBroker``; same constructor shape as ``MqttBus``."""
 
@@ -211,11 +209,10 @@ class MemoryBus:
         self.on_connect: Callable[[], Awaitable[None]] | None = None
         self._key = bytes(key)
         self._clock = clock
-        self._verifier = Verifier(self._key, max_skew=max_skew)
         self._max_queued = max_queued
         self._outbox: deque[tuple[str, bytes, bool, float]] = deque()
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self._connected = asyncio.Event()
+        self._inbox = Inbox(self._key, self.prefix, max_skew=max_skew)
+        self._connected = self._inbox.connected
         self._will_payload: tuple[str, bytes] | None = None
         self._held_down = False
         self._open = False
@@ -248,13 +245,8 @@ class MemoryBus:
         if not self._closed:
             self._send(topic, b"", True, self._clock())
 
-    async def messages(self) -> AsyncIterator[Message]:
-        while True:
-            msg = await self._inbox.get()
-            if msg is _CLOSED:
-                self._inbox.put_nowait(_CLOSED)
-                return
-            yield msg
+    def messages(self) -> AsyncIterator[Message]:
+        return self._inbox.messages()
 
     async def wait_connected(self) -> None:
         await self._connected.wait()
@@ -287,7 +279,7 @@ class MemoryBus:
             for t in hooks:
                 t.cancel()
             _, hooks = await asyncio.wait(hooks, timeout=0.05)
-        self._inbox.put_nowait(_CLOSED)
+        self._inbox.close()
 
     # -- broker callbacks ----------------------------------------------------------------------
 
@@ -331,17 +323,8 @@ class MemoryBus:
                             "(topic %s; %d dropped so far)", lost[0], self.dropped)
 
     def _deliver(self, full_topic: str, payload: bytes, *, retained: bool) -> None:
-        if self._closed or not full_topic.startswith(self.prefix) or not payload:
-            return
-        topic = full_topic[len(self.prefix):]
-        try:
-            env = self._verifier.open(payload, now=self._clock(), topic=topic,
-                                      allow_stale=may_be_stale(topic, retained))
-        except EnvelopeError as e:
-            log.log(logging.DEBUG if e.reason == "replayed" else logging.WARNING,
-                    "bus: dropped message on %s: %s", topic, e.reason)
-            return
-        self._inbox.put_nowait(env.message(retained=retained))
+        if not self._closed:
+            self._inbox.accept(full_topic, payload, retained, self._clock())
 
     async def _run_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -54,7 +54,8 @@ from urllib.parse import urlsplit
 import aiomqtt
 
 from .base import Message, Will
-from .envelope import RESEAL_AFTER, EnvelopeError, Verifier, may_be_stale, reseal, seal
+from .envelope import RESEAL_AFTER, reseal, seal
+from .inbox import Inbox
 
 log = logging.getLogger("gpud.bus")
 
@@ -192,9 +193,6 @@ class _SessionEnded(Exception):
     """Internal: the session is over (close() was called)."""
 
 
-_CLOSED: Any = object()
-
-
 class MqttBus:
     """A ``gpud.bus.base.Bus`` over an MQTT 3.1.1 broker (Mosquitto, or the embedded amqtt).
 
@@ -252,11 +250,9 @@ class MqttBus:
         self._delay_min, self._delay_max = reconnect_delay
         self._keepalive = keepalive
         self._close_timeout = close_timeout
-        self._verifier = Verifier(self._key, max_skew=max_skew)
         self._outbox = _Outbox(max_queued)
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self._inbox_dropped = 0
-        self._connected = asyncio.Event()
+        self._inbox = Inbox(self._key, self.prefix, max_skew=max_skew, limit=MAX_INBOX)
+        self._connected = self._inbox.connected
         self._stop = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task | None = None
@@ -290,14 +286,9 @@ class MqttBus:
         item = _Pending(self._outbox.next_seq(), topic, b"", True, self._clock(), raw=True)
         await self._outbox.put(item, self._connected.is_set)
 
-    async def messages(self) -> AsyncIterator[Message]:
+    def messages(self) -> AsyncIterator[Message]:
         """Verified messages until the bus is closed.  Meant for one consumer."""
-        while True:
-            msg = await self._inbox.get()
-            if msg is _CLOSED:
-                self._inbox.put_nowait(_CLOSED)  # any other reader ends too
-                return
-            yield msg
+        return self._inbox.messages()
 
     async def wait_connected(self) -> None:
         await self._connected.wait()
@@ -340,7 +331,7 @@ class MqttBus:
                 await asyncio.wait({self._task}, timeout=STOP_GRACE)
                 await cancel_and_wait([self._task])
             self._connected.clear()
-            self._inbox.put_nowait(_CLOSED)
+            self._inbox.close()
 
     # -- connection loop ------------------------------------------------------------------------
 
@@ -457,30 +448,7 @@ class MqttBus:
             self._accept(m.topic.value, m.payload, m.retain)
 
     def _accept(self, full_topic: str, payload: Any, retained: bool) -> None:
-        """Verify one incoming payload and queue it for ``messages()``; never raises."""
-        if not full_topic.startswith(self.prefix):
-            log.warning("bus: dropped message on %s: outside %s", full_topic, self.prefix)
-            return
-        topic = full_topic[len(self.prefix):]
-        if not payload:
-            return  # a retained message being cleared
-        if not isinstance(payload, (bytes, bytearray)):
-            payload = str(payload).encode()
-        try:
-            env = self._verifier.open(payload, now=self._clock(), topic=topic,
-                                      allow_stale=may_be_stale(topic, retained))
-        except EnvelopeError as e:
-            # QoS 1 repeats are normal (redelivery, retained copies): not worth a warning.
-            log.log(logging.DEBUG if e.reason == "replayed" else logging.WARNING,
-                    "bus: dropped message on %s: %s", topic, e.reason)
-            return
-        if self._inbox.qsize() >= MAX_INBOX:
-            self._inbox_dropped += 1
-            if self._inbox_dropped == 1 or self._inbox_dropped % 1000 == 0:
-                log.warning("bus: inbox full (reader too slow); dropped %s from %s (%d so far)",
-                            env.kind, env.sender, self._inbox_dropped)
-            return
-        self._inbox.put_nowait(env.message(retained=retained))
+        self._inbox.accept(full_topic, payload, retained, self._clock())
 
 
 def _refused(code: Any) -> bool:
