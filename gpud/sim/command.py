@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -116,6 +116,11 @@ PLOT_POINTS = 400      # samples per series when plotting
 @click.option("--compare", is_flag=True, help="Run all three policies and print them side by side.")
 @click.option("--until", metavar="DURATION",
               help="Stop the virtual clock at this trace time (seconds, or 7d, 12h, ...).")
+@click.option("--since", metavar="DURATION",
+              help="Skip trace jobs submitted before this trace time (the clock starts there).")
+@click.option("--skip-status", "skip_status", multiple=True, metavar="STATUS",
+              help="Skip trace rows whose status is STATUS (repeatable), e.g. Pending for "
+                   "jobs that never ran.")
 @click.option("--drain", is_flag=True,
               help="With --until: take no arrivals after it, but run until every job admitted "
                    "before it has ended (comparable waits across policies).")
@@ -140,7 +145,7 @@ PLOT_POINTS = 400      # samples per series when plotting
 def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
              synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
              save_trace: str | None, policy: str, compare: bool, until: str | None,
-             drain: bool, ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
+             since: str | None, skip_status: tuple[str, ...], drain: bool, ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
              pass_interval: str, period: str, as_json: bool, plot_path: str | None) -> None:
     """Replay a job trace (or synthetic jobs) on a virtual cluster with the real scheduler;
     report waits, GPU allocation, fairness, preemptions and fragmentation, for one policy or
@@ -151,6 +156,7 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
     if save_trace is not None and synthetic is None:
         raise _OneLineError("--save-trace writes generated jobs: use it with --synthetic")
     until_s = _parse_duration_option("--until", until)
+    since_s = _parse_duration_option("--since", since)
     if drain and until_s is None:
         raise _OneLineError("--drain needs --until (when arrivals stop)")
     interval = _parse_duration_option("--pass-interval", pass_interval)
@@ -206,7 +212,8 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
             report = Simulation(nodes, jobs, policy_config(config, name), trace_stats=stats,
                                 **kw).run()
         else:
-            report = _run_trace(trace_path, nodes, policy_config(config, name), kw)
+            report = _run_trace(trace_path, nodes, policy_config(config, name), kw,
+                                since_s, frozenset(skip_status))
         reports[name] = {"policy": name, **report}
 
     if plot_path is not None:
@@ -227,14 +234,16 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
         click.echo(format_text(reports[policy]))
 
 
-def _run_trace(path: str, nodes, config: SchedConfig, kw: dict[str, Any]) -> dict[str, Any]:
+def _run_trace(path: str, nodes, config: SchedConfig, kw: dict[str, Any], since: float | None,
+               skip_status: frozenset[str]) -> dict[str, Any]:
     try:
         f = open_trace(path)
     except TraceError as e:
         raise _OneLineError(str(e)) from None
     stats = TraceStats()
     with f:
-        sim = Simulation(nodes, iter_trace(f, stats, name=path), config, trace_stats=stats, **kw)
+        rows = _selected(iter_trace(f, stats, name=path), stats, since, skip_status)
+        sim = Simulation(nodes, rows, config, trace_stats=stats, **kw)
         try:
             return sim.run()
         except TraceError as e:
@@ -242,3 +251,15 @@ def _run_trace(path: str, nodes, config: SchedConfig, kw: dict[str, Any]) -> dic
         except OSError as e:
             click.echo(f"gpud simulate: error: {path}: {e.strerror or e}", err=True)
             sys.exit(1)
+
+
+def _selected(rows: Iterator[TraceJob], stats: TraceStats, since: float | None,
+              skip_status: frozenset[str]) -> Iterator[TraceJob]:
+    """The rows ``--since`` and ``--skip-status`` keep; the others counted as skipped."""
+    for row in rows:
+        if since is not None and row.submit_s < since:
+            stats.skip("before_since")
+        elif row.status is not None and row.status in skip_status:
+            stats.skip(f"status_{row.status}")
+        else:
+            yield row
