@@ -63,3 +63,22 @@ def test_shares_two_to_one_split_two_to_one(tmp_path):
     assert r["gpu_allocation"] > 0.9
     a, b = r["accounts"]["a"]["gpu_seconds"], r["accounts"]["b"]["gpu_seconds"]
     assert a / b == pytest.approx(2.0, rel=0.05), shares_of(r)
+
+
+@pytest.mark.parametrize("shares", [{"a": 1, "b": 1}, {"a": 2, "b": 1}])
+def test_two_saturating_accounts_get_their_shares_every_week(tmp_path, shares):
+    """Each account alone could fill the cluster for two weeks; in each simulated week,
+    each one's share of the GPU-time is within 5 % of its configured share."""
+    from gpud.sim.synthetic import generate
+
+    jobs = generate("saturating", 2600, 7, gpus=16, max_gpus=8, accounts=2)
+    r = simulate(parse_cluster(CLUSTER), jobs, config(tmp_path, shares), until=2 * WEEK)
+    assert r["gpu_allocation"] > 0.95
+    weeks = r["fairness"]["periods"]
+    assert len(weeks) == 2
+    total = sum(shares.values())
+    for week in weeks:
+        for account, s in shares.items():
+            assert week["shares"][account] == pytest.approx(s / total, rel=0.05), week
+        assert week["jain"] > 0.99
+    assert r["accounts"]["a"]["configured_share"] == pytest.approx(shares["a"] / total)

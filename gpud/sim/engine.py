@@ -271,7 +271,12 @@ class Simulation:
             if self._arrive(self._next_row, t) is not None:
                 changed = True
             self._pull_row()
-        return changed and self._pass_could_act()
+        act = changed and self._pass_could_act()
+        if not act and self.pending and self._resources_need is None:
+            # no pass to say who waits for Resources: nothing fits, so the smallest waiter does
+            self._resources_need = min((g for (_, g), n in self._pending_shapes.items() if n > 0),
+                                       default=None)
+        return act
 
     def _pass_could_act(self) -> bool:
         """Whether a pass now might start or preempt anything.

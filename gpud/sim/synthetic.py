@@ -76,7 +76,7 @@ def generate(kind: str, jobs: int, seed: int, *, gpus: int, max_gpus: int,
     for seq, i in enumerate(order, 1):
         group, g, d, user, account = shapes[i]
         out.append(TraceJob(seq=seq, trace_id=f"{kind}-{i + 1}", submit_s=round(times[i], 3),
-                            gpus=g, share=float(g), duration_s=round(d), user=user,
+                            gpus=g, share=float(g), duration_s=float(round(d)), user=user,
                             account=account, gpu_type=None, status=None))
     return out
 
@@ -149,5 +149,5 @@ def write_trace(jobs: Iterable[TraceJob], f: TextIO) -> None:
     f.write("job_id,submit_s,gpus,duration_s,user,group,gpu_type,status\n")
     for j in jobs:
         gpus = j.gpus if j.share >= 1 else j.share
-        f.write(f"{j.trace_id},{j.submit_s:g},{gpus:g},{j.duration_s:g},{j.user},"
+        f.write(f"{j.trace_id},{j.submit_s!r},{gpus:g},{j.duration_s:g},{j.user},"
                 f"{j.account or ''},{j.gpu_type or ''},{j.status or ''}\n")
