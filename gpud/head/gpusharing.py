@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ..bus.base import node_cmd
 from ..model import GpuInfo, NodeInfo
 from ..sched.plan import Relayout, Start
-from ..sched.sharing import is_shared
+from ..sched.gpustate import is_shared
 from ..sched.snapshot import Device, GpuView, NodeView, SliceView, Snapshot
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..model import GpuInfo, JobState, NodeInfo
 from ..sched.core import schedule
 from ..sched.plan import Plan, Preemption, Relayout, Start
-from ..sched.sharing import is_shared
+from ..sched.gpustate import is_shared
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
 from .gpusharing import SharedUse, gpu_view, job_devices, start_changes
 from .store import JobRecord, Store, Txn

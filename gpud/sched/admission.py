@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from ..gpu import mig
 from ..units import format_duration, format_size_mb
 from .config import SchedConfig
-from .sharing import slice_capacity_mb
+from .gpustate import slice_capacity_mb
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 Every GPU has a ``mode`` (gpud/sched/snapshot.py).  ``whole`` GPUs belong to the core's
 ``placement.Cluster`` and go to ``--gpus N`` jobs; every other GPU is tracked here, in a
-``_Gpu`` that starts from what the node reports and what running jobs hold (their
+``GpuState`` that starts from what the node reports and what running jobs hold (their
 ``devices``) and is then mutated as the pass starts jobs, so it always says what is free
 *now*.  Two jobs never get one slice, an MPS GPU never exceeds its clients, its memory
 (the sum of the pinned shares) or its one user, and a time-sliced GPU never exceeds its
-replicas (``check`` asserts it; the tests call it after random passes).
+replicas (tests/sharing_rig.py checks every pass of the tests for it).  The per-GPU state
+and the device arithmetic live in gpud/sched/gpustate.py.
 
 Requests.  ``--gpus 1g.10gb:2`` (``mig_profile``) wants that many slices of the profile
 on one node.  ``--gpu-mem 20G`` (``gpu_mem_mb``) wants one device with that much memory:
@@ -41,116 +42,23 @@ user.  Claims last for one pass; the next pass, in priority order, makes them ag
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from ..gpu import mig
+from .gpustate import (SHARED_MODES, Claim, GpuState, catalog, has_profile, load_layout, most_memory, place,
+                       profile_for_memory, slice_capacity_mb, slice_mem, type_ok)
 from .placement import Cluster
 from .plan import Relayout
-from .snapshot import Device, GpuView, PendingJob, RunningJob, Snapshot
+from .snapshot import Device, PendingJob, Snapshot
 
 INF = math.inf
-SHARED_MODES = ("mig", "mps", "timeslice")
 _KIND_RANK = {"mig": 0, "mps": 1, "timeslice": 2, "gpu": 3}
 
 NodeOk = Callable[[int, tuple[int, ...]], bool]   # (node, whole GPUs taken) -> may start there now
-
-
-def nominal_mb(profile: str) -> int:
-    """The memory a profile's name promises, in MiB (``3g.40gb`` -> 40960)."""
-    size = profile.partition(".")[2].partition("gb")[0]
-    return int(size) * 1024 if size.isdigit() else 0
-
-
-def slice_capacity_mb(profile: str, memory_mb: int) -> int:
-    return max(memory_mb, nominal_mb(profile))
-
-
-def device_fraction(dev: Device, gpu: GpuView | None) -> float:
-    """The share of one GPU a device stands for, as it is billed."""
-    if dev.kind == "gpu":
-        return 1.0
-    if gpu is None:       # the node is gone: a slice by the compute in its name, else whole
-        compute = (dev.profile or "").partition("g.")[0] if dev.kind == "mig" else ""
-        return min(1.0, int(compute) / 7) if compute.isdigit() else 1.0
-    if dev.kind == "mig":
-        try:
-            profile = dev.profile or next(s.profile for s in gpu.slices if s.start == dev.slice_start)
-            return _catalog(gpu.model)[mig.parse_profile(profile)].fraction
-        except (StopIteration, KeyError, mig.MigError):
-            return 1.0 / 7
-    if dev.kind == "mps":
-        if dev.mem_mb and gpu.memory_mb > 0:
-            return min(1.0, dev.mem_mb / gpu.memory_mb)
-        return 1.0 / max(1, gpu.mps_max_clients)
-    if dev.kind == "timeslice":
-        return 1.0 / max(1, gpu.replicas)
-    return 1.0
-
-
-def is_shared(devices: Iterable[Device]) -> bool:
-    return any(d.kind != "gpu" for d in devices)
-
-
-@dataclass
-class _Claim:
-    job_id: int
-    at: float              # when the claimant expects to start
-    mask: int = 0          # MIG: the memory slots it needs (0: the whole GPU)
-
-
-@dataclass
-class _Gpu:
-    """One shared GPU's state during the pass."""
-
-    node: int
-    view: GpuView
-    layout_ok: bool = True                          # MIG: a known model with a valid layout
-    slices: dict[int, mig.Slice] = field(default_factory=dict)   # start -> slice (canonical)
-    used: dict[int, float] = field(default_factory=dict)         # slice start -> holder's end
-    clients: list[tuple[float, str, int]] = field(default_factory=list)  # MPS/timeslice: (end, user, mem)
-    busy: bool = False                              # re-layout in flight or planned: no starts
-    claims: list[_Claim] = field(default_factory=list)
-    incoming: Counter = field(default_factory=Counter)   # profile -> slices planned, not yet made
-    # earliest-start answers; ``used`` and ``clients`` only grow in a pass, so their sizes
-    # say whether an answer is still current
-    memo: dict = field(default_factory=dict)
-
-    @property
-    def index(self) -> int:
-        return self.view.index
-
-    @property
-    def model(self) -> str:
-        return self.view.model
-
-    def mask(self, s: mig.Slice) -> int:
-        return mig.Placement(s.start, _catalog(self.model)[s.profile].memory_slices).mask
-
-    def used_compute(self) -> int:
-        if self.view.mode != "mig":
-            return len(self.clients)
-        cat = _catalog(self.model) if self.layout_ok else {}
-        return sum(cat[self.slices[s].profile].compute_slices if s in self.slices and self.slices[s].profile in cat
-                   else 1 for s in self.used)
-
-    def allowed(self, job_id: int, end: float, mask: int = 0) -> bool:
-        """Whether a job ending at ``end`` may use (part of) this GPU despite its claims."""
-        for c in self.claims:
-            if c.job_id == job_id or end <= c.at:
-                continue
-            if mask and c.mask and not (mask & c.mask):
-                continue
-            return False
-        return True
-
-    def mem_used(self) -> int:
-        return sum(m for _, _, m in self.clients)
-
-    def users(self) -> set[str]:
-        return {u for _, u, _ in self.clients}
 
 
 @dataclass
@@ -168,7 +76,7 @@ class Decision:
 
 @dataclass
 class _Option:
-    gpu: _Gpu
+    gpu: GpuState
     destroy: tuple[mig.Slice, ...]
     create: tuple[mig.Slice, ...]
 
@@ -178,16 +86,16 @@ class Sharing:
 
     def __init__(self, snap: Snapshot, cluster: Cluster, now: float) -> None:
         self.cluster, self.now, self.cfg = cluster, now, snap.config
-        self.gpus: list[_Gpu] = []
-        self.on_node: dict[int, list[_Gpu]] = {}
-        by_key: dict[tuple[int, int], _Gpu] = {}
+        self.gpus: list[GpuState] = []
+        self.on_node: dict[int, list[GpuState]] = {}
+        by_key: dict[tuple[int, int], GpuState] = {}
         for i, n in enumerate(cluster.nodes):
             for v in n.gpus:
                 if v.mode not in SHARED_MODES:
                     continue
-                g = _Gpu(i, v, busy=v.reconfiguring)
+                g = GpuState(i, v, busy=v.reconfiguring)
                 if v.mode == "mig":
-                    g.layout_ok = _load_layout(g)
+                    g.layout_ok = load_layout(g)
                 self.gpus.append(g)
                 self.on_node.setdefault(i, []).append(g)
                 by_key[(i, v.index)] = g
@@ -210,12 +118,16 @@ class Sharing:
         # only come, so what found nothing once finds nothing again.
         self._failed: set[tuple] = set()           # nothing to start now
         self._no_relayout: set[tuple] = set()      # no re-layout possible now
-        self._cands: dict[tuple, list[_Gpu]] = {}
+        self._cands: dict[tuple, list[GpuState]] = {}
+        self._cand_sets: dict[tuple, frozenset[GpuState]] = {}
+        self._reconf: dict[int, bool] = {}         # id of a candidate list (kept in _cands) -> any in flight
+        self._free_of: dict[tuple, list[tuple[GpuState, mig.Slice]]] = {}
+        self._full: dict[str, set[GpuState]] = {}
         self._misfits: dict[tuple, str | None] = {}
-
-    @property
-    def active(self) -> bool:
-        return bool(self.gpus)
+        self._spares: dict[str, Counter] = {}
+        self._cut: list[GpuState] = []             # GPUs re-laid in this pass
+        self._slices_by_memory: list[tuple] | None = None
+        self._whole_by_memory: list[tuple] | None = None
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -263,8 +175,8 @@ class Sharing:
         n = 0
         if job.mig_profile:
             for g in self.on_node.get(i, ()):
-                if g.view.mode == "mig" and g.layout_ok and _type_ok(job, g):
-                    cat = _catalog(g.model)
+                if g.view.mode == "mig" and g.layout_ok and type_ok(job, g):
+                    cat = catalog(g.model)
                     if job.mig_profile not in cat:
                         continue
                     if g.view.dynamic:
@@ -274,10 +186,10 @@ class Sharing:
             return n
         want = job.gpu_mem_mb or 0
         for g in self.on_node.get(i, ()):
-            if _type_ok(job, g) and _most_memory(g) >= want:
+            if type_ok(job, g) and most_memory(g) >= want:
                 return 1
         node = self.cluster.nodes[i]
-        return int(any(v.mode == "whole" and v.memory_mb >= want and _type_ok(job, v) for v in node.gpus))
+        return int(any(v.mode == "whole" and v.memory_mb >= want and type_ok(job, v) for v in node.gpus))
 
     # -- one job --------------------------------------------------------------------------------
 
@@ -287,15 +199,15 @@ class Sharing:
             return self._slices(job, end, node_ok, may_claim)
         return self._by_memory(job, end, node_ok, may_claim)
 
-    def _candidates(self, job: PendingJob, kinds: tuple[str, ...]) -> list[_Gpu]:
+    def _candidates(self, job: PendingJob, kinds: tuple[str, ...]) -> list[GpuState]:
         key = (job.partition, job.gpu_type, job.mig_profile, kinds)
         found = self._cands.get(key)
         if found is None:
             members = self.members(job.partition)
             found = self._cands[key] = [
                 g for g in self.gpus if g.node in members and self.cluster.up[g.node]
-                and g.view.mode in kinds and _type_ok(job, g)
-                and (g.view.mode != "mig" or (g.layout_ok and _has_profile(g, job)))]
+                and g.view.mode in kinds and type_ok(job, g)
+                and (g.view.mode != "mig" or (g.layout_ok and has_profile(g, job)))]
         return found
 
     # MIG slices of one profile -------------------------------------------------------------------
@@ -308,14 +220,10 @@ class Sharing:
         coarse = ("mig", p, job.partition, job.gpu_type)
         # 1. free slices now, packed onto the busiest GPUs
         if shape not in self._failed and coarse not in self._failed:
-            by_node: dict[int, list[tuple[tuple, _Gpu, mig.Slice]]] = {}
-            for g in cands:
-                if g.busy:
-                    continue
-                busy = -g.used_compute()
-                for s in g.slices.values():
-                    if s.profile == p and s.start not in g.used and g.allowed(job.job_id, end, g.mask(s)):
-                        by_node.setdefault(g.node, []).append(((busy, g.index, s.start), g, s))
+            by_node: dict[int, list[tuple[tuple, GpuState, mig.Slice]]] = {}
+            for g, s in self._free_slices(p, cands):
+                if g.allowed(job.job_id, end, g.mask(s)):
+                    by_node.setdefault(g.node, []).append(((-g.used_compute(), g.index, s.start), g, s))
             best = None
             for i, free in sorted(by_node.items()):
                 if len(free) >= k and node_ok(i, ()):
@@ -328,16 +236,16 @@ class Sharing:
                 devs = []
                 for _, g, s in chosen:
                     g.used[s.start] = end
-                    v = next(x for x in g.view.slices if x.start == s.start)
+                    v = g.by_start[s.start]
                     devs.append(Device(g.index, "mig", v.uuid, s.start, v.memory_mb, s.profile))
                 return Decision(node=i, devices=tuple(devs))
             self._failed.add(shape)
-            if not any(not g.busy and any(sl.profile == p and sl.start not in g.used for sl in g.slices.values())
-                       for g in cands):
+            if not self._free_slices(p, cands):
                 self._failed.add(coarse)           # no free slice of p at all, claims aside
         # 2. a slice already being cut in this pass
-        for g in cands:
-            if g.incoming.get(p, 0) >= k and self._node_fits(g.node, job):
+        usable = self._candidate_set(job, ("mig",))
+        for g in self._cut:
+            if g.incoming.get(p, 0) >= k and g in usable and self._node_fits(g.node, job):
                 g.incoming[p] -= k
                 return Decision(reason="MigReconfig")
         # 3. cut new slices
@@ -350,25 +258,42 @@ class Sharing:
         # 4. wait
         return self._wait_for_slices(job, p, k, cands, may_claim)
 
+    def _free_slices(self, p: str, cands: list[GpuState]) -> list[tuple[GpuState, mig.Slice]]:
+        """The free slices of profile ``p`` on GPUs in ``cands`` that take starts now.  Kept
+        per pass and pruned as they are taken (slices only ever get taken in a pass)."""
+        key = (p, id(cands))
+        free = self._free_of.get(key)
+        if free is None:
+            free = [(g, s) for g in cands for s in g.slices.values() if s.profile == p]
+        free = self._free_of[key] = [(g, s) for g, s in free if not g.busy and s.start not in g.used]
+        return free
+
     def _node_fits(self, i: int, job: PendingJob) -> bool:
         c = self.cluster
         return c.total_cpus[i] >= job.cpus and c.total_mem[i] >= job.mem_mb
 
-    def _option(self, g: _Gpu, profiles: list[str], end: float, job_id: int,
+    def _option(self, g: GpuState, profiles: list[str], job_id: int, destroying: bool,
                 keep: frozenset[int] = frozenset()) -> _Option | None:
-        """New slices for ``profiles`` on ``g``: in unused slots, else (past the minimum
-        interval) in place of free slices; never touching a slice in use or in ``keep``
-        (free slices the job itself will take)."""
+        """New slices for ``profiles`` on ``g``: in unused slots, or with ``destroying`` (and
+        past the minimum interval) in place of free slices; never touching a slice in use or
+        in ``keep`` (free slices the job itself will take)."""
         if g.busy or not g.view.dynamic or not g.layout_ok or not g.allowed(job_id, INF):
             return None
+        key = ("option", tuple(profiles), destroying, keep, len(g.used))
+        if key not in g.memo:
+            g.memo[key] = self._option_now(g, profiles, destroying, keep)
+        return g.memo[key]
+
+    def _option_now(self, g: GpuState, profiles: list[str], destroying: bool,
+                    keep: frozenset[int]) -> _Option | None:
         existing = list(g.slices.values())
-        new = _place(g.model, profiles, existing)
-        if new is not None:
-            return _Option(g, (), tuple(new))
+        if not destroying:
+            new = place(g.model, profiles, existing)
+            return None if new is None else _Option(g, (), tuple(new))
         if not self._interval_over(g):
             return None
         in_use = [s for s in existing if s.start in g.used or s.start in keep]
-        new = _place(g.model, profiles, in_use)
+        new = place(g.model, profiles, in_use)
         if new is None:
             return None
         taken = 0
@@ -381,43 +306,41 @@ class Sharing:
             destroy.append(kept.pop())          # compute or count limits: drop the highest free slice
         return _Option(g, tuple(sorted(destroy)), tuple(new))
 
-    def _interval_over(self, g: _Gpu) -> bool:
+    def _interval_over(self, g: GpuState) -> bool:
         return self._interval_end(g) <= self.now
 
-    def _interval_end(self, g: _Gpu) -> float:
+    def _interval_end(self, g: GpuState) -> float:
         """When a re-layout that destroys slices is next allowed on ``g``."""
         last = g.view.relaid_at
         return -INF if last is None else last + self.cfg.mig_min_interval
 
-    def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[_Gpu], end: float) -> Decision | None:
-        best: tuple[tuple, int, list[_Option], dict[int, frozenset[int]]] | None = None
-        by_node: dict[int, list[_Gpu]] = {}
+    def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
+        if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
+            found = self._one_slice(job, p, cands)
+            return None if found is None else Decision(reason="MigReconfig", relayouts=[self._commit(found, job)])
+        by_node: dict[int, list[GpuState]] = {}
         for g in cands:
-            by_node.setdefault(g.node, []).append(g)
-        for i, gs in sorted(by_node.items()):
-            if not any(g.view.dynamic for g in gs) or not self._node_ok_later(i, job):
-                continue
-            mine = {g.index: frozenset(s.start for s in g.slices.values() if not g.busy and s.profile == p
-                                       and s.start not in g.used and g.allowed(job.job_id, end, g.mask(s)))
-                    for g in gs}
-            need = k - sum(len(v) for v in mine.values())
-            if need <= 0:
-                continue      # enough free slices, held back only by this instant's veto
-            opts: list[_Option] = []
-            for g in sorted(gs, key=lambda g: (-g.used_compute(), g.index)):
-                for n in range(need, 0, -1):
-                    o = self._option(g, [p] * n, end, job.job_id, mine[g.index])
-                    if o is not None:
-                        opts.append(o)
-                        need -= n
-                        break
-                if need <= 0:
+            if g.view.dynamic and not g.busy:
+                by_node.setdefault(g.node, []).append(g)
+        # Nodes whose busiest dynamic GPU is busiest first: with nothing to destroy, the first
+        # node that can cut the slices is the answer; destroying, the fewest slices win.
+        order = sorted(by_node, key=lambda i: (-max(g.used_compute() for g in by_node[i]), i))
+        best: tuple[tuple, int, list[_Option], dict[int, frozenset[int]]] | None = None
+        for destroying in (False, True):
+            for i in order:
+                if not self._node_ok_later(i, job):
+                    continue
+                found = self._node_option(job, p, k, end, self.on_node[i], destroying)
+                if found is None:
+                    continue
+                opts, mine = found
+                key = (sum(len(o.destroy) for o in opts), -sum(o.gpu.used_compute() for o in opts), i)
+                if best is None or key < best[0]:
+                    best = (key, i, opts, mine)
+                if not destroying:
                     break
-            if need > 0:
-                continue
-            key = (sum(len(o.destroy) for o in opts), -sum(o.gpu.used_compute() for o in opts), i)
-            if best is None or key < best[0]:
-                best = (key, i, opts, mine)
+            if best is not None:
+                break
         if best is None:
             return None
         _, i, opts, mine = best
@@ -429,6 +352,50 @@ class Sharing:
         for o in opts:
             d.relayouts.append(self._commit(o, job))
         return d
+
+    def _one_slice(self, job: PendingJob, p: str, gs: Sequence[GpuState]) -> _Option | None:
+        """The re-layout cutting one ``p`` slice: on the busiest dynamic GPU where nothing need
+        be destroyed, else where the fewest free slices go (then the busiest)."""
+        full = self._full.setdefault(p, set())       # no room for p, once and for the pass
+        order = sorted((g for g in gs if g.view.dynamic and not g.busy and g not in full
+                        and self._node_ok_later(g.node, job)),
+                       key=lambda g: (-g.used_compute(), g.node, g.index))
+        for g in order:
+            o = self._option(g, [p], job.job_id, False)
+            if o is not None:
+                return o
+        best: tuple[tuple, _Option] | None = None
+        for g in order:
+            o = self._option(g, [p], job.job_id, True)
+            if o is None and self._interval_over(g) and g.allowed(job.job_id, INF):
+                full.add(g)                        # not even in place of its free slices
+            if o is not None and (best is None or (len(o.destroy),) < best[0][:1]):
+                best = ((len(o.destroy), -g.used_compute(), g.node, g.index), o)
+        return None if best is None else best[1]
+
+    def _node_option(self, job: PendingJob, p: str, k: int, end: float, gs: list[GpuState],
+                     destroying: bool) -> tuple[list[_Option], dict[int, frozenset[int]]] | None:
+        """Re-layouts on one node's dynamic GPUs that give ``k`` slices of ``p`` together with
+        the free ones it has (which the job keeps), or None."""
+        mine = {g.index: frozenset(s.start for s in g.slices.values() if not g.busy and s.profile == p
+                                   and s.start not in g.used and g.allowed(job.job_id, end, g.mask(s)))
+                for g in gs if g.view.mode == "mig"}
+        need = k - sum(len(v) for v in mine.values())
+        if need <= 0:
+            return None       # enough free slices, held back only by this instant's veto
+        opts: list[_Option] = []
+        for g in sorted(gs, key=lambda g: (-g.used_compute(), g.index)):
+            if g.view.mode != "mig":
+                continue
+            for n in range(need, 0, -1):
+                o = self._option(g, [p] * n, job.job_id, destroying, mine[g.index])
+                if o is not None:
+                    opts.append(o)
+                    need -= n
+                    break
+            if need <= 0:
+                return opts, mine
+        return None
 
     def _node_ok_later(self, i: int, job: PendingJob) -> bool:
         c = self.cluster
@@ -445,35 +412,42 @@ class Sharing:
         for s in more:
             g.incoming[s.profile] += 1
         g.busy = True
+        self._cut.append(g)
         create = tuple(sorted(list(o.create) + more, key=lambda s: (s.start, s.profile)))
         what = ", ".join(f"{s}" for s in create)
         return Relayout(node=self.cluster.nodes[g.node].name, gpu=g.index,
                         destroy=tuple(s.start for s in o.destroy), create=create,
                         reason=f"job {job.job_id} needs {profile or job.mig_profile}; cut {what}")
 
-    def _extra_demand(self, g: _Gpu, job: PendingJob) -> dict[str, int]:
+    def _extra_demand(self, g: GpuState, job: PendingJob) -> dict[str, int]:
         """Slices later jobs that could use ``g`` want, less what free slices already cover."""
-        cat = _catalog(g.model)
+        cat = catalog(g.model)
         want: Counter = Counter()
         for (p, part, gtype), n in self._later.items():
             if n > 0 and p in cat and g.node in self.members(part) and (gtype is None or gtype == g.model):
                 want[p] += n
         if not want:
             return {}
-        for h in self.gpus:
-            if h.view.mode != "mig" or h.busy and not h.incoming:
-                continue
-            for p2, n in h.incoming.items():
-                want[p2] -= n
-            if not h.busy:
-                for s in h.slices.values():
-                    if s.start not in h.used:
-                        want[s.profile] -= 1
+        want.subtract(self._spare(g.model))
+        for h in self._cut:                 # slices other re-layouts of this pass bring
+            if h.model == g.model:
+                want.subtract(h.incoming)
         return {p: n for p, n in want.items() if n > 0}
 
-    def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[_Gpu], may_claim: bool) -> Decision:
-        best: tuple[float, int, int, _Gpu, int] | None = None
-        reconfiguring = any(g.view.reconfiguring for g in cands)
+    def _spare(self, model: str) -> Counter:
+        """Free slices on ``model``'s GPUs as of the first ask in the pass.  They only get
+        fewer as the pass goes on, so a re-layout never cuts more than the queue needs."""
+        spare = self._spares.get(model)
+        if spare is None:
+            spare = self._spares[model] = Counter()
+            for h in self.gpus:
+                if h.view.mode == "mig" and h.model == model and not h.busy:
+                    spare.update(s.profile for s in h.slices.values() if s.start not in h.used)
+        return spare
+
+    def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[GpuState], may_claim: bool) -> Decision:
+        best: tuple[float, int, int, GpuState, int] | None = None
+        reconfiguring = self._reconfiguring(cands)
         if not may_claim:                  # past backfill_depth: the reason only
             return Decision(reason="MigReconfig" if reconfiguring else "Resources")
         for g in cands:
@@ -488,10 +462,17 @@ class Sharing:
         t, _, _, g, mask = best
         if g.view.dynamic and not g.busy and t == self._interval_end(g):
             reason = "MigReconfig"        # only the minimum interval keeps the re-layout back
-        g.claims.append(_Claim(job.job_id, t, mask))
+        g.claims.append(Claim(job.job_id, t, mask))
         return Decision(reason=reason, expected=t, expected_node=g.node)
 
-    def _earliest_slices(self, g: _Gpu, p: str, k: int) -> tuple[float, int]:
+    def _reconfiguring(self, gs: list[GpuState]) -> bool:
+        """Whether any of these GPUs has a re-layout in flight (fixed for the pass)."""
+        hit = self._reconf.get(id(gs))
+        if hit is None:
+            hit = self._reconf[id(gs)] = any(g.view.reconfiguring for g in gs)
+        return hit
+
+    def _earliest_slices(self, g: GpuState, p: str, k: int) -> tuple[float, int]:
         """(when ``g`` could give ``k`` slices of ``p``, the memory slots they take)."""
         key = ("slices", p, k, len(g.used))
         hit = g.memo.get(key)
@@ -499,7 +480,7 @@ class Sharing:
             hit = g.memo[key] = self._earliest_slices_now(g, p, k)
         return hit
 
-    def _earliest_slices_now(self, g: _Gpu, p: str, k: int) -> tuple[float, int]:
+    def _earliest_slices_now(self, g: GpuState, p: str, k: int) -> tuple[float, int]:
         if not g.layout_ok:
             return INF, 0
         mine = sorted((g.used.get(s.start, self.now), s.start) for s in g.slices.values() if s.profile == p)
@@ -513,9 +494,9 @@ class Sharing:
             still = [g.slices[s] for _, s in holders]
             t = self.now
             for step in range(len(holders) + 1):
-                new = _place(g.model, [p] * k, still)
+                new = place(g.model, [p] * k, still)
                 if new is not None:
-                    if step or _place(g.model, [p] * k, list(g.slices.values())) is None:
+                    if step or place(g.model, [p] * k, list(g.slices.values())) is None:
                         t = max(t, self._interval_end(g))      # free slices must go first
                     if t < best:
                         best, mask = t, 0
@@ -543,54 +524,107 @@ class Sharing:
                 best = (key, act)
 
         if shape not in self._failed:
-            for g in self._candidates(job, SHARED_MODES):
-                if g.busy or not node_ok(g.node, ()):
+            # Each kind's least wasteful device: the indexes are sorted by memory, so the first
+            # one still free (and allowed) is it.
+            usable = self._candidate_set(job, SHARED_MODES)
+            slices = self._slice_index()
+            stale = 0
+            for mem, _, _, _, g, sl in slices[bisect.bisect_left(slices, (want * 5 // 6,)):]:
+                if g.busy or sl.start in g.used:
+                    stale += 1
                     continue
+                if (g in usable and slice_capacity_mb(sl.profile, mem) >= want
+                        and g.allowed(job.job_id, end, g.mask(sl)) and node_ok(g.node, ())):
+                    offer((max(0, mem - want), 0, 0, g.node, g.index, sl.start),
+                          _start_slice(g, sl, g.by_start[sl.start], end))
+                    break
+            if stale > 64:                         # taken slices stay taken: drop them
+                self._slices_by_memory = [e for e in slices if not e[4].busy and e[5].start not in e[4].used]
+            for g in self._candidates(job, ("mps", "timeslice")):
                 v = g.view
-                if v.mode == "mig":
-                    for s in g.slices.values():
-                        sv = next(x for x in v.slices if x.start == s.start)
-                        cap = slice_capacity_mb(s.profile, sv.memory_mb)
-                        if cap >= want and s.start not in g.used and g.allowed(job.job_id, end, g.mask(s)):
-                            offer((max(0, sv.memory_mb - want), 0, 0, g.node, g.index, s.start),
-                                  _start_slice(g, s, sv, end))
-                elif self._share_fits(g, job, end):
-                    waste = 0 if v.mode == "mps" else max(0, v.memory_mb // max(1, v.replicas) - want)
-                    offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end))
-            for i in sorted(members):
-                if not c.up[i]:
+                if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
                     continue
-                views = {v.index: v for v in c.nodes[i].gpus}
-                for gi in c.free[i]:
-                    v = views[gi]
-                    if v.memory_mb >= want and _type_ok(job, v) and node_ok(i, (gi,)):
-                        offer((v.memory_mb - want, 0, 3, i, gi, 0),
-                              lambda i=i, v=v: Decision(node=i, gpu_indices=(v.index,),
-                                                        devices=(Device(v.index, "gpu", v.uuid),)))
-                        break          # the lowest free GPU of a node is as good as the others
+                waste = 0 if v.mode == "mps" else max(0, v.memory_mb // max(1, v.replicas) - want)
+                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end))
+                if v.mode == "mps":
+                    break          # waste 0 at MPS's rank: nothing later can do better
+            for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
+                if (i in members and gi in c.free[i] and type_ok(job, v) and node_ok(i, (gi,))):
+                    offer((mem - want, 0, 3, i, gi, 0),
+                          lambda i=i, v=v: Decision(node=i, gpu_indices=(v.index,),
+                                                    devices=(Device(v.index, "gpu", v.uuid),)))
+                    break
         immediate = best is not None
-        # new or incoming slices on dynamic GPUs
-        for g in self._candidates(job, ("mig",)):
-            if not self._node_ok_later(g.node, job):
-                continue
-            q = _profile_for_memory(g.model, want)
-            if q is None:
-                continue
-            mem = _catalog(g.model)[q].memory_mb
-            if g.incoming.get(q, 0) > 0:
-                offer((max(0, mem - want), 1, 0, g.node, g.index, 0), _take_incoming(g, q))
-            elif g.view.dynamic:
-                o = self._option(g, [q], end, job.job_id)
-                if o is not None:
-                    offer((max(0, mem - want), 1, 0 if not o.destroy else 1, g.node, g.index, 0),
-                          lambda o=o, q=q: Decision(reason="MigReconfig", relayouts=[self._commit(o, job, q)]))
+        # slices being cut in this pass, else a new one on a dynamic GPU
+        for g in self._cut:
+            q = profile_for_memory(g.model, want) if g in self._candidates(job, ("mig",)) else None
+            if q is not None and g.incoming.get(q, 0) > 0 and self._node_ok_later(g.node, job):
+                offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
+                      _take_incoming(g, q))
+        again = ("mem", want, job.partition, job.gpu_type, job.cpus, job.mem_mb)
+        if again not in self._no_relayout:
+            found = self._new_slice_for(job, want)
+            if found is None:
+                self._no_relayout.add(again)
+            else:
+                o, q = found
+                offer((max(0, catalog(o.gpu.model)[q].memory_mb - want), 1, 1 if o.destroy else 0,
+                       o.gpu.node, o.gpu.index, 0),
+                      lambda: Decision(reason="MigReconfig", relayouts=[self._commit(o, job, q)]))
         if best is not None:
             return best[1]()
         if not immediate:
             self._failed.add(shape)
         return self._wait_for_memory(job, want, may_claim)
 
-    def _share_fits(self, g: _Gpu, job: PendingJob, end: float) -> bool:
+    def _candidate_set(self, job: PendingJob, kinds: tuple[str, ...]) -> frozenset[GpuState]:
+        key = (job.partition, job.gpu_type, job.mig_profile, kinds)
+        found = self._cand_sets.get(key)
+        if found is None:
+            found = self._cand_sets[key] = frozenset(self._candidates(job, kinds))
+        return found
+
+    def _slice_index(self) -> list[tuple]:
+        """(memory, node, GPU, start, GpuState, slice) of every slice of a usable MIG GPU."""
+        if self._slices_by_memory is None:
+            self._slices_by_memory = sorted(
+                ((g.by_start[sl.start].memory_mb, g.node, g.index, sl.start, g, sl)
+                 for g in self.gpus if g.view.mode == "mig" and g.layout_ok for sl in g.slices.values()),
+                key=lambda t: t[:4])
+        return self._slices_by_memory
+
+    def _whole_index(self) -> list[tuple]:
+        """(memory, node, index, view) of every whole GPU on a schedulable node."""
+        if self._whole_by_memory is None:
+            c = self.cluster
+            self._whole_by_memory = sorted(
+                ((v.memory_mb, i, v.index, v) for i, n in enumerate(c.nodes) if c.up[i]
+                 for v in n.gpus if v.mode == "whole"), key=lambda t: t[:3])
+        return self._whole_by_memory
+
+    def _new_slice_for(self, job: PendingJob, want: int) -> tuple[_Option, str] | None:
+        """The re-layout that would cut the smallest slice holding ``want`` MiB: on the
+        busiest dynamic GPU where nothing need be destroyed, else where the fewest are."""
+        gs = sorted((g for g in self._candidates(job, ("mig",))
+                     if g.view.dynamic and not g.busy and self._node_ok_later(g.node, job)),
+                    key=lambda g: (-g.used_compute(), g.node, g.index))
+        for destroying in (False, True):
+            best: tuple[tuple, _Option, str] | None = None
+            for g in gs:
+                q = profile_for_memory(g.model, want)
+                o = self._option(g, [q], job.job_id, destroying) if q is not None else None
+                if o is None:
+                    continue
+                if not destroying:
+                    return o, q
+                key = (len(o.destroy), -g.used_compute(), g.node, g.index)
+                if best is None or key < best[0]:
+                    best = (key, o, q)
+            if best is not None:
+                return best[1], best[2]
+        return None
+
+    def _share_fits(self, g: GpuState, job: PendingJob, end: float) -> bool:
         v, want = g.view, job.gpu_mem_mb or 0
         if not g.allowed(job.job_id, end):
             return False
@@ -600,10 +634,10 @@ class Sharing:
         return len(g.clients) < v.replicas and want <= v.memory_mb
 
     def _wait_for_memory(self, job: PendingJob, want: int, may_claim: bool) -> Decision:
-        best: tuple[float, int, int, _Gpu] | None = None
+        best: tuple[float, int, int, GpuState] | None = None
         reconfiguring = False
         for g in self._candidates(job, SHARED_MODES):
-            if not self._node_fits(g.node, job) or _most_memory(g) < want:
+            if not self._node_fits(g.node, job) or most_memory(g) < want:
                 continue
             reconfiguring |= g.view.reconfiguring
             t = self._earliest_share(g, job, want)
@@ -613,21 +647,21 @@ class Sharing:
         if best is None or not may_claim:
             return Decision(reason=reason)
         t, _, _, g = best
-        g.claims.append(_Claim(job.job_id, t))
+        g.claims.append(Claim(job.job_id, t))
         return Decision(reason=reason, expected=t, expected_node=g.node)
 
-    def _earliest_share(self, g: _Gpu, job: PendingJob, want: int) -> float:
+    def _earliest_share(self, g: GpuState, job: PendingJob, want: int) -> float:
         key = ("share", job.user, want, len(g.used), len(g.clients))
         hit = g.memo.get(key)
         if hit is None:
             hit = g.memo[key] = self._earliest_share_now(g, job, want)
         return hit
 
-    def _earliest_share_now(self, g: _Gpu, job: PendingJob, want: int) -> float:
+    def _earliest_share_now(self, g: GpuState, job: PendingJob, want: int) -> float:
         v = g.view
         if v.mode == "mig":
             ends = sorted(g.used.get(s.start, self.now) for s in g.slices.values()
-                          if slice_capacity_mb(s.profile, _slice_mem(v, s.start)) >= want)
+                          if slice_capacity_mb(s.profile, slice_mem(v, s.start)) >= want)
             return ends[0] if ends else INF
         clients = sorted(g.clients)
         for k in range(len(clients) + 1):
@@ -643,111 +677,15 @@ class Sharing:
                 return t
         return INF
 
-    # -- invariants, for tests --------------------------------------------------------------------
 
-    def check(self) -> None:
-        """AssertionError if any shared GPU is over-allocated (a bug, never input)."""
-        for g in self.gpus:
-            v = g.view
-            if v.mode == "mps":
-                assert len(g.clients) <= v.mps_max_clients, f"MPS clients over {v.mps_max_clients}"
-                assert len(g.users()) <= 1, "two users on one MPS GPU"
-            elif v.mode == "timeslice":
-                assert len(g.clients) <= v.replicas, "time-slice replicas over-allocated"
-
-
-# -- helpers -----------------------------------------------------------------------------------
-
-# Placement searches repeat across jobs and passes (a few layouts, a few profiles): they are
-# pure, so their answers are kept, up to a bound.
-_PLACED: dict[tuple, tuple[mig.Slice, ...] | None] = {}
-_LAYOUTS: dict[tuple, tuple[mig.Slice, ...] | None] = {}
-_CATALOGS: dict[str, dict[str, mig.MigProfile]] = {}
-_CACHE_MAX = 20000
-
-
-def _catalog(model: str) -> dict[str, mig.MigProfile]:
-    """``mig.catalog``, kept (MigError for a model without MIG, as there)."""
-    cat = _CATALOGS.get(model)
-    if cat is None:
-        cat = _CATALOGS[model] = mig.catalog(model)
-    return cat
-
-
-def _place(model: str, profiles: list[str], used: Iterable[mig.Slice]) -> list[mig.Slice] | None:
-    key = (model, tuple(profiles), tuple(sorted(used)))
-    if key not in _PLACED:
-        if len(_PLACED) > _CACHE_MAX:
-            _PLACED.clear()
-        found = mig.place(model, profiles, key[2])
-        _PLACED[key] = None if found is None else tuple(found)
-    hit = _PLACED[key]
-    return None if hit is None else list(hit)
-
-
-def _load_layout(g: _Gpu) -> bool:
-    """Read a MIG GPU's reported slices; False (no MIG use) for an unknown model or bad layout."""
-    key = (g.model, tuple((s.profile, s.start) for s in g.view.slices))
-    if key not in _LAYOUTS:
-        if len(_LAYOUTS) > _CACHE_MAX:
-            _LAYOUTS.clear()
-        try:
-            slices = [mig.Slice(mig.parse_profile(p, g.model), start) for p, start in key[1]]
-            mig.validate_layout(g.model, slices)
-            _LAYOUTS[key] = tuple(slices)
-        except mig.MigError:
-            _LAYOUTS[key] = None
-    slices = _LAYOUTS[key]
-    if slices is None:
-        return False
-    g.slices = {s.start: s for s in slices}
-    return True
-
-
-def _type_ok(job: PendingJob, g: _Gpu | GpuView) -> bool:
-    return job.gpu_type is None or g.model == job.gpu_type
-
-
-def _has_profile(g: _Gpu, job: PendingJob) -> bool:
-    if job.mig_profile is None:
-        return True
-    try:
-        return job.mig_profile in _catalog(g.model)
-    except mig.MigError:
-        return False
-
-
-def _slice_mem(v: GpuView, start: int) -> int:
-    return next((s.memory_mb for s in v.slices if s.start == start), 0)
-
-
-def _most_memory(g: _Gpu) -> int:
-    """The largest device this GPU could ever give one job."""
-    v = g.view
-    if v.mode != "mig":
-        return v.memory_mb
-    if not g.layout_ok:
-        return 0
-    if v.dynamic:
-        return max((slice_capacity_mb(p.name, p.memory_mb) for p in _catalog(v.model).values()), default=0)
-    return max((slice_capacity_mb(s.profile, _slice_mem(v, s.start)) for s in g.slices.values()), default=0)
-
-
-def _profile_for_memory(model: str, want: int) -> str | None:
-    """The smallest plain profile whose memory (real or nominal) holds ``want`` MiB."""
-    fits = [p for p in _catalog(model).values()
-            if not p.media_extensions and slice_capacity_mb(p.name, p.memory_mb) >= want]
-    return min(fits, key=lambda p: (p.memory_mb, p.compute_slices)).name if fits else None
-
-
-def _start_slice(g: _Gpu, s: mig.Slice, sv, end: float) -> Callable[[], Decision]:
+def _start_slice(g: GpuState, s: mig.Slice, sv, end: float) -> Callable[[], Decision]:
     def act() -> Decision:
         g.used[s.start] = end
         return Decision(node=g.node, devices=(Device(g.index, "mig", sv.uuid, s.start, sv.memory_mb, s.profile),))
     return act
 
 
-def _start_share(g: _Gpu, job: PendingJob, end: float) -> Callable[[], Decision]:
+def _start_share(g: GpuState, job: PendingJob, end: float) -> Callable[[], Decision]:
     def act() -> Decision:
         want = job.gpu_mem_mb or 0
         g.clients.append((end, job.user, want))
@@ -755,7 +693,7 @@ def _start_share(g: _Gpu, job: PendingJob, end: float) -> Callable[[], Decision]
     return act
 
 
-def _take_incoming(g: _Gpu, q: str) -> Callable[[], Decision]:
+def _take_incoming(g: GpuState, q: str) -> Callable[[], Decision]:
     def act() -> Decision:
         g.incoming[q] -= 1
         return Decision(reason="MigReconfig")

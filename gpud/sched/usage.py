@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A running job is billed, every second, the sum of its GPUs' billing weights (``[billing]
 weights``, 1.0 for a model not listed).  A fraction of a GPU bills its fraction of the
-weight (``sharing.device_fraction``): a MIG slice its compute slices over the GPU's (a
+weight (``gpustate.device_fraction``): a MIG slice its compute slices over the GPU's (a
 ``3g.40gb`` on an A100 is 3/7), an MPS share its pinned memory over the GPU's, a
 time-slice replica one over the replicas.
 Recorded usage decays exponentially: a GPU-second spent ``h`` ago (``h`` = the half-life)
@@ -27,7 +27,7 @@ import math
 from typing import Iterable, Mapping
 
 from .config import SchedConfig
-from .sharing import device_fraction
+from .gpustate import device_fraction
 from .snapshot import NodeView, RunningJob
 
 UsageKey = tuple[str, str]   # (account, user)
