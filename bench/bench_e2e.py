@@ -1,0 +1,125 @@
+"""End-to-end short jobs on one box: ``python bench/bench_e2e.py [--jobs N] [--latency N]``.
+
+``gpud standalone`` (head, worker and embedded broker in one process) with 8 simulated
+GPUs.  Two measures:
+
+* throughput: N trivial 1-GPU jobs (``true``) submitted through one connection as fast as
+  the head acknowledges them; jobs/s from the first submission to the last job's end;
+* submit-to-running latency: jobs submitted one at a time to an idle cluster, each
+  writing the time it began; the latency is that time minus the moment before the
+  submission request (same clock).
+
+Targets (docs/benchmarks.md): at least 100 trivial jobs/s end to end on 8 GPUs;
+submit-to-running p50 under 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from common import ROOT, stamp, table, write_section
+
+from gpuctl import Client  # noqa: E402
+from tests.cluster import env_for_children, wait_for  # noqa: E402
+
+
+@contextlib.contextmanager
+def standalone(d: Path, gpus: int = 8) -> Iterator[str]:
+    sock = str(d / "gpud.sock")
+    key = str(d / "cluster.key")
+    env = env_for_children()
+    subprocess.run([sys.executable, "-m", "gpud.cli", "keygen", key], env=env, check=True,
+                   capture_output=True)
+    log = open(d / "standalone.log", "ab")
+    p = subprocess.Popen([sys.executable, "-m", "gpud.cli", "standalone", "--state-dir", str(d / "state"),
+                          "--key-file", key, "--socket", sock, "--name", "bench",
+                          "--sim", f"{gpus}xH100-80GB", "--log-level", "warning"],
+                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)
+    try:
+        def ready() -> bool:
+            if p.poll() is not None:
+                raise RuntimeError(f"gpud standalone exited: {(d / 'standalone.log').read_text()[-2000:]}")
+            try:
+                with Client(sock, timeout=2) as c:
+                    return any(n.get("state") not in ("DOWN", "UNKNOWN") for n in c.nodes())
+            except Exception:
+                return False
+        wait_for(ready, 60, "gpud standalone with its node")
+        yield sock
+    finally:
+        p.terminate()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        log.close()
+
+
+def throughput(sock: str, n: int, work: Path) -> float:
+    with Client(sock) as c:
+        t0 = time.time()
+        ids = [c.submit(wrap="true", gpus=1, stdout="/dev/null", work_dir=str(work)) for _ in range(n)]
+        wait_for(lambda: not c.jobs(), 600, "every job to end", interval=0.2)
+        done = {j["job_id"]: j for j in c.jobs(job_ids=ids, all=True)}
+    assert all(done[i]["state"] == "COMPLETED" for i in ids), "some bench job did not complete"
+    return n / (max(done[i]["end_time"] for i in ids) - t0)
+
+
+def latency(sock: str, n: int, work: Path) -> list[float]:
+    out = []
+    with Client(sock) as c:
+        for k in range(n):
+            f = work / f"lat-{k}.out"
+            t0 = time.time()
+            jid = c.submit(wrap="date +%s.%N", gpus=1, stdout=str(f), work_dir=str(work))
+            wait_for(lambda: c.jobs(job_ids=[jid], all=True)[0]["state"] == "COMPLETED", 60,
+                     "the job", interval=0.02)
+            out.append(float(f.read_text().split()[0]) - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--latency", type=int, default=50)
+    ap.add_argument("--no-doc", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        os.chmod(d, 0o755)
+        with standalone(d) as sock:
+            rate = throughput(sock, a.jobs, d)
+            lat = sorted(latency(sock, a.latency, d))
+    p50, p95 = statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
+    md = "\n".join([
+        "## End-to-end short jobs",
+        "",
+        "`python bench/bench_e2e.py`: `gpud standalone` (head, worker, embedded broker in one "
+        "process) with 8 simulated GPUs; jobs run as real processes.",
+        "",
+        stamp(),
+        "",
+        table(["measure", "result", "target"], [
+            [f"{a.jobs:,} trivial 1-GPU jobs (`true`), submit to last end", f"{rate:.1f} jobs/s",
+             "100 jobs/s"],
+            [f"submit to running, idle cluster ({a.latency} jobs): p50", f"{p50 * 1000:.0f} ms", "50 ms"],
+            ["submit to running: p95", f"{p95 * 1000:.0f} ms", ""],
+        ], "lrr"),
+    ])
+    print(md)
+    if not a.no_doc:
+        write_section("e2e", md)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The three policies on the shared real traces, for docs/simulation.md:
+``python bench/bench_sim_traces.py [--no-doc]``.
+
+Runs ``gpud simulate --compare --json`` on each trace under ``../shared/traces`` (read in
+place, never copied) with the settings below, and writes one table per trace into the
+``sim-traces`` section of docs/simulation.md.  Traces that are not there are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from common import ROOT, stamp, write_section
+
+from gpud.sim.compare import format_compare  # noqa: E402
+
+TRACES = ROOT.parent / "shared" / "traces"
+RUNS = [
+    ("msft_itp_2021", "Microsoft ITP 2021: the ten clusters as accounts of one merged cluster; "
+     "arrivals of the first 7 days, run until all have ended, on 96 nodes of 8 GPUs (768 GPUs); "
+     "jobs over 8 GPUs are refused (a job runs on one node)",
+     ["--cluster", "96x8xH100-80GB", "--until", "7d", "--drain", "--pass-interval", "1m"]),
+    ("alibaba_openb_2023", "Alibaba openb 2023: the busiest ten days (days 139-149), pods that "
+     "never ran (status Pending) skipped, on 4 nodes of 8 GPUs (32 GPUs); a fractional request "
+     "holds a whole GPU and is billed its fraction",
+     ["--cluster", "4x8xV100-32GB", "--since", "139d", "--until", "149d", "--drain",
+      "--skip-status", "Pending"]),
+    ("alibaba_dlrm_2025", "Alibaba DLRM 2025: serving instances of the first 7 days (CPU-only "
+     "ones skipped) on 40 nodes of 8 GPUs, `--ignore-gpu-type` (its gpu_type is a node class)",
+     ["--cluster", "40x8xH100-80GB", "--ignore-gpu-type", "--until", "7d"]),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-doc", action="store_true")
+    a = ap.parse_args()
+    parts = ["## The three policies on the shared traces", "",
+             "`python bench/bench_sim_traces.py` runs `gpud simulate --compare` with the options "
+             "shown (default config: fair-share with a 7-day half-life, backfill depth 100, "
+             "binpack; `--limits user`).", "", stamp()]
+    for name, what, args in RUNS:
+        path = TRACES / name / "jobs.csv"
+        if not path.exists():
+            print(f"{name}: skipped, {path} not present")
+            continue
+        t = time.perf_counter()
+        cmd = [sys.executable, "-m", "gpud.cli", "simulate", "--trace", str(path), *args,
+               "--compare", "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            raise SystemExit(f"{name}: {r.stderr.strip()}")
+        reports = json.loads(r.stdout)["policies"]
+        shown = " ".join(a for a in args)
+        text = format_compare(reports)
+        print(f"== {name} ({time.perf_counter() - t:.0f} s)\n{text}", flush=True)
+        parts += ["", f"### {name}", "", what + ".", "",
+                  f"`gpud simulate --trace …/{name}/jobs.csv {shown} --compare` "
+                  f"({time.perf_counter() - t:.0f} s for the three runs):", "", "```", text, "```"]
+    md = "\n".join(parts)
+    if not a.no_doc:
+        write_section("sim-traces", md, doc=ROOT / "docs" / "simulation.md")
+
+
+if __name__ == "__main__":
+    main()
