@@ -42,7 +42,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpud.gpu.mig import MigError, parse_profile
 from gpud.units import UnitError, parse_duration, parse_size_mb
 
 from . import unsupported
@@ -115,6 +114,10 @@ def _flag(settings: dict[str, Any]) -> Converter:
 
 def _mig_profile(text: str) -> str | None:
     """The canonical MIG profile name ``text`` spells (``1g.10gb``, ``MIG-3g.40gb``), else None."""
+    if not any(c.isalpha() for c in text):
+        return None
+    from gpud.gpu.mig import MigError, parse_profile   # only when a type or profile is given
+
     try:
         return parse_profile(text)
     except MigError:
