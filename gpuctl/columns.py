@@ -87,6 +87,8 @@ def job_id(r: dict[str, Any]) -> str:
 
 def tres(r: dict[str, Any]) -> str:
     gpus = int(r.get("gpus") or 0)
+    if r.get("mig_profile"):            # MIG slices, typed as Slurm types MIG gres
+        return f"gres/gpu:{r['mig_profile']}:{gpus}"
     return f"gres/gpu:{gpus}" if gpus else "N/A"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuctl import script
+from gpuctl import columns, script
 from gpuctl.format import sinfo_gpus_table
 from gpud.model import JobSpec, SpecError
 
@@ -86,3 +86,8 @@ def test_sinfo_gpus_table_says_how_each_gpu_is_shared():
     assert "a fatal fault in one job ends all" in lines[4] and "1/48 20G/80G" in lines[4]
     assert "timeslice (no memory isolation)" in lines[5] and "0/4" in lines[5]
     assert "whole" in lines[6] and lines[6].endswith("7(?)")
+
+
+def test_squeue_tres_names_the_profile():
+    assert columns.tres({"gpus": 2, "mig_profile": "1g.10gb"}) == "gres/gpu:1g.10gb:2"
+    assert columns.tres({"gpus": 2}) == "gres/gpu:2"
