@@ -122,16 +122,17 @@ class Cron:
         db = self.head.store.db
         assert db is not None
         ids = []
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, params in statements:
-                cur = await db.execute(sql, params)
-                if sql.startswith("INSERT"):
-                    ids.append(cur.lastrowid)
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
+        async with self.head.store.write_lock:    # one transaction at a time on the connection
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    cur = await db.execute(sql, params)
+                    if sql.startswith("INSERT"):
+                        ids.append(cur.lastrowid)
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
         return ids
 
     # -- the clock --------------------------------------------------------------------------
