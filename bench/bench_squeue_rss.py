@@ -32,6 +32,7 @@ def rss_mb(pid: int) -> float:
 
 
 def squeue_ms(c, *args: str, runs: int = 5) -> float:
+    """Median milliseconds of ``gpuctl squeue ARGS``; RuntimeError with its message if it fails."""
     cmd = [sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "squeue", *args]
     xs = []
     for _ in range(runs):
@@ -39,8 +40,15 @@ def squeue_ms(c, *args: str, runs: int = 5) -> float:
         r = subprocess.run(cmd, env=c.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         xs.append(time.perf_counter() - t)
         if r.returncode != 0:
-            raise RuntimeError(f"squeue failed: {r.stderr.decode()[:300]}")
+            raise RuntimeError(r.stderr.decode(errors="replace").strip().splitlines()[-1][:200])
     return statistics.median(xs) * 1000
+
+
+def squeue_cell(c, *args: str) -> str:
+    try:
+        return f"{squeue_ms(c, *args):.0f} ms"
+    except RuntimeError as e:
+        return f"fails: `{e}`"
 
 
 def main() -> None:
@@ -63,7 +71,7 @@ def main() -> None:
                     have += k
                 client.ping()
                 time.sleep(2)     # not a synchronisation: lets a scheduler pass or two run first
-                rows.append([f"{size:,}", f"{squeue_ms(c):.0f} ms", f"{squeue_ms(c, '-r'):.0f} ms",
+                rows.append([f"{size:,}", squeue_cell(c), squeue_cell(c, "-r"),
                              f"{rss_mb(c.head.pid):.0f} MB"])
     md = "\n".join([
         "## squeue and head memory with many pending jobs",
