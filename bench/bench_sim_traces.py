@@ -20,18 +20,19 @@ from gpud.sim.compare import format_compare  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 RUNS = [
-    ("msft_itp_2021", "Microsoft ITP 2021: the ten clusters as accounts of one merged cluster; "
-     "arrivals of the first 7 days, run until all have ended, on 96 nodes of 8 GPUs (768 GPUs); "
-     "jobs over 8 GPUs are refused (a job runs on one node)",
-     ["--cluster", "96x8xH100-80GB", "--until", "7d", "--drain", "--pass-interval", "1m"]),
+    ("msft_itp_2021", "Microsoft ITP 2021: the ten clusters as accounts of one merged cluster "
+     "(the trace names no users); arrivals of the first 3 days, run until all have ended, on "
+     "40 nodes of 8 GPUs (320 GPUs); jobs over 8 GPUs are refused (a job runs on one node)",
+     ["--cluster", "40x8xH100-80GB", "--until", "3d", "--drain", "--pass-interval", "1m"]),
     ("alibaba_openb_2023", "Alibaba openb 2023: the busiest ten days (days 139-149), pods that "
-     "never ran (status Pending) skipped, on 4 nodes of 8 GPUs (32 GPUs); a fractional request "
-     "holds a whole GPU and is billed its fraction",
-     ["--cluster", "4x8xV100-32GB", "--since", "139d", "--until", "149d", "--drain",
+     "never ran (status Pending) skipped, on 2 nodes of 8 GPUs; a fractional request holds a "
+     "whole GPU and is billed its fraction; one account (the trace names none)",
+     ["--cluster", "2x8xV100-32GB", "--since", "139d", "--until", "149d", "--drain",
       "--skip-status", "Pending"]),
-    ("alibaba_dlrm_2025", "Alibaba DLRM 2025: serving instances of the first 7 days (CPU-only "
-     "ones skipped) on 40 nodes of 8 GPUs, `--ignore-gpu-type` (its gpu_type is a node class)",
-     ["--cluster", "40x8xH100-80GB", "--ignore-gpu-type", "--until", "7d"]),
+    ("alibaba_dlrm_2025", "Alibaba DLRM 2025: the month of serving instances (CPU-only ones "
+     "skipped; instances alive at the start all arrive at 0) on 400 nodes of 8 GPUs, about "
+     "the peak demand, `--ignore-gpu-type` (its gpu_type is a node class)",
+     ["--cluster", "400x8xH100-80GB", "--ignore-gpu-type", "--until", "31d"]),
 ]
 
 
