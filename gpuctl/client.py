@@ -28,7 +28,7 @@ import socket
 import time
 from typing import Any, Iterable
 
-from gpud.protocol import MAX_LINE, ProtocolError, RemoteError, decode_response, find_socket, request
+from gpud.protocol import MAX_RESPONSE, ProtocolError, RemoteError, decode_response, find_socket, request
 
 __all__ = ["Client", "HeadUnavailable", "RemoteError", "ProtocolError", "TERMINAL_STATES"]
 
@@ -131,7 +131,7 @@ class Client:
         except (BrokenPipeError, ConnectionResetError):
             raise _NoAnswer from None
         try:
-            answer = self._reader.readline(MAX_LINE + 1)
+            answer = self._reader.readline(MAX_RESPONSE + 1)
         except ConnectionResetError:
             raise _NoAnswer from None
         if not answer:

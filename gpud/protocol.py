@@ -2,7 +2,8 @@
 
 Stdlib only: gpuctl imports this on its start-up path.
 
-Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes.
+Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes for a request
+and ``MAX_RESPONSE`` for an answer.
 A connection may carry many requests; each gets exactly one response line, in order.
 
 Request:  ``{"v": 1, "op": "<op>", "args": {...}}``
@@ -102,7 +103,8 @@ import os
 from typing import Any
 
 VERSION = 1
-MAX_LINE = 16 * 1024 * 1024
+MAX_LINE = 16 * 1024 * 1024            # a request (a script and its environment fit easily)
+MAX_RESPONSE = 1024 * 1024 * 1024      # an answer: squeue over 100,000 jobs is ~60 MB
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",

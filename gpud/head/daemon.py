@@ -229,7 +229,11 @@ class Head:
             snap = dataclasses.replace(snap, usage=self.usage.advance(snap.running, snap.nodes,
                                                                         self.cfg.sched, now))
             snap = self.mig.adjust(snap, now)
-            plan = run_core(snap, now)
+        # The pure core runs on a thread, outside the lock: submissions, cancels and worker
+        # reports go on meanwhile, and plan_to_txn re-checks every decision against what
+        # changed before anything is committed.
+        plan = await asyncio.to_thread(run_core, snap, now)
+        async with self.lock:
             txn, applied = plan_to_txn(self.store, plan, now)
             await self.store.commit(txn)
             annotate(self.store, plan)
