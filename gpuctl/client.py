@@ -154,6 +154,31 @@ class Client:
         head submitted nothing."""
         return int(self.call("submit", spec=spec)["job_id"])
 
+    def submit_many(self, specs: Iterable[dict[str, Any]], *, window: int = 256) -> list[int]:
+        """Submit many ready specs over this one connection, pipelined: up to ``window``
+        requests are in flight, so the head commits them in shared transactions.  Every id
+        returned was acknowledged after its commit; the first refusal raises RemoteError
+        (the jobs before it are submitted)."""
+        if self._sock is None:
+            self._connect()
+        lines = [request("submit", spec=spec) for spec in specs]
+        ids: list[int] = []
+        try:
+            sent = 0
+            while len(ids) < len(lines):
+                while sent < len(lines) and sent - len(ids) < window:
+                    self._sock.sendall(lines[sent])
+                    sent += 1
+                answer = self._reader.readline(MAX_RESPONSE + 1)
+                if not answer.endswith(b"\n"):
+                    raise HeadUnavailable(f"gpud head at {self.socket_path} closed the connection without answering")
+                ids.append(int(decode_response(answer)["job_id"]))
+        except (OSError, ProtocolError, RemoteError):
+            self.close()  # answers still in flight would be out of step
+            raise
+        self._used = True
+        return ids
+
     def submit_request(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit and return the head's whole answer: {"job_id", "warnings", "skipped"?,
         "tasks"?}, or for ``test_only`` {"start_time", "node", "partition", "reason", ...}."""

@@ -169,3 +169,12 @@ def test_nodes(head):
     head.nodes = [node("gpu01", gpus=2)]
     with Client(head.path) as c:
         assert [g["index"] for g in c.nodes()[0]["gpus"]] == [0, 1]
+
+
+def test_submit_many_pipelines_and_keeps_order():
+    with FakeHead() as head, Client(head.path) as client:
+        specs = [{"script": f"#!/bin/bash\necho {i}\n", "name": f"j{i}"} for i in range(50)]
+        ids = client.submit_many(specs, window=8)
+        assert len(ids) == 50 and len(set(ids)) == 50 and ids == sorted(ids)
+        names = [args["spec"]["name"] for op, args, _ in head.requests if op == "submit"]
+        assert names == [f"j{i}" for i in range(50)]

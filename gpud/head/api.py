@@ -43,6 +43,15 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", raw)
 
 
+MAX_IN_FLIGHT = 1024   # pipelined requests per connection awaiting their answers
+
+
+def _done(answer: bytes) -> "asyncio.Task[bytes]":
+    async def ready() -> bytes:
+        return answer
+    return asyncio.ensure_future(ready())
+
+
 class RequestError(Exception):
     """A refusal with a one-line reason for the user."""
 
@@ -85,32 +94,50 @@ class SocketServer:
             pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: requests may be pipelined; answers go back in request order.
+
+        Each request is dispatched as soon as it is read, so a client that sends many
+        submissions before reading lets them share group commits; at most
+        ``MAX_IN_FLIGHT`` answers wait to be written before reading pauses.
+        """
         task = asyncio.current_task()
         if task is not None:
             self._conns.add(task)
+        answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        writing = asyncio.create_task(self._write_answers(answers, writer))
         try:
             sock = writer.get_extra_info("socket")
             pid, uid, gid = peer_credentials(sock)
             caller = Caller(uid=uid, gid=gid, pid=pid, user=user_name(uid))
-            while True:
+            while not writing.done():
                 try:
                     line = await reader.readline()
                 except (asyncio.LimitOverrunError, ValueError):
-                    writer.write(protocol.error("request too large"))
-                    await writer.drain()
-                    return
+                    await answers.put(_done(protocol.error("request too large")))
+                    break
                 if not line:
-                    return
-                writer.write(await self.dispatch(caller, line))
-                await writer.drain()
+                    break
+                await answers.put(asyncio.create_task(self.dispatch(caller, line)))
+            await answers.put(None)
+            await writing
         except (ConnectionError, BrokenPipeError):
             pass
         except asyncio.CancelledError:
             pass
         finally:
+            writing.cancel()
             if task is not None:
                 self._conns.discard(task)
             writer.close()
+
+    @staticmethod
+    async def _write_answers(answers: "asyncio.Queue[asyncio.Task | None]", writer: asyncio.StreamWriter) -> None:
+        try:
+            while (pending := await answers.get()) is not None:
+                writer.write(await pending)
+                await writer.drain()
+        except (ConnectionError, BrokenPipeError):
+            pass
 
     async def dispatch(self, caller: Caller, line: bytes) -> bytes:
         try:
