@@ -136,10 +136,14 @@ class NvmlBackend:
         self._sysfs_root = sysfs_root                     # where the GPUs' PCI numa_node is read
         self._wiring: dict[int, topology.Wiring] | None = None   # read once: it does not change
 
-    def discover(self) -> list[GpuInfo]:
-        nv = self._nvml
+    def _live(self) -> Any:
+        """The pynvml module, once it is certain this backend is still open."""
         if not self._open:
             raise RuntimeError("NVML GPU backend used after close()")
+        return self._nvml
+
+    def discover(self) -> list[GpuInfo]:
+        nv = self._live()
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
@@ -165,9 +169,7 @@ class NvmlBackend:
 
     def sample(self, assignments: Sequence[Assignment] = ()) -> list[GpuSample]:
         """One reading per reachable GPU; ``assignments`` are not needed on real hardware."""
-        nv = self._nvml
-        if not self._open:
-            raise RuntimeError("NVML GPU backend used after close()")
+        nv = self._live()
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
@@ -342,9 +344,7 @@ class NvmlBackend:
     # MIG helpers
 
     def _handle(self, index: int) -> Any:
-        nv = self._nvml
-        if not self._open:
-            raise RuntimeError("NVML GPU backend used after close()")
+        nv = self._live()
         try:
             return nv.nvmlDeviceGetHandleByIndex(index)
         except nv.NVMLError as e:
