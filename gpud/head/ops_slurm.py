@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..model import JobState
 from ..syntax import SyntaxProblem, parse_dependency, parse_time
@@ -47,51 +47,62 @@ def _owner_or_admin(head: "Head", caller: Caller, job: JobRecord) -> bool:
 
 # -- hold, release, requeue ---------------------------------------------------------------------
 
+# act(job, txn, now) -> an error line for that job, or None when it was done
+JobAction = Callable[[JobRecord, Txn, float], "str | None"]
+
+
+async def _for_each_job(head: "Head", caller: Caller, args: dict, act: JobAction) -> tuple[list[str], list[str]]:
+    """Resolve the jobs ``args`` name and apply ``act`` to each one the caller may change, all in
+    one transaction; (ids done, error lines)."""
+    done: list[str] = []
+    async with head.lock:
+        jobs, errors = await resolve(head, parse_refs(args))
+        now = head.clock()
+        txn = Txn(head.store)
+        for job in jobs:
+            error = ("Access/permission denied" if not _owner_or_admin(head, caller, job)
+                     else act(job, txn, now))
+            if error:
+                errors.append(f"job {job.display_id}: {error}")
+            else:
+                done.append(job.display_id)
+        await head.store.commit(txn)
+    return done, errors
+
+
 async def op_hold(head: "Head", caller: Caller, args: dict) -> dict:
     """{"job_ids"|"array_tasks", "user": bool?} -> {"done": [str], "errors": [str]}.
 
     An admin's hold is an admin hold (JobHeldAdmin) unless ``user``; anyone else's is a user hold.
     """
     kind = "admin" if is_admin(head, caller) and not args.get("user") else "user"
-    done, errors = [], []
-    async with head.lock:
-        jobs, errors = await resolve(head, parse_refs(args))
-        now = head.clock()
-        txn = Txn(head.store)
-        for job in jobs:
-            if not _owner_or_admin(head, caller, job):
-                errors.append(f"job {job.display_id}: Access/permission denied")
-            elif job.state is not JobState.PENDING:
-                errors.append(f"job {job.display_id}: Job is no longer pending execution")
-            else:
-                txn.transition(job, JobState.PENDING, now=now, event="held", detail=f"by {caller.user} ({kind})",
-                               hold_kind=kind, spec=replace(job.spec, hold=True), reason=HELD_REASONS[kind])
-                done.append(job.display_id)
-        await head.store.commit(txn)
+
+    def hold(job: JobRecord, txn: Txn, now: float) -> str | None:
+        if job.state is not JobState.PENDING:
+            return "Job is no longer pending execution"
+        txn.transition(job, JobState.PENDING, now=now, event="held", detail=f"by {caller.user} ({kind})",
+                       hold_kind=kind, spec=replace(job.spec, hold=True), reason=HELD_REASONS[kind])
+        return None
+
+    done, errors = await _for_each_job(head, caller, args, hold)
     return {"done": done, "errors": errors}
 
 
 async def op_release(head: "Head", caller: Caller, args: dict) -> dict:
     """{"job_ids"|"array_tasks"} -> {"done", "errors"}: release held jobs."""
     admin = is_admin(head, caller)
-    done = []
-    async with head.lock:
-        jobs, errors = await resolve(head, parse_refs(args))
-        now = head.clock()
-        txn = Txn(head.store)
-        for job in jobs:
-            kind = job.hold_kind or ("user" if job.spec.hold else None)
-            if not _owner_or_admin(head, caller, job):
-                errors.append(f"job {job.display_id}: Access/permission denied")
-            elif job.state is not JobState.PENDING or kind is None:
-                errors.append(f"job {job.display_id}: Job is not held")
-            elif kind == "admin" and not admin:
-                errors.append(f"job {job.display_id}: held by an administrator; only root or an admin may release it")
-            else:
-                txn.transition(job, JobState.PENDING, now=now, event="released", detail=f"by {caller.user}",
-                               hold_kind=None, spec=replace(job.spec, hold=False), reason=None)
-                done.append(job.display_id)
-        await head.store.commit(txn)
+
+    def release(job: JobRecord, txn: Txn, now: float) -> str | None:
+        kind = job.hold_kind or ("user" if job.spec.hold else None)
+        if job.state is not JobState.PENDING or kind is None:
+            return "Job is not held"
+        if kind == "admin" and not admin:
+            return "held by an administrator; only root or an admin may release it"
+        txn.transition(job, JobState.PENDING, now=now, event="released", detail=f"by {caller.user}",
+                       hold_kind=None, spec=replace(job.spec, hold=False), reason=None)
+        return None
+
+    done, errors = await _for_each_job(head, caller, args, release)
     if done:
         head.kick()
     return {"done": done, "errors": errors}
@@ -99,23 +110,18 @@ async def op_release(head: "Head", caller: Caller, args: dict) -> dict:
 
 async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
     """{"job_ids"|"array_tasks"} -> {"done", "errors"}: stop running jobs and queue them again."""
-    done, stops = [], []
-    async with head.lock:
-        jobs, errors = await resolve(head, parse_refs(args))
-        now = head.clock()
-        txn = Txn(head.store)
-        for job in jobs:
-            if not _owner_or_admin(head, caller, job):
-                errors.append(f"job {job.display_id}: Access/permission denied")
-            elif job.state is JobState.PENDING:
-                errors.append(f"job {job.display_id}: Job is pending execution; nothing to requeue")
-            elif job.state is not JobState.RUNNING:
-                errors.append(f"job {job.display_id}: Job is already stopping")
-            else:
-                stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
-                                            detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
-                done.append(job.display_id)
-        await head.store.commit(txn)
+    stops: list[JobRecord] = []
+
+    def requeue(job: JobRecord, txn: Txn, now: float) -> str | None:
+        if job.state is JobState.PENDING:
+            return "Job is pending execution; nothing to requeue"
+        if job.state is not JobState.RUNNING:
+            return "Job is already stopping"
+        stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
+                                    detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
+        return None
+
+    done, errors = await _for_each_job(head, caller, args, requeue)
     for job in stops:
         log.info("job %s (user %s) requeued by %s", job.display_id, job.user, caller.user)
         await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
