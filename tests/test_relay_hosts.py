@@ -127,6 +127,11 @@ def hosts(world_dir):
             h.close()
 
 
+def queued(hosts: Hosts) -> set[str]:
+    """The ids in the head's queue (whole ids: user names carry digits too)."""
+    return set(hosts.ok("head", "squeue", "-h", "-o", "%i").split())
+
+
 def same_everywhere(hosts: Hosts, *args: str) -> str:
     """gpuctl's output on every host, which must be the head's (asked before and after the
     others, so that a change in between is not mistaken for a difference)."""
@@ -162,7 +167,7 @@ def test_gpuctl_on_the_login_and_worker_hosts_answers_as_on_the_head(hosts):
 
     # Cancel from the login node; everyone sees it.
     assert hosts.gpuctl("login", "scancel", str(held["head"])).returncode == 0
-    wait_for(lambda: str(held["head"]) not in hosts.ok("head", "squeue", "-h"), 30, "the cancel")
+    wait_for(lambda: str(held["head"]) not in queued(hosts), 30, "the cancel")
 
     # A job submitted on the login node runs on the worker and reports back.
     job = int(hosts.ok("login", "sbatch", "--parsable", "--gpus", "1", "--wrap", "echo ran on $GPUD_NODENAME"))
@@ -208,4 +213,4 @@ def test_a_user_through_a_relay_is_themselves_and_cannot_be_anyone_else(hosts, w
         # alice may cancel her own job, through the relay as on the head.
         rc, out, err = gpuctl_as(alice, ["scancel", str(held)], login)
         assert rc == 0, err
-        wait_for(lambda: str(held) not in hosts.ok("head", "squeue", "-h"), 30, "alice's cancel")
+        wait_for(lambda: str(held) not in queued(hosts), 30, "alice's cancel")
