@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..gpu.mig import Slice
-from .snapshot import Device
+from .snapshot import Device, Part
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Start:
     mem_mb: int
     borrowed: bool = False
     devices: tuple[Device, ...] = ()     # the slices or shares of a fractional request
+    parts: tuple[Part, ...] = ()         # gang: nodes after the first, rank order (node = rank 0)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class GpuView:
     replicas: int = 1                  # timeslice: jobs that may share it
     relaid_at: float | None = None     # last re-layout, for [scheduler] mig_min_interval
     reconfiguring: bool = False        # a re-layout is on its way to the worker: hands off
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,16 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One node of a multi-node (gang) job after the first: what that node gives it."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+    cpus: int
+    mem_mb: int
+
+
+@dataclass(frozen=True)
 class PendingJob:
     job_id: int
     user: str
@@ -98,6 +110,13 @@ class PendingJob:
     blocked_reason: str | None = None  # e.g. "Dependency", "BeginTime": not eligible now
     mig_profile: str | None = None    # MIG slices of this profile; ``gpus`` = how many
     gpu_mem_mb: int | None = None     # one slice, MPS share or GPU with this much memory
+    nodes: int = 1                    # gang: this many nodes, gpus // nodes GPUs on each
+    nodelist: tuple[str, ...] = ()    # these nodes must all be in the allocation
+    exclude: tuple[str, ...] = ()     # never these nodes
+    constraint: str | None = None     # node features: "a&b" all, "a|b" any
+    exclusive: bool = False           # no other job on its nodes
+    switches: int | None = None       # at most this many leaf switches ...
+    switches_wait: float | None = None  # ... waiting at most this many seconds for that
 
     @property
     def shared(self) -> bool:
@@ -125,10 +144,12 @@ class RunningJob:
     submit_time: float | None = None  # for its priority as a preemption victim; default start_time
     nice: int = 0
     devices: tuple[Device, ...] = ()  # slices and shares held (gpu_indices is then empty)
+    parts: tuple[Part, ...] = ()      # gang: the nodes after the first, in rank order
+    exclusive: bool = False
 
     @property
     def gpus(self) -> int:
-        return len(self.gpu_indices)
+        return len(self.gpu_indices) + sum(len(p.gpu_indices) for p in self.parts)
 
     def end_time(self) -> float:
         """When its time limit runs out (inf when unlimited)."""
