@@ -93,7 +93,10 @@ NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb"
                  "slices": [{"profile", "start", "uuid", "memory_mb", "job_id", "user"}],
                  "holders": [{"job_id", "user", "kind", "slice_start", "mem_mb"}]}]}
 PARTITION: {"name", "default", "state", "nodes" (patterns), "node_names", "default_time",
-       "max_time", "priority", "gpus_total", "cpus_total", "jobs_pending", "jobs_running"}
+       "max_time", "priority", "gpus_total", "cpus_total", "jobs_pending", "jobs_running",
+       "gpus_free", "gpus_servable", "servable_size", "fragmentation"}: free whole GPUs on
+       schedulable nodes, how many single-node requests of servable_size (8) GPUs they could
+       serve now, and the share of free GPUs no such request can use (gpud.sched.fragmentation)
 """
 
 from __future__ import annotations

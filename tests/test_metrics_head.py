@@ -101,3 +101,24 @@ async def test_the_fast_writer_says_what_prometheus_client_would(tmp_path):
         fast, reference = r.head.metrics.render(), generate_latest(r.head.metrics.registry)
         assert parse(fast) == parse(reference)
         assert len(parse(fast)) > 30
+
+
+async def test_fragmentation_per_partition_agrees_with_the_partition_records(tmp_path):
+    from gpud.head.ops_slurm import partitions
+
+    async with rig(tmp_path) as r:
+        await r.add_node("n1", "8xH100-80GB")
+        await r.add_node("n2", "8xH100-80GB")
+        m = parse(r.head.metrics.render())
+        assert m[("gpud_gpus_free", ("partition", "gpu"))] == 16
+        assert m[("gpud_gpu_requests_servable", ("partition", "gpu"), ("size", "8"))] == 2
+        assert m[("gpud_gpu_fragmentation", ("partition", "gpu"), ("size", "8"))] == 0.0
+        await r.submit(gpus=1)
+        await r.schedule()                             # one GPU taken: that node serves no 8-GPU job
+        m = parse(r.head.metrics.render())
+        assert m[("gpud_gpus_free", ("partition", "gpu"))] == 15
+        assert m[("gpud_gpu_requests_servable", ("partition", "gpu"), ("size", "8"))] == 1
+        assert m[("gpud_gpu_fragmentation", ("partition", "gpu"), ("size", "8"))] == pytest.approx(7 / 15)
+        (part,) = partitions(r.head)
+        assert (part["gpus_free"], part["gpus_servable"], part["servable_size"]) == (15, 1, 8)
+        assert part["fragmentation"] == pytest.approx(7 / 15, abs=1e-4)

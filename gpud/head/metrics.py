@@ -30,7 +30,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..model import JobState
-from .store import Txn
+from ..sched.fragmentation import Fragmentation, fragmentation
+from .scheduling import node_view, running_view
+from .store import Store, Txn
 from .telemetry import IDLE_REASON, IDLE_UTIL
 
 if TYPE_CHECKING:
@@ -40,8 +42,23 @@ log = logging.getLogger("gpud.metrics")
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 STALE_INTERVALS = 3          # a GPU sample older than this many intervals is not shown
+FRAGMENT_SIZE = 8            # the request size the fragmentation metric and sinfo -s count
 MAX_REQUEST = 8192           # bytes of request line and headers we read
 REQUEST_TIMEOUT = 5.0
+
+
+def cluster_fragmentation(store: Store, sched_cfg, size: int = FRAGMENT_SIZE) -> Fragmentation:
+    """Free whole GPUs against ``size``-GPU requests, per partition, as the scheduler sees
+    them now (gpud.sched.fragmentation): ``/metrics`` and ``sinfo -s`` both read this."""
+    nodes = [v for v in (node_view(store, name) for name in sorted(store.nodes)) if v is not None]
+    running = [running_view(j) for j in store.active.values() if j.state.active and j.node is not None]
+    return fragmentation(nodes, running, size, partitions={n: p.nodes for n, p in sched_cfg.partitions.items()})
+
+
+def fragmentation_fields(f: Fragmentation) -> dict[str, float]:
+    """A PARTITION record's fragmentation fields (gpud.protocol)."""
+    return {"gpus_free": f.free_gpus, "gpus_servable": f.servable, "servable_size": f.size,
+            "fragmentation": round(f.index, 4)}
 
 
 class HeadMetrics:
@@ -214,7 +231,8 @@ class _Collector:
     def families(self) -> list[Family]:
         m, head = self.m, self.m.head
         now = head.clock()
-        out = self._jobs(head) + self._gpus(head, now) + self._accounts(head, now)
+        out = (self._jobs(head) + self._gpus(head, now) + self._fragmentation(head)
+               + self._accounts(head, now))
         for name, doc, counts, labels in (
             ("gpud_job_outcomes", "Jobs that ended, by final state.", m.outcomes, ("state", "partition")),
             ("gpud_job_requeues", "Allocations that ended with the job back in the queue.", m.requeues,
@@ -302,6 +320,24 @@ class _Collector:
         for state, n in sorted(states.items()):
             nodes.add((state,), n)
         return [nodes, total, alloc, busy, util, mem, power, temp]
+
+    @staticmethod
+    def _fragmentation(head: "Head") -> list[Family]:
+        frag = cluster_fragmentation(head.store, head.cfg.sched)
+        size = str(frag.size)
+        free = Family("gpud_gpus_free", "gauge",
+                      "Whole GPUs no job holds on schedulable nodes, by partition.", ("partition",))
+        servable = Family("gpud_gpu_requests_servable", "gauge",
+                          "Single-node requests of `size` GPUs the free GPUs could serve now, by partition.",
+                          ("partition", "size"))
+        index = Family("gpud_gpu_fragmentation", "gauge",
+                       "Share of free GPUs no `size`-GPU request could use (0: none stranded, 1: all).",
+                       ("partition", "size"))
+        for part, f in sorted(frag.by_partition.items()):
+            free.add((part,), f.free_gpus)
+            servable.add((part, size), f.servable)
+            index.add((part, size), f.index)
+        return [free, servable, index]
 
     def _accounts(self, head: "Head", now: float) -> list[Family]:
         seconds = Counter(self.m.gpu_seconds)

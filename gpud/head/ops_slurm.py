@@ -30,6 +30,7 @@ from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
 from .api import Caller, RequestError
 from .jobs import may_modify
+from .metrics import cluster_fragmentation, fragmentation_fields
 from .scheduling import DOWN, DRAIN, UP
 from .slurm import (HELD_REASONS, dependency_of, is_admin, missing_targets, parse_or_refuse, parse_refs, ref_text,
                     resolve)
@@ -439,6 +440,7 @@ def partitions(head: "Head") -> list[dict[str, Any]]:
     for j in head.store.active.values():
         bucket = pending if j.state is JobState.PENDING else running
         bucket[j.partition] = bucket.get(j.partition, 0) + 1
+    frag = cluster_fragmentation(head.store, cfg)
     out = []
     for name in sorted(cfg.partitions):
         p = cfg.partitions[name]
@@ -450,6 +452,7 @@ def partitions(head: "Head") -> list[dict[str, Any]]:
             "gpus_total": sum(len(n.info.get("gpus", [])) for n in members),
             "cpus_total": sum(int(n.info.get("cpus", 0)) for n in members),
             "jobs_pending": pending.get(name, 0), "jobs_running": running.get(name, 0),
+            **fragmentation_fields(frag.by_partition[name]),
         })
     return out
 
