@@ -331,3 +331,36 @@ def test_sacct_start_times(text, expected):
 def test_sacct_bad_start_times(text):
     with pytest.raises(ValueError, match="invalid start time"):
         sacct.parse_start_time(text, T0)
+
+
+def test_sinfo_summarize_shows_nodes_by_state_and_fragmentation(head):
+    head.nodes = [node("gpu01", gpus=8), node("gpu02", gpus=8, gpus_alloc=1, state="MIXED"),
+                  node("gpu03", gpus=8, state="DRAIN"), node("gpu04", gpus=8, gpus_alloc=8, state="ALLOCATED")]
+    head.reply("show", {"partitions": [
+        {"name": "gpu", "default": True, "state": "UP", "node_names": ["gpu01", "gpu02", "gpu03", "gpu04"],
+         "max_time": None, "gpus_free": 15, "gpus_servable": 1, "servable_size": 8, "fragmentation": 0.4667},
+        {"name": "short", "default": False, "state": "UP", "node_names": ["gpu02"], "max_time": 3600.0,
+         "gpus_free": 7, "gpus_servable": 0, "servable_size": 8, "fragmentation": 1.0}]})
+    r = run(head, "sinfo", "-s")
+    assert r.exit_code == 0
+    assert r.stdout.splitlines() == [
+        "PARTITION AVAIL TIMELIMIT NODES(A/I/O/T) GPUS(A/T) GPUS_FREE SERVABLE(8) FRAG NODELIST",
+        "gpu*         up  infinite        2/1/1/4      9/32        15           1 0.47 gpu[01-04]",
+        "short        up  01:00:00        1/0/0/1       1/8         7           0 1.00 gpu02",
+    ]
+    assert head.last("show") == {"kind": "partition"}
+    r = run(head, "sinfo", "--summarize", "-h", "-p", "short")
+    assert r.stdout.splitlines() == ["short up 01:00:00 1/0/0/1 1/8 7 0 1.00 gpu02"]
+    data = json.loads(run(head, "sinfo", "-s", "--json").stdout)
+    assert [p["gpus_servable"] for p in data["partitions"]] == [1, 0]
+
+
+def test_sinfo_summarize_against_an_older_head_and_with_clashing_options(head):
+    head.nodes = [node("gpu01", gpus=8)]
+    head.reply("show", {"partitions": [{"name": "gpu", "default": True, "node_names": ["gpu01"]}]})
+    assert run(head, "sinfo", "-s", "-h").stdout.split() == ["gpu*", "up", "infinite", "0/1/0/1", "0/8",
+                                                             "-", "-", "-", "gpu01"]
+    for other in (["-N"], ["-G"], ["--topology"], ["-o", "%P"]):
+        r = run(head, "sinfo", "-s", *other)
+        assert r.exit_code == 2
+        assert f"cannot be combined with {other[0]}" in r.stderr

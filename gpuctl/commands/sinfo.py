@@ -1,6 +1,11 @@
 """``gpuctl sinfo``: nodes, summarised by state and GPU model, one per line with -N, or where
 they sit with --topology (rack, switch, NVLink islands, NUMA nodes: gpuctl.topology).
 
+``-s`` summarises by partition as Slurm does (NODES(A/I/O/T)) and adds how fragmented the
+free GPUs are: free whole GPUs, how many 8-GPU single-node requests they could serve now and
+the share of free GPUs no such request can use (the head's PARTITION records carry these,
+computed by gpud.sched.fragmentation, the same numbers as ``/metrics``).
+
 ``-o`` takes Slurm's %-fields (``%P %.5a %.10l %.6D %.6t %N``); nodes whose shown values
 agree share a line, as in Slurm.  Partition fields (%P, %a, %l) ask the head for its
 partitions, so a node in two partitions appears under each.
@@ -9,6 +14,7 @@ partitions, so a node in two partitions appears under each.
 from __future__ import annotations
 
 import click
+from gpud.units import format_duration
 
 from .. import columns as cols
 from .. import format as fmt
@@ -22,6 +28,9 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("-N", "--Node", "per_node", is_flag=True, help="One line per node.")
 @click.option("-G", "--gpus", "per_gpu", is_flag=True,
               help="One line per GPU (its sharing mode, use and jobs) and per MIG slice.")
+@click.option("-s", "--summarize", "summarize", is_flag=True,
+              help="One line per partition: nodes allocated/idle/other/total, free GPUs, "
+                   "8-GPU requests they could serve and the fragmentation index.")
 @click.option("--topology", "topology", is_flag=True,
               help="One line per node: its rack and switch, its GPUs' NVLink islands and NUMA nodes.")
 @click.option("-o", "--format", "format_", metavar="FORMAT", help="Slurm's %-fields, e.g. '%P %.6D %t %N'.")
@@ -31,9 +40,15 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
 @click.pass_context
 @per_cluster
-def command(ctx: click.Context, per_node: bool, per_gpu: bool, topology: bool, format_: str | None,
-            partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
+def command(ctx: click.Context, per_node: bool, per_gpu: bool, summarize: bool, topology: bool,
+            format_: str | None, partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""
+    if summarize:
+        clash = [o for o, on in (("-N", per_node), ("-G", per_gpu), ("--topology", topology),
+                                 ("-o", format_ is not None)) if on]
+        if clash:
+            raise click.UsageError(f"-s summarises by partition and cannot be combined with {clash[0]}; "
+                                   "drop one of them", ctx)
     try:
         layout = cols.parse_percent(format_, cols.SINFO, "--format") if format_ else None
     except cols.FormatError as e:
@@ -42,12 +57,20 @@ def command(ctx: click.Context, per_node: bool, per_gpu: bool, topology: bool, f
     nodes = client.nodes()
     wanted = set(split_list(partitions))
     parts = None
-    if wanted or (layout and any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)):
+    if wanted or summarize or (layout and any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)):
         parts = client.show("partition")["partitions"]
         if wanted:
             parts = [p for p in parts if p["name"] in wanted]
             members = {n for p in parts for n in p.get("node_names") or ()}
             nodes = [n for n in nodes if n.get("name") in members]
+    if summarize:
+        if as_json:
+            click.echo(fmt.to_json("partitions", parts or []))
+            return
+        out = summary_table(nodes, parts or [], header=not noheader)
+        if out:
+            click.echo(out)
+        return
     if as_json:
         click.echo(fmt.to_json("nodes", nodes))
         return
@@ -70,3 +93,37 @@ def command(ctx: click.Context, per_node: bool, per_gpu: bool, topology: bool, f
 
 def _shows_partition(layout: list[cols.Column]) -> bool:
     return any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)
+
+
+# Slurm's NODES(A/I/O/T): allocated (some or all of it), idle, other (down, drained, unknown)
+_ALLOCATED = frozenset({"alloc", "mix", "comp"})
+
+
+def summary_table(nodes: list[dict], parts: list[dict], *, header: bool = True) -> str:
+    """``sinfo -s``: one line per partition with its nodes by state and its fragmentation."""
+    by_name = {n.get("name"): n for n in nodes}
+    size = next((p["servable_size"] for p in parts if p.get("servable_size")), 8)
+    rows = []
+    for p in parts:
+        members = [by_name[x] for x in p.get("node_names") or () if x in by_name]
+        states = [fmt.node_state(n) for n in members]
+        alloc = sum(s in _ALLOCATED for s in states)
+        idle = sum(s == "idle" for s in states)
+        gpus_alloc = sum(int(n.get("gpus_alloc") or 0) for n in members)
+        gpus_total = sum(int(n.get("gpus_total") or len(n.get("gpus") or [])) for n in members)
+        frag = p.get("fragmentation")
+        rows.append((p["name"] + ("*" if p.get("default") else ""),
+                     "up" if p.get("state", "UP") == "UP" else "down",
+                     "infinite" if p.get("max_time") is None else format_duration(p["max_time"]),
+                     f"{alloc}/{idle}/{len(members) - alloc - idle}/{len(members)}",
+                     f"{gpus_alloc}/{gpus_total}", _or_dash(p.get("gpus_free")),
+                     _or_dash(p.get("gpus_servable")), "-" if frag is None else f"{frag:.2f}",
+                     fmt.compress_hostlist(str(n.get("name")) for n in members) or "-"))
+    return fmt.table(("PARTITION", "AVAIL", "TIMELIMIT", "NODES(A/I/O/T)", "GPUS(A/T)", "GPUS_FREE",
+                      f"SERVABLE({size})", "FRAG", "NODELIST"), rows, right=(1, 2, 3, 4, 5, 6, 7),
+                     header=header)
+
+
+def _or_dash(v: object) -> str:
+    """A head from before the fragmentation fields sends none: a dash, not a zero."""
+    return "-" if v is None else str(v)
