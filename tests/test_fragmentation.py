@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpud.sched.fragmentation import Fragmentation, fragmentation
-from gpud.sched.snapshot import GpuView, SliceView
+from gpud.sched.snapshot import GpuView, Part, SliceView
 from tests.sched_builders import node, nodes, running
 
 
@@ -70,6 +70,16 @@ def test_stopping_jobs_still_hold_their_gpus_and_unknown_nodes_are_ignored() -> 
     run = [running(1, "a", (0,), stopping=True), running(2, "ghost", (0, 1))]
     f = fragmentation([node("a")], run)
     assert (f.free_gpus, f.servable) == (7, 0)
+
+
+def test_multi_node_jobs_hold_gpus_on_every_node_and_exclusive_jobs_whole_nodes() -> None:
+    ns = nodes(3)
+    gang = running(1, "n001", range(4), parts=(Part("n002", (0, 1, 2, 3), 1, 1024),))
+    f = fragmentation(ns, [gang])
+    assert (f.free_gpus, f.servable) == (16, 1)
+    alone = running(2, "n003", (0,), exclusive=True)
+    f = fragmentation(ns, [gang, alone])
+    assert (f.free_gpus, f.servable, f.stranded_gpus) == (8, 0, 8)
 
 
 def test_per_model_counts_need_size_gpus_of_one_model_on_a_node() -> None:

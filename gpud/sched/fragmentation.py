@@ -14,7 +14,8 @@ number on that from the same picture the scheduler works from (gpud.sched.snapsh
 Only whole GPUs count: MIG, MPS and time-sliced GPUs are handed out in fractions and
 never serve a ``--gpus N`` job.  Drained, down and unknown nodes (``schedulable`` False)
 contribute nothing.  CPUs and memory are not considered: the metric is about GPUs.
-A GPU a stopping job still holds is not free yet.
+A GPU a stopping job still holds is not free yet; a multi-node job holds GPUs on each of
+its nodes (``parts``), and an exclusive one leaves nothing free on its nodes.
 
 The same numbers are given per GPU model (a typed request, ``--gpus a100:8``, needs
 ``size`` free GPUs of that model on one node) and, when the partitions are passed, per
@@ -78,9 +79,12 @@ def fragmentation(nodes: Sequence[NodeView], running: Sequence[RunningJob], size
     if size < 1:
         raise ValueError(f"fragmentation: request size must be at least 1 GPU, not {size}")
     held: dict[str, set[int]] = {}
+    exclusive: set[str] = set()          # nodes an --exclusive job holds whole
     for r in running:
-        if r.gpu_indices:
-            held.setdefault(r.node, set()).update(r.gpu_indices)
+        for node, gpus in ((r.node, r.gpu_indices), *((p.node, p.gpu_indices) for p in r.parts)):
+            held.setdefault(node, set()).update(gpus)
+            if r.exclusive:
+                exclusive.add(node)
     # each schedulable node's free whole GPUs, counted per model
     free_models: dict[str, dict[str, int]] = {}
     models: set[str] = set()
@@ -91,7 +95,7 @@ def fragmentation(nodes: Sequence[NodeView], running: Sequence[RunningJob], size
             if g.mode != "whole":
                 continue
             models.add(g.model)
-            if n.schedulable and g.index not in busy:
+            if n.schedulable and g.index not in busy and n.name not in exclusive:
                 counts[g.model] = counts.get(g.model, 0) + 1
         free_models[n.name] = counts
 
