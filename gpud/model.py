@@ -11,7 +11,11 @@ workers fence on.
 
 A ``JobSpec`` is what a user asked for.  The head builds it from a socket request with
 ``JobSpec.from_request``, which refuses anything malformed with a one-line message; the
-identity (uid, gid, user) never comes from the request but from the kernel.
+identity (uid, gid, user) never comes from the request but from the kernel.  ``gpus`` is
+always the job's total (billing, quotas); a job on ``nodes`` nodes gets ``gpus // nodes``
+GPUs on each, and ``cpus`` and ``mem_mb`` on each.  Where it may run is narrowed by
+``nodelist``, ``exclude``, ``constraint`` (node features, ``parse_constraint``),
+``exclusive`` and ``switches``.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ MAX_ENV_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What a user asked for.  Resources are per job (single node for now)."""
+    """What a user asked for: ``gpus`` in total; ``cpus`` and ``mem_mb`` on each of ``nodes``."""
 
     script: str
     name: str = "job"
@@ -126,6 +130,21 @@ class JobSpec:
     kill_on_invalid_dep: bool = False  # cancel, rather than keep, a never-satisfiable job
     skip_if_active: bool = False    # do not submit when a job of this name is pending/running
     test_only: bool = False         # only estimate the start; submit nothing
+    # Big jobs: several nodes, and where they may be
+    nodes: int = 1                  # -N: nodes, all started at once; each gets gpus // nodes
+    ntasks_per_node: int = 1        # processes `gpuctl srun` starts on each node
+    nodelist: tuple[str, ...] = ()  # -w: these nodes must all be in the allocation
+    exclude: tuple[str, ...] = ()   # -x: never these nodes
+    constraint: str | None = None   # -C: node features, "a&b" (all) or "a|b" (any)
+    exclusive: bool = False         # --exclusive: no other job on its nodes
+    switches: int | None = None     # --switches=N@TIME: at most N leaf switches ...
+    switches_wait: float | None = None  # ... waiting at most this many seconds for that
+
+    def __post_init__(self) -> None:
+        # A spec read back from JSON carries lists; keep the frozen spec hashable and comparable.
+        for key in ("nodelist", "exclude"):
+            if not isinstance(getattr(self, key), tuple):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -191,16 +210,19 @@ class JobSpec:
         kw["time_limit"] = tl
         kw.update(_gpu_share(d, kw["gpus"]))
         for key, default in (("requeue", True), ("hold", False), ("kill_on_invalid_dep", False),
-                             ("skip_if_active", False), ("test_only", False)):
+                             ("skip_if_active", False), ("test_only", False), ("exclusive", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
                 raise SpecError(f"{key} must be true or false")
             kw[key] = v
         kw.update(_slurm_fields(d))
+        kw.update(_layout_fields(d, kw))
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["nodelist"], d["exclude"] = list(self.nodelist), list(self.exclude)
+        return d
 
 
 MAIL_TYPES = frozenset({"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
@@ -240,6 +262,89 @@ def _slurm_fields(d: dict) -> dict[str, Any]:
         raise SpecError(f"invalid mail_user {user!r}")
     kw["mail_user"] = user
     return kw
+
+
+MAX_NODES = 4096
+MAX_TASKS_PER_NODE = 1024
+MAX_SWITCHES = 64
+MAX_NODE_NAMES = 65536        # names in one nodelist or exclude list
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")   # as a worker's name may be
+FEATURE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")      # a node feature: "a100", "ib"
+
+
+def parse_constraint(text: Any) -> tuple[str, tuple[str, ...]]:
+    """``"a100&ib"`` -> ("&", ("a100", "ib")); ``"a|b"`` -> ("|", ...); SpecError otherwise.
+
+    Only one operator per constraint: all of the features, or any of them."""
+    bad = (f"invalid constraint {text!r}: give node features joined by & (all of them) or by | "
+           "(any of them), e.g. a100&ib")
+    if not isinstance(text, str) or not 0 < len(text) <= 1000:
+        raise SpecError(bad)
+    op = "|" if "|" in text else "&"
+    words = tuple(text.split(op))
+    if ("&" in text and "|" in text) or not all(FEATURE.match(w) for w in words):
+        raise SpecError(bad)
+    return op, words
+
+
+def constraint_matches(constraint: str | None, features: Any) -> bool:
+    """Whether a node with ``features`` (an iterable, or labels' comma-joined text) qualifies."""
+    if not constraint:
+        return True
+    have = set(features.split(",") if isinstance(features, str) else features or ())
+    op, words = parse_constraint(constraint)
+    return all(w in have for w in words) if op == "&" else any(w in have for w in words)
+
+
+def _node_names(d: dict, key: str, option: str) -> tuple[str, ...]:
+    v = d.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)) or len(v) > MAX_NODE_NAMES:
+        raise SpecError(f"{key} must be a list of at most {MAX_NODE_NAMES} node names")
+    for name in v:
+        if not isinstance(name, str) or not NODE_NAME.match(name):
+            raise SpecError(f"{option}: {name!r} is not a node name (letters, digits, '.', '_' and '-')")
+    return tuple(dict.fromkeys(v))
+
+
+def _layout_fields(d: dict, kw: dict[str, Any]) -> dict[str, Any]:
+    """Validate how many nodes a job takes and which: nodes, tasks, lists, features, switches."""
+    out: dict[str, Any] = {}
+    nodes = out["nodes"] = _opt_int(d, "nodes", 1, lo=1, hi=MAX_NODES)
+    out["ntasks_per_node"] = _opt_int(d, "ntasks_per_node", 1, lo=1, hi=MAX_TASKS_PER_NODE)
+    gpus = kw["gpus"]
+    if nodes > 1 and gpus % nodes:
+        raise SpecError(f"{gpus} GPUs do not divide among {nodes} nodes: ask for a multiple of {nodes} "
+                        "(or give --gpus-per-node)")
+    if nodes > 1 and (kw.get("mig_profile") or kw.get("gpu_mem_mb")):
+        raise SpecError("a job on several nodes takes whole GPUs: drop the MIG profile or --gpu-mem, "
+                        "or use -N 1")
+    nodelist = out["nodelist"] = _node_names(d, "nodelist", "--nodelist")
+    exclude = out["exclude"] = _node_names(d, "exclude", "--exclude")
+    if len(nodelist) > nodes:
+        raise SpecError(f"--nodelist names {len(nodelist)} nodes but the job asks for {nodes}: every listed "
+                        f"node is part of the allocation, so ask for -N {len(nodelist)}")
+    both = [n for n in nodelist if n in set(exclude)]
+    if both:
+        raise SpecError(f"node {both[0]} is both in --nodelist and in --exclude: drop it from one of them")
+    constraint = d.get("constraint")
+    if constraint is not None:
+        parse_constraint(constraint)
+    out["constraint"] = constraint
+    switches = d.get("switches")
+    if switches is not None:
+        switches = _opt_int(d, "switches", 0, lo=1, hi=MAX_SWITCHES)
+    out["switches"] = switches
+    wait = d.get("switches_wait")
+    if wait is not None:
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
+            raise SpecError(f"switches_wait must be seconds (0 or more), not {wait!r}")
+        if switches is None:
+            raise SpecError("switches_wait needs switches: write --switches=N@TIME")
+        wait = float(wait)
+    out["switches_wait"] = wait
+    return out
 
 
 def _gpu_share(d: dict, gpus: int) -> dict[str, Any]:

@@ -177,3 +177,72 @@ def test_api_settings():
         s.api_settings({"gpu": 1})
     with pytest.raises(TypeError, match="env must map"):
         s.api_settings({"env": {"A": 1}})
+
+
+# -- big jobs: the JobSpec fields the options set ------------------------------------------------
+
+BIG = {"script": "#!/bin/sh\ntrue\n", "gpus": 16, "nodes": 2, "ntasks_per_node": 8, "nodelist": ["w1", "w2"],
+       "exclude": ["w9"], "constraint": "a100&ib", "exclusive": True, "switches": 1, "switches_wait": 600}
+
+
+def test_jobspec_carries_the_big_job_fields_through_json():
+    import json
+
+    spec = JobSpec.from_request(BIG)
+    assert (spec.nodes, spec.ntasks_per_node, spec.nodelist, spec.exclude) == (2, 8, ("w1", "w2"), ("w9",))
+    assert (spec.constraint, spec.exclusive, spec.switches, spec.switches_wait) == ("a100&ib", True, 1, 600.0)
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert d["nodelist"] == ["w1", "w2"] and JobSpec.from_request(d) == spec
+    assert JobSpec(**d) == spec          # as the head's store reads a spec back
+
+
+def test_jobspec_defaults_are_one_node_anywhere():
+    spec = JobSpec.from_request({"script": "#!/bin/sh\n", "gpus": 3})
+    assert (spec.nodes, spec.ntasks_per_node, spec.nodelist, spec.exclude, spec.constraint, spec.exclusive,
+            spec.switches, spec.switches_wait) == (1, 1, (), (), None, False, None, None)
+
+
+def test_jobspec_drops_repeated_node_names():
+    assert JobSpec.from_request({**BIG, "nodelist": ["w2", "w1", "w2"]}).nodelist == ("w2", "w1")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nodes": 0}, "nodes must be between 1 and 4096"),
+    ({"nodes": 4097}, "nodes must be between 1 and 4096"),
+    ({"nodes": "2"}, "nodes must be an integer"),
+    ({"gpus": 6, "nodes": 4, "nodelist": []}, "6 GPUs do not divide among 4 nodes"),
+    ({"ntasks_per_node": 0}, "ntasks_per_node must be between 1 and 1024"),
+    ({"ntasks_per_node": 1025}, "ntasks_per_node must be between 1 and 1024"),
+    ({"nodelist": "w[1-2]"}, "nodelist must be a list"),
+    ({"nodelist": ["w1", "bad name"]}, "--nodelist: 'bad name' is not a node name"),
+    ({"exclude": ["-w"]}, "--exclude: '-w' is not a node name"),
+    ({"nodelist": ["w1", "w2", "w3"]}, "--nodelist names 3 nodes but the job asks for 2"),
+    ({"exclude": ["w2"]}, "node w2 is both in --nodelist and in --exclude"),
+    ({"constraint": "a100&ib|v100"}, "invalid constraint 'a100&ib|v100'"),
+    ({"constraint": "a100,ib"}, "invalid constraint"),
+    ({"constraint": "a100&"}, "invalid constraint"),
+    ({"constraint": ""}, "invalid constraint"),
+    ({"constraint": 3}, "invalid constraint"),
+    ({"exclusive": "yes"}, "exclusive must be true or false"),
+    ({"switches": 0}, "switches must be between 1 and 64"),
+    ({"switches": 65}, "switches must be between 1 and 64"),
+    ({"switches_wait": -1}, "switches_wait must be seconds"),
+    ({"switches": None}, "switches_wait needs switches"),
+    ({"gpus": 2, "mig_profile": "1g.10gb"}, "a job on several nodes takes whole GPUs"),
+])
+def test_jobspec_refuses_bad_big_job_fields_in_one_line(change, message):
+    from gpud.model import SpecError
+
+    with pytest.raises(SpecError) as e:
+        JobSpec.from_request({**BIG, **change})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("constraint, features, ok", [
+    (None, "", True), ("a100", "a100,ib", True), ("a100&ib", "ib,a100", True), ("a100&ib", "a100", False),
+    ("a100|h100", "h100", True), ("a100|h100", ["v100"], False), ("ib", None, False),
+])
+def test_constraint_matches(constraint, features, ok):
+    from gpud.model import constraint_matches
+
+    assert constraint_matches(constraint, features) is ok
