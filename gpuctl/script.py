@@ -18,16 +18,25 @@ settings (``{"gpus": 2, "gpu_type": "a100"}``).  Everything else reads the table
 
 Slurm options gpud does not support (``gpuctl.unsupported``) are dropped with a warning
 naming them (``Directives.warnings``; an error under ``--strict``); an option nobody knows
-is an error.  Multi-node requests (``-N 2``, ``--ntasks=4``) are refused: every job runs
-one batch script on one node.
+is an error.
+
+Big jobs use Slurm's options and meanings: ``-N`` nodes, ``--ntasks-per-node`` (or ``-n``
+tasks in all), ``-w``/``-x`` hostlists (or files of names), ``-C`` node features,
+``--exclusive``, ``--switches``.  The JobSpec's ``gpus`` is the job's total, so
+``--gpus-per-node G`` becomes ``G * nodes`` and ``--gpus-per-task G`` ``G * tasks``;
+``cpus`` and ``mem_mb`` are what each node gives, so ``-c`` (per task) is multiplied by
+the tasks on a node, and ``--cpus-per-gpu``/``--mem-per-gpu`` by the GPUs on a node.
 
 Precedence, lowest first: defaults, ``#SBATCH``, ``#GPUD``, the command line (or the
 Python API's keyword options).  Options that say the same thing another way replace each
-other across layers (``--mem``, ``--mem-per-gpu``, ``--mem-per-cpu``; ``--cpus-per-task``,
-``--cpus-per-gpu``).  ``build_spec`` then resolves per-GPU and per-CPU amounts, builds the
+other across layers (``override``: ``--mem``, ``--mem-per-gpu``, ``--mem-per-cpu``;
+``--cpus-per-task``, ``--cpus-per-gpu``; ``--gpus``, ``--gpus-per-node``,
+``--gpus-per-task``; ``--ntasks``, ``--ntasks-per-node``).  Within one layer (``merge``)
+the GPU counts, and the task counts, are kept side by side and must agree.  ``build_spec``
+then resolves nodes, tasks and per-node, per-task, per-GPU and per-CPU amounts, builds the
 environment ``--export`` asks for, fills the defaults (job name, working directory), makes
 paths absolute, encodes script arguments as a ``set --`` line after the directives, and
-returns a dict with JobSpec's field names.
+returns a dict with JobSpec's field names (a single-node job's dict has no ``nodes``).
 
 Adding an option is one table entry, its line in man/gpuctl-sbatch.1 (a test checks
 that), and, when it sets a new JobSpec field, that field's name in ``_API_KEYS``.
@@ -49,10 +58,16 @@ from . import unsupported
 # Settings that are not JobSpec fields: they change what sbatch does, not the job, or are
 # resolved into other fields by build_spec.
 CLIENT_SETTINGS = frozenset({"parsable", "wrap", "wait", "strict", "quiet", "export", "cpus_per_gpu",
-                             "mem_per_gpu", "mem_per_cpu"})
+                             "mem_per_gpu", "mem_per_cpu", "gpus_per_node", "gpus_per_task", "ntasks"})
 # Options that say the same thing in different ways: a later layer's one replaces them all.
 EXCLUSIVE = (frozenset({"mem_mb", "mem_per_gpu", "mem_per_cpu"}), frozenset({"cpus", "cpus_per_gpu"}),
-             frozenset({"gpus", "mig_profile", "gpu_mem_mb"}))
+             frozenset({"gpus", "gpus_per_node", "gpus_per_task", "mig_profile", "gpu_mem_mb"}),
+             frozenset({"ntasks", "ntasks_per_node"}), frozenset({"switches", "switches_wait"}))
+# ... except that, within one layer, these may stand side by side: they must then agree.
+AGREEING = (frozenset({"gpus", "gpus_per_node", "gpus_per_task"}), frozenset({"ntasks", "ntasks_per_node"}))
+MAX_GPUS = 4096
+MAX_NODES = 4096
+MAX_TASKS_PER_NODE = 1024
 clock = time.time  # --begin/--deadline read it; replaceable in tests
 DIRECTIVE_PREFIXES = ("#GPUD", "#SBATCH")
 _SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh", "ash", "mksh", "busybox"})
@@ -124,14 +139,14 @@ def _mig_profile(text: str) -> str | None:
         return None
 
 
-def _gpu_count(option: str) -> Converter:
+def _gpu_count(option: str, key: str = "gpus") -> Converter:
     def convert(text: str) -> dict[str, Any]:
         # Slurm spells a typed request --gpus=TYPE:N; accept it besides a bare count.  A MIG
         # profile as the type (1g.10gb:2, or 1g.10gb for one) asks for slices of it.
         gpu_type, sep, count = text.strip().rpartition(":")
         if not sep and _mig_profile(count):
             gpu_type, count = count, "1"
-        out = _int("gpus", option, 0, 4096)(count)
+        out = _int(key, option, 0, MAX_GPUS)(count)
         if gpu_type:
             profile = _mig_profile(gpu_type)
             if profile:
@@ -151,7 +166,7 @@ _gpus = _gpu_count("--gpus")
 
 def _gres(text: str) -> dict[str, Any]:
     """``gpu``, ``gpu:2``, ``gpu:h100:2``, ``gpu:1g.10gb:2`` (MIG slices; comma-separated;
-    only GPUs exist here)."""
+    only GPUs exist here).  As in Slurm, the count is per node."""
     out: dict[str, Any] = {}
     for item in text.split(","):
         parts = item.strip().split(":")
@@ -162,7 +177,7 @@ def _gres(text: str) -> dict[str, Any]:
             raise ScriptError(f"--gres={item.strip()}: use gpu[:TYPE][:COUNT]")
         count = parts[-1] if len(parts) > 1 and parts[-1].isdigit() else "1"
         typ = parts[1] if len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit()) else None
-        out.update(_int("gpus", "--gres", 0, 4096)(count))
+        out.update(_int("gpus_per_node", "--gres", 0, MAX_GPUS)(count))
         if typ and _mig_profile(typ):
             out["mig_profile"] = _mig_profile(typ)
         elif typ:
@@ -187,22 +202,68 @@ _mem = _size("mem_mb", "--mem")
 _gpu_mem = _size("gpu_mem_mb", "--gpu-mem")
 
 
-def _single(option: str, what: str) -> Converter:
-    """``--ntasks``, ``--nodes``: only one task on one node exists here."""
+def _nodes(text: str) -> dict[str, Any]:
+    """Slurm's ``-N MIN[-MAX]``: one count, so MIN-MAX only when both are the same."""
+    t = text.strip()
+    low, sep, high = t.partition("-")
+    if not low.isdigit() or (sep and not high.isdigit()):
+        raise ScriptError(f"--nodes needs a number of nodes, not {text!r}")
+    if sep and int(high) != int(low):
+        raise ScriptError(f"--nodes={t}: gpud does not take a range of node counts; give one number, "
+                          f"e.g. -N {int(high)}")
+    return _int("nodes", "--nodes", 1, MAX_NODES)(low)
+
+
+def _hosts(key: str, option: str) -> Converter:
+    """A hostlist (``gpu[01-04],gpu09``) or, as in Slurm, a file of them when it holds a '/'."""
     def convert(text: str) -> dict[str, Any]:
+        from gpud.hostlist import NODE_NAME, expand
+
         t = text.strip()
-        low, _, high = t.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ScriptError(f"{option} needs a number, not {text!r}")
-        if int(low) != 1 or (high and int(high) != 1):
-            raise ScriptError(f"{option}={t}: {what}")
-        return {}
+        if "/" in t:
+            try:
+                with open(t, encoding="utf-8") as f:
+                    t = f.read(1 << 20)
+            except (OSError, UnicodeDecodeError) as e:
+                raise ScriptError(f"{option}: cannot read the node file {text.strip()!r}: "
+                                  f"{getattr(e, 'strerror', None) or e}") from None
+        try:
+            names = expand(t)
+        except ValueError as e:
+            raise ScriptError(f"{option}: {e}") from None
+        if not names:
+            raise ScriptError(f"{option} needs node names, e.g. gpu[01-04]")
+        bad = next((n for n in names if not NODE_NAME.match(n)), None)
+        if bad is not None:
+            raise ScriptError(f"{option}: {bad!r} is not a node name (letters, digits, '.', '_' and '-')")
+        return {key: list(dict.fromkeys(names))}
     return convert
 
 
-_MULTI_NODE = "multi-node jobs are not supported yet: every job runs on one node (use -N 1)"
-_ONE_TASK = ("gpud runs one task per job (the batch script): use --ntasks=1 and give the task "
-             "more CPUs with --cpus-per-task")
+def _constraint(text: str) -> dict[str, Any]:
+    from gpud.model import SpecError, parse_constraint
+
+    t = text.strip()
+    try:
+        parse_constraint(t)
+    except SpecError as e:
+        raise ScriptError(f"--constraint: {e}") from None
+    return {"constraint": t}
+
+
+def _switches(text: str) -> dict[str, Any]:
+    """Slurm's ``--switches=N[@TIME]``: at most N leaf switches, waiting at most TIME for that."""
+    count, at, wait = text.strip().partition("@")
+    out = _int("switches", "--switches", 1, 64)(count)
+    if at:
+        try:
+            seconds = parse_duration(wait)
+        except UnitError as e:
+            raise ScriptError(f"--switches: {e}") from None
+        if seconds is None:
+            raise ScriptError("--switches: give the longest wait as a time such as 10:00, not an unlimited one")
+        out["switches_wait"] = seconds
+    return out
 
 
 def _array(text: str) -> dict[str, Any]:
@@ -320,20 +381,30 @@ def normalize_signal(text: str, option: str = "--signal") -> str:
 OPTIONS: tuple[Option, ...] = (
     Option("--gpus", "-G", "[TYPE:]N", _gpus,
            "GPUs for the job: a count, TYPE:COUNT, or MIG slices PROFILE:COUNT (1g.10gb:2)."),
-    Option("--gres", None, "gpu[:TYPE][:N]", _gres, "GPUs, Slurm's generic-resource way (gpu:1g.10gb:2)."),
+    Option("--gres", None, "gpu[:TYPE][:N]", _gres, "GPUs on each node, Slurm's generic-resource way (gpu:1g.10gb:2)."),
     Option("--gpu-mem", None, "SIZE", _gpu_mem,
            "One slice, MPS share or GPU with this much memory, whichever wastes least."),
-    Option("--gpus-per-node", None, "[TYPE:]N", _gpu_count("--gpus-per-node"), "Same as --gpus (one node)."),
-    Option("--gpus-per-task", None, "[TYPE:]N", _gpu_count("--gpus-per-task"), "Same as --gpus (one task)."),
+    Option("--gpus-per-node", None, "[TYPE:]N", _gpu_count("--gpus-per-node", "gpus_per_node"),
+           "GPUs on each node: the job gets N times --nodes."),
+    Option("--gpus-per-task", None, "[TYPE:]N", _gpu_count("--gpus-per-task", "gpus_per_task"),
+           "GPUs for each task: the job gets N times its tasks."),
     Option("--gpu-type", None, "TYPE", _text("gpu_type", "--gpu-type"), "Only GPUs of this model."),
-    Option("--cpus-per-task", "-c", "N", _int("cpus", "--cpus-per-task", 1, 100000), "CPU cores."),
+    Option("--cpus-per-task", "-c", "N", _int("cpus", "--cpus-per-task", 1, 100000), "CPU cores for each task."),
     Option("--cpus-per-gpu", None, "N", _int("cpus_per_gpu", "--cpus-per-gpu", 1, 100000), "CPU cores per GPU."),
-    Option("--mem", None, "SIZE", _mem, "Memory: megabytes, or a K/M/G/T suffix."),
+    Option("--mem", None, "SIZE", _mem, "Memory on each node: megabytes, or a K/M/G/T suffix."),
     Option("--mem-per-gpu", None, "SIZE", _size("mem_per_gpu", "--mem-per-gpu"), "Memory per GPU."),
     Option("--mem-per-cpu", None, "SIZE", _size("mem_per_cpu", "--mem-per-cpu"), "Memory per CPU core."),
-    Option("--ntasks", "-n", "1", _single("--ntasks", _ONE_TASK), "Tasks: only 1."),
-    Option("--ntasks-per-node", None, "1", _single("--ntasks-per-node", _ONE_TASK), "Tasks per node: only 1."),
-    Option("--nodes", "-N", "1", _single("--nodes", _MULTI_NODE), "Nodes: only 1."),
+    Option("--nodes", "-N", "N", _nodes, "Nodes, all started at once (default 1)."),
+    Option("--ntasks-per-node", None, "N", _int("ntasks_per_node", "--ntasks-per-node", 1, MAX_TASKS_PER_NODE),
+           "Processes gpuctl srun starts on each node (default 1)."),
+    Option("--ntasks", "-n", "N", _int("ntasks", "--ntasks", 1, MAX_NODES * MAX_TASKS_PER_NODE),
+           "Tasks in all, spread evenly over the nodes."),
+    Option("--nodelist", "-w", "HOSTLIST", _hosts("nodelist", "--nodelist"),
+           "These nodes must all be in the job (gpu[01-04], or a file of names)."),
+    Option("--exclude", "-x", "HOSTLIST", _hosts("exclude", "--exclude"), "Never these nodes."),
+    Option("--constraint", "-C", "FEATURES", _constraint, "Nodes with these features: a&b (all), a|b (any)."),
+    Option("--exclusive", None, None, _flag({"exclusive": True}), "No other job on the job's nodes."),
+    Option("--switches", None, "N[@TIME]", _switches, "At most N leaf switches, waiting at most TIME for that."),
     Option("--time", "-t", "TIME", _time, "Time limit: MIN, [D-]HH:MM:SS, UNLIMITED."),
     Option("--job-name", "-J", "NAME", _name, "Job name (default: the script's file name)."),
     Option("--output", "-o", "PATTERN", _text("stdout", "--output"), "Standard output file."),
@@ -380,12 +451,26 @@ for _o in OPTIONS:
 
 
 def merge(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
-    """``upper``'s settings over ``lower``'s; one of a group of EXCLUSIVE keys replaces all."""
+    """``upper``'s settings over ``lower``'s, both from one layer (one command line, the
+    ``#SBATCH`` lines): one of a group of EXCLUSIVE keys replaces the others, but AGREEING
+    keys stay side by side for ``resolve_amounts`` to check."""
+    return _layered(lower, upper, same_layer=True)
+
+
+def override(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    """A higher layer's settings over a lower one's: one of a group of EXCLUSIVE keys replaces all."""
+    return _layered(lower, upper, same_layer=False)
+
+
+def _layered(lower: dict[str, Any], upper: dict[str, Any], *, same_layer: bool) -> dict[str, Any]:
     out = dict(lower)
     for group in EXCLUSIVE:
-        if group & upper.keys():
-            for key in group:
-                out.pop(key, None)
+        given = group & upper.keys()
+        if not given:
+            continue
+        kept = next((keys for keys in AGREEING if given <= keys), frozenset()) if same_layer else frozenset()
+        for key in group - kept:
+            out.pop(key, None)
     out.update(upper)
     return out
 
@@ -428,7 +513,7 @@ def parse_directives(text: str) -> Directives:
                     raise ScriptError(f"line {i + 1}: {prefix} {e}") from None
                 found[prefix] = merge(found[prefix], settings)
                 warnings += [f"line {i + 1}: {w}" for w in ignored]
-    settings = merge(found["#SBATCH"], found["#GPUD"])
+    settings = override(found["#SBATCH"], found["#GPUD"])
     return Directives(settings, body, warnings)
 
 
@@ -464,6 +549,8 @@ def _parse_directive_line(rest: str) -> tuple[dict[str, Any], list[str]]:
         if not option.directive:
             raise ScriptError(f"{option.long} is not allowed in a batch script")
         if option.is_flag:
+            if value is not None and option.long in unsupported.VALUE_REFUSED:
+                raise ScriptError(unsupported.value_refused(option.long, value))
             if value is not None:
                 raise ScriptError(f"{name} takes no value")
             out = merge(out, convert(option, True, negated))
@@ -526,7 +613,7 @@ def build_spec(text: str, cli: dict[str, Any], *, default_name: str, args: list[
         parsed = directives
     else:
         parsed = parse_directives(text) if directives else Directives({}, len(text.split("\n")))
-    settings = resolve_amounts(merge(parsed.settings, cli))
+    settings = resolve_amounts(override(parsed.settings, cli))
     if settings.get("env") is not None:
         env = settings["env"]
     settings.pop("env", None)
@@ -545,23 +632,96 @@ def build_spec(text: str, cli: dict[str, Any], *, default_name: str, args: list[
     for key, value in settings.items():
         if key not in CLIENT_SETTINGS and value is not None:
             spec[key] = value
+    for key in ("nodes", "ntasks_per_node"):     # a single-node job's request stays as it was
+        if spec.get(key) == 1:
+            del spec[key]
     return spec
 
 
 def resolve_amounts(settings: dict[str, Any]) -> dict[str, Any]:
-    """--cpus-per-gpu, --mem-per-gpu and --mem-per-cpu as the job's totals."""
+    """Nodes, tasks and per-node, per-task, per-GPU and per-CPU options as the JobSpec's
+    amounts: ``gpus`` in all, ``cpus`` and ``mem_mb`` on each node."""
     out = dict(settings)
-    gpus = int(out.get("gpus") or 0)
-    for key, option, target, per in (("cpus_per_gpu", "--cpus-per-gpu", "cpus", gpus),
-                                     ("mem_per_gpu", "--mem-per-gpu", "mem_mb", gpus),
-                                     ("mem_per_cpu", "--mem-per-cpu", "mem_mb", int(out.get("cpus") or 1))):
+    nodes = _resolve_nodes(out)
+    tasks = _resolve_tasks(out, nodes)
+    gpus_on_a_node = _resolve_gpus(out, nodes, tasks) // nodes
+    cpus_per_gpu = out.pop("cpus_per_gpu", None)
+    if cpus_per_gpu is not None:
+        if not gpus_on_a_node:
+            raise ScriptError("--cpus-per-gpu needs GPUs: add --gpus N or --gres=gpu:N")
+        out["cpus"] = cpus_per_gpu * gpus_on_a_node
+    elif tasks > 1:
+        out["cpus"] = int(out.get("cpus") or 1) * tasks     # -c is per task, cpus per node
+    for key, option, per in (("mem_per_gpu", "--mem-per-gpu", gpus_on_a_node),
+                             ("mem_per_cpu", "--mem-per-cpu", int(out.get("cpus") or 1))):
         amount = out.pop(key, None)
         if amount is None:
             continue
         if not per:
             raise ScriptError(f"{option} needs GPUs: add --gpus N or --gres=gpu:N")
-        out[target] = amount * per
+        out["mem_mb"] = amount * per
     return out
+
+
+def _resolve_nodes(out: dict[str, Any]) -> int:
+    """-N, or as many nodes as -w names (every listed node is in the job, as in Slurm)."""
+    listed = len(out.get("nodelist") or ())
+    if out.get("nodes") is None:
+        out["nodes"] = max(1, listed)
+    elif listed > out["nodes"]:
+        raise ScriptError(f"--nodelist names {listed} nodes but --nodes={out['nodes']}: every listed node "
+                          f"is part of the job; give -N {listed} or list fewer nodes")
+    return int(out["nodes"])
+
+
+def _resolve_tasks(out: dict[str, Any], nodes: int) -> int:
+    """--ntasks-per-node, or --ntasks spread evenly over the nodes; both must agree."""
+    ntasks, per_node = out.pop("ntasks", None), out.get("ntasks_per_node")
+    if ntasks is not None:
+        if per_node is not None and ntasks != nodes * per_node:
+            raise ScriptError(f"--ntasks={ntasks} disagrees with --ntasks-per-node={per_node} on "
+                              f"{_count(nodes, 'node')} ({nodes * per_node} tasks): give one of them")
+        if ntasks % nodes:
+            raise ScriptError(f"--ntasks={ntasks} does not divide evenly among {nodes} nodes: give a multiple "
+                              f"of {nodes}, or --ntasks-per-node")
+        per_node = ntasks // nodes
+        if per_node > MAX_TASKS_PER_NODE:
+            raise ScriptError(f"--ntasks={ntasks} is {per_node} tasks on each node: at most "
+                              f"{MAX_TASKS_PER_NODE}; add nodes with -N")
+        out["ntasks_per_node"] = per_node
+    return int(per_node or 1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _resolve_gpus(out: dict[str, Any], nodes: int, tasks: int) -> int:
+    """The job's total GPUs from --gpus, --gpus-per-node and --gpus-per-task, which must agree."""
+    said: list[tuple[str, int]] = []
+    if out.get("gpus") is not None:
+        said.append((f"--gpus={out['gpus']}", int(out["gpus"])))
+    per_node, per_task = out.pop("gpus_per_node", None), out.pop("gpus_per_task", None)
+    if per_node is not None:
+        said.append((f"{_count(per_node, 'GPU')} per node on {_count(nodes, 'node')}", per_node * nodes))
+    if per_task is not None:
+        said.append((f"{_count(per_task, 'GPU')} per task for {_count(nodes * tasks, 'task')}",
+                     per_task * nodes * tasks))
+    for what, total in said[1:]:
+        if total != said[0][1]:
+            raise ScriptError(f"{said[0][0]} and {what} ask for {said[0][1]} and {total} GPUs: give one of them "
+                              "(--gpus counts all of the job's GPUs)")
+    if said:
+        if said[0][1] > MAX_GPUS:
+            raise ScriptError(f"{said[-1][0]} is {said[0][1]} GPUs: at most {MAX_GPUS} per job")
+        out["gpus"] = said[0][1]
+    gpus = int(out.get("gpus") or 0)
+    if nodes > 1 and gpus % nodes:
+        raise ScriptError(f"--gpus={gpus} does not divide among {nodes} nodes: ask for a multiple of {nodes}, "
+                          "or give --gpus-per-node")
+    if nodes > 1 and (out.get("mig_profile") or out.get("gpu_mem_mb")):
+        raise ScriptError("a job on several nodes takes whole GPUs: drop the MIG profile or --gpu-mem, or use -N 1")
+    return gpus
 
 
 def export_env(export: str | None, env: Any) -> dict[str, str]:
@@ -606,10 +766,13 @@ _API_KEYS = frozenset({
     "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "hold", "comment",
     "array", "dependency", "begin_time", "deadline", "open_mode", "mail_type", "mail_user",
     "kill_on_invalid_dep", "skip_if_active", "mig_profile", "gpu_mem_mb",
+    "nodes", "ntasks_per_node", "nodelist", "exclude", "constraint", "exclusive", "switches", "switches_wait",
 })
 # Keyword options given as text that go through sbatch's converters.
 _API_TEXT = {"array": _array, "dependency": _dependency, "begin_time": _when("begin_time", "begin_time"),
-             "deadline": _when("deadline", "deadline"), "mail_type": _mail_type}
+             "deadline": _when("deadline", "deadline"), "mail_type": _mail_type,
+             "nodelist": _hosts("nodelist", "nodelist"), "exclude": _hosts("exclude", "exclude"),
+             "constraint": _constraint, "switches": _switches}
 
 
 def api_settings(options: dict[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A script written for Slurm often carries options that mean nothing here (``--exclusive``,
-``--constraint``, ``--mail-*`` on a cluster without mail...).  Refusing the whole script
+A script written for Slurm often carries options that mean nothing here (``--hint``,
+``--reservation``, ``--gpu-bind``...).  Refusing the whole script
 for them would make every migration a rewrite; ignoring them silently would hide a change
 of meaning.  So an option in ``UNSUPPORTED`` is dropped with a one-line warning that names
 it (and, with ``--strict``, refused), both in ``#SBATCH`` lines and on the command line.
@@ -16,7 +16,9 @@ and nothing else: ``value`` (``--opt V``, ``--opt=V``, ``-xV``), ``flag``, or ``
 
 ``split_command_line`` takes sbatch's argument list apart before click sees it: the
 unsupported options before the script's path are removed and reported; everything from
-the script's path on belongs to the script.
+the script's path on belongs to the script.  A supported flag given one of Slurm's values
+that gpud does not implement (``VALUE_REFUSED``: ``--exclusive=user``) is refused there,
+in one line, rather than by click's generic "does not take a value".
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--burst-buffer": (None, "value", ""),
     "--cluster-constraint": (None, "value", ""),
     "--clusters": ("-M", "value", "name clusters before the verb: gpuctl -M a,b sbatch ..."),
-    "--constraint": ("-C", "value", "pick a GPU model with --gpus TYPE:N or --gres=gpu:TYPE:N"),
     "--container": (None, "value", ""),
     "--container-id": (None, "value", ""),
     "--contiguous": (None, "flag", ""),
@@ -41,8 +42,6 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--cpu-freq": (None, "value", ""),
     "--delay-boot": (None, "value", ""),
     "--distribution": ("-m", "value", ""),
-    "--exclude": ("-x", "value", ""),
-    "--exclusive": (None, "optional", "a job gets exactly the GPUs, CPUs and memory it asks for"),
     "--export-file": (None, "value", "use --export VAR=VALUE"),
     "--extra-node-info": ("-B", "value", ""),
     "--get-user-env": (None, "optional", "the job gets the submitting environment (see --export)"),
@@ -60,7 +59,6 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--network": (None, "value", ""),
     "--no-kill": ("-k", "optional", ""),
     "--nodefile": ("-F", "value", ""),
-    "--nodelist": ("-w", "value", ""),
     "--ntasks-per-core": (None, "value", ""),
     "--ntasks-per-gpu": (None, "value", ""),
     "--ntasks-per-socket": (None, "value", ""),
@@ -75,7 +73,6 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--reservation": (None, "value", ""),
     "--sockets-per-node": (None, "value", ""),
     "--spread-job": (None, "flag", ""),
-    "--switches": (None, "value", ""),
     "--thread-spec": (None, "value", ""),
     "--threads-per-core": (None, "value", ""),
     "--time-min": (None, "value", ""),
@@ -88,6 +85,10 @@ UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
     "--wckey": (None, "value", ""),
 }
 SHORT = {short: long for long, (short, _, _) in UNSUPPORTED.items() if short}
+# Supported flags whose Slurm value forms (``--exclusive=user``) mean something gpud does not do.
+VALUE_REFUSED: dict[str, str] = {
+    "--exclusive": "gpud's --exclusive keeps every other job off the job's nodes; give it without a value",
+}
 
 
 def lookup(name: str) -> str | None:
@@ -104,6 +105,10 @@ def warning(long: str) -> str:
 
 def takes_value(long: str) -> str:
     return UNSUPPORTED[long][1]
+
+
+def value_refused(long: str, value: str) -> str:
+    return f"{long}={value} is not supported: {VALUE_REFUSED[long]}"
 
 
 def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[list[str], list[str]]:
@@ -125,6 +130,10 @@ def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[li
         short_attached = not word.startswith("--") and len(word) > 2
         if short_attached:
             name = word[:2]
+        if has_value and name in VALUE_REFUSED:
+            import click   # only on this error: the command line is click's from here on
+
+            raise click.UsageError(value_refused(name, word.split("=", 1)[1]), click.get_current_context(silent=True))
         long = lookup(name)
         if long is not None:
             warnings.append(warning(long))

@@ -27,6 +27,7 @@ import re
 from typing import Iterable
 
 MAX_NAMES = 65536          # the most names one expression may expand to
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")   # what a worker may be called
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SEPARATORS = ", \t\r\n"

@@ -27,6 +27,7 @@ from typing import Any
 
 from . import syntax
 from .gpu import mig
+from .hostlist import NODE_NAME
 from .units import UnitError, parse_duration, parse_size_mb
 
 
@@ -268,7 +269,6 @@ MAX_NODES = 4096
 MAX_TASKS_PER_NODE = 1024
 MAX_SWITCHES = 64
 MAX_NODE_NAMES = 65536        # names in one nodelist or exclude list
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")   # as a worker's name may be
 FEATURE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")      # a node feature: "a100", "ib"
 
 

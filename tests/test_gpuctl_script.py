@@ -246,3 +246,149 @@ def test_constraint_matches(constraint, features, ok):
     from gpud.model import constraint_matches
 
     assert constraint_matches(constraint, features) is ok
+
+
+# -- big jobs: options and directives ------------------------------------------------------------
+
+def _spec(line: str, cli: dict | None = None) -> dict:
+    text = f"#!/bin/sh\n#SBATCH {line}\ntrue\n" if line else "#!/bin/sh\ntrue\n"
+    spec = s.build_spec(text, cli or {}, default_name="x", cwd="/home/a", env={})
+    JobSpec.from_request(spec)          # the head would accept it
+    return {k: v for k, v in spec.items() if k not in ("script", "name", "work_dir", "env")}
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("-N 1 --ntasks=1 --ntasks-per-node=1 --gpus 2", {"gpus": 2}),     # single-node requests unchanged
+    ("-N 2 --gpus 8", {"nodes": 2, "gpus": 8}),                         # --gpus is the job's total
+    ("--nodes=3-3 --gpus-per-node=8", {"nodes": 3, "gpus": 24}),
+    ("-N2 --gres=gpu:a100:4", {"nodes": 2, "gpus": 8, "gpu_type": "a100"}),   # --gres counts per node
+    ("-N 2 --gpus 16 --gpus-per-node 8", {"nodes": 2, "gpus": 16}),     # both given: they agree
+    ("-N 2 --ntasks-per-node 4 --gpus-per-task 2", {"nodes": 2, "ntasks_per_node": 4, "gpus": 16, "cpus": 4}),
+    ("-N 2 -n 16 --gpus-per-node 8", {"nodes": 2, "ntasks_per_node": 8, "gpus": 16, "cpus": 8}),
+    ("-n 4", {"ntasks_per_node": 4, "cpus": 4}),                        # -n alone: all on one node
+    ("-N 2 -n 8 --ntasks-per-node 4 -c 6", {"nodes": 2, "ntasks_per_node": 4, "cpus": 24}),
+    ("-N 2 --gpus-per-node 4 --cpus-per-gpu 8 --mem-per-gpu 10G",
+     {"nodes": 2, "gpus": 8, "cpus": 32, "mem_mb": 40960}),             # per node: 4 GPUs there
+    ("--gpus 2 --cpus-per-gpu 3 --mem-per-cpu 1G", {"gpus": 2, "cpus": 6, "mem_mb": 6144}),
+    ("-N 2 --mem 100G", {"nodes": 2, "mem_mb": 102400}),                # --mem is per node
+    ("-w gpu[01-03] --gpus 3", {"nodes": 3, "nodelist": ["gpu01", "gpu02", "gpu03"], "gpus": 3}),
+    ("-N 4 -w gpu01,gpu01 --gpus 4", {"nodes": 4, "nodelist": ["gpu01"], "gpus": 4}),
+    ("--nodelist=gpu1", {"nodelist": ["gpu1"]}),
+    ("-x gpu[05-06],login1", {"exclude": ["gpu05", "gpu06", "login1"]}),
+    ("-C a100", {"constraint": "a100"}),
+    ("--constraint='a100&ib'", {"constraint": "a100&ib"}),
+    ("-C 'h100|a100'", {"constraint": "h100|a100"}),
+    ("--exclusive", {"exclusive": True}),
+    ("--switches=2", {"switches": 2}),
+    ("--switches=1@30", {"switches": 1, "switches_wait": 1800.0}),
+    ("--switches 1@1-00:00:00", {"switches": 1, "switches_wait": 86400.0}),
+    ("--switches=1@90s", {"switches": 1, "switches_wait": 90.0}),
+])
+def test_big_job_options(line, expected):
+    assert _spec(line) == expected
+
+
+@pytest.mark.parametrize("line, message", [
+    ("-N 2-4", "--nodes=2-4: gpud does not take a range of node counts; give one number, e.g. -N 4"),
+    ("-N 2,4", "--nodes needs a number of nodes, not '2,4'"),
+    ("-N 0", "--nodes must be between 1 and 4096"),
+    ("--ntasks-per-node=0", "--ntasks-per-node must be between 1 and 1024"),
+    ("-n 0", "--ntasks must be between 1"),
+    ("-w 'gpu[1-'", "--nodelist: hostlist 'gpu[1-': '[' without ']'"),
+    ("-w ''", "--nodelist needs node names, e.g. gpu[01-04]"),
+    ("-x gpu[3-1]", "--exclude: hostlist 'gpu[3-1]': range 3-1 runs backwards"),
+    ("-w '-bad'", "--nodelist: '-bad' is not a node name"),
+    ("-C 'a&b|c'", "--constraint: invalid constraint 'a&b|c'"),
+    ("-C a,b", "--constraint: invalid constraint 'a,b'"),
+    ("--exclusive=user", "--exclusive=user is not supported: gpud's --exclusive keeps every other job off"),
+    ("--exclusive=mcs", "--exclusive=mcs is not supported"),
+    ("--switches=0", "--switches must be between 1 and 64"),
+    ("--switches=x@5", "--switches needs a whole number"),
+    ("--switches=1@soon", "--switches: invalid duration 'soon'"),
+    ("--switches=1@UNLIMITED", "--switches: give the longest wait as a time"),
+])
+def test_bad_big_job_directives_name_the_line(line, message):
+    with pytest.raises(s.ScriptError) as e:
+        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    assert str(e.value).startswith("line 2: #SBATCH ") and message in str(e.value)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("-N 2 --gpus 3", "--gpus=3 does not divide among 2 nodes: ask for a multiple of 2, or give --gpus-per-node"),
+    ("-N 2 --gpus 8 --gpus-per-node 8", "--gpus=8 and 8 GPUs per node on 2 nodes ask for 8 and 16 GPUs"),
+    ("-N 2 --gpus 8 --gpus-per-task 1", "--gpus=8 and 1 GPU per task for 2 tasks ask for 8 and 2 GPUs"),
+    ("-N 2 -n 5", "--ntasks=5 does not divide evenly among 2 nodes: give a multiple of 2, or --ntasks-per-node"),
+    ("-N 2 -n 8 --ntasks-per-node 2", "--ntasks=8 disagrees with --ntasks-per-node=2 on 2 nodes (4 tasks)"),
+    ("-n 2048", "--ntasks=2048 is 2048 tasks on each node: at most 1024; add nodes with -N"),
+    ("-N 2 -w n[1-3]", "--nodelist names 3 nodes but --nodes=2: every listed node is part of the job; give -N 3"),
+    ("-N 1024 --gpus-per-node 8", "8 GPUs per node on 1024 nodes is 8192 GPUs: at most 4096 per job"),
+    ("-N 2 --gpus-per-node 1g.10gb:2", "a job on several nodes takes whole GPUs"),
+    ("-N 2 --cpus-per-gpu 4", "--cpus-per-gpu needs GPUs"),
+])
+def test_big_job_options_that_cannot_go_together(line, message):
+    with pytest.raises(s.ScriptError) as e:
+        _spec(line)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_nodelist_from_a_file_as_in_slurm(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("gpu[01-02]\ngpu07  gpu08\n\n")
+    assert _spec(f"-w {path} --gpus-per-node 1") == {
+        "nodes": 4, "nodelist": ["gpu01", "gpu02", "gpu07", "gpu08"], "gpus": 4}
+    assert _spec(f"--exclude={path}") == {"exclude": ["gpu01", "gpu02", "gpu07", "gpu08"]}
+    with pytest.raises(s.ScriptError, match=r"--nodelist: cannot read the node file '.*/nope': No such file"):
+        _spec(f"-w {tmp_path}/nope")
+
+
+def test_a_higher_layer_replaces_gpu_and_task_counts_of_a_lower_one():
+    text = "#!/bin/sh\n#SBATCH -N 2 --gpus-per-node 8 -n 16 --switches=1@10\ntrue\n"
+    build = lambda cli: {k: v for k, v in s.build_spec(text, cli, default_name="x", cwd="/", env={}).items()  # noqa: E731
+                         if k not in ("script", "name", "work_dir", "env")}
+    assert build({}) == {"nodes": 2, "gpus": 16, "ntasks_per_node": 8, "cpus": 8, "switches": 1,
+                         "switches_wait": 600.0}
+    assert build({"gpus": 4}) == {"nodes": 2, "gpus": 4, "ntasks_per_node": 8, "cpus": 8, "switches": 1,
+                                  "switches_wait": 600.0}
+    assert build({"nodes": 4, "ntasks_per_node": 1, "switches": 2}) == {"nodes": 4, "gpus": 32, "switches": 2}
+    assert build({"nodes": 1, "ntasks": 1, "gpus_per_node": 2}) == {"gpus": 2, "switches": 1, "switches_wait": 600.0}
+
+
+def test_gpud_lines_override_sbatch_lines_for_big_jobs():
+    text = "#!/bin/sh\n#SBATCH -N 2 --gpus 16 --exclusive\n#GPUD --gpus-per-node 4\ntrue\n"
+    assert s.build_spec(text, {}, default_name="x", cwd="/", env={})["gpus"] == 8
+
+
+def test_python_api_takes_the_big_job_fields():
+    assert s.api_settings({"nodes": 2, "nodelist": "gpu[1-2]", "exclude": ["gpu9"], "constraint": "ib",
+                           "exclusive": True, "switches": "1@5", "ntasks_per_node": 4}) == {
+        "nodes": 2, "nodelist": ["gpu1", "gpu2"], "exclude": ["gpu9"], "constraint": "ib", "exclusive": True,
+        "switches": 1, "switches_wait": 300.0, "ntasks_per_node": 4}
+    with pytest.raises(s.ScriptError, match="invalid constraint"):
+        s.api_settings({"constraint": "a,b"})
+
+
+def test_gang_options_on_the_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from gpuctl.main import cli
+    from tests.fake_head import FakeHead
+
+    with FakeHead() as head:
+        run = lambda *args: CliRunner().invoke(cli, ["--socket", head.path, "sbatch", *args],  # noqa: E731
+                                               catch_exceptions=False)
+        r = run("-N", "4", "--gpus-per-node", "8", "--ntasks-per-node=8", "-w", "gpu[01-02]", "-x", "gpu09",
+                "-C", "ib&h100", "--exclusive", "--switches", "1@10:00", "--wrap", "srun python train.py")
+        assert (r.exit_code, r.stderr) == (0, "")
+        spec = head.last("submit")["spec"]
+        assert {k: spec[k] for k in ("nodes", "gpus", "ntasks_per_node", "cpus", "nodelist", "exclude", "constraint",
+                                     "exclusive", "switches", "switches_wait")} == {
+            "nodes": 4, "gpus": 32, "ntasks_per_node": 8, "cpus": 8, "nodelist": ["gpu01", "gpu02"],
+            "exclude": ["gpu09"], "constraint": "ib&h100", "exclusive": True, "switches": 1, "switches_wait": 600.0}
+        for args, message in ((["--exclusive=user"], "sbatch: error: --exclusive=user is not supported: "),
+                              (["-N", "2-4"], "sbatch: error: --nodes=2-4: gpud does not take a range"),
+                              (["-N", "2", "--gpus", "3"], "sbatch: error: --gpus=3 does not divide among 2 nodes")):
+            r = run(*args, "--wrap", "true")
+            assert r.exit_code == 2 and r.stdout == ""
+            first, hint = r.stderr.rstrip("\n").split("\n")
+            assert first.startswith(message) and hint == "Try 'gpuctl sbatch --help' for more information."
+        assert head.ops().count("submit") == 1

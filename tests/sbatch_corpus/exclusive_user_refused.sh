@@ -1,0 +1,4 @@
+#!/bin/bash
+#SBATCH --exclusive=user
+#SBATCH --gpus=1
+python job.py
