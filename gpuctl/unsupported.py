@@ -23,6 +23,7 @@ in one line, rather than by click's generic "does not take a value".
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable
 
 # long option -> (short option, arity, hint)
@@ -131,9 +132,12 @@ def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[li
         if short_attached:
             name = word[:2]
         if has_value and name in VALUE_REFUSED:
-            import click   # only on this error: the command line is click's from here on
-
-            raise click.UsageError(value_refused(name, word.split("=", 1)[1]), click.get_current_context(silent=True))
+            # Under click, refuse it here with its own message; a parser without click (the
+            # fast path) sees a flag with a value, which it leaves to click.
+            click = sys.modules.get("click")
+            ctx = click.get_current_context(silent=True) if click else None
+            if ctx is not None:
+                raise click.UsageError(value_refused(name, word.split("=", 1)[1]), ctx)
         long = lookup(name)
         if long is not None:
             warnings.append(warning(long))

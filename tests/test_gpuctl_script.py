@@ -392,3 +392,19 @@ def test_gang_options_on_the_command_line(tmp_path):
             first, hint = r.stderr.rstrip("\n").split("\n")
             assert first.startswith(message) and hint == "Try 'gpuctl sbatch --help' for more information."
         assert head.ops().count("submit") == 1
+
+
+def test_big_job_options_are_no_longer_unsupported():
+    from gpuctl import unsupported
+
+    for name in ("-N", "--nodes", "-w", "--nodelist", "-x", "--exclude", "-C", "--constraint", "--exclusive",
+                 "--switches", "--ntasks-per-node", "-n"):
+        assert unsupported.lookup(name) is None and name in s._BY_NAME
+
+
+def test_exclusive_with_a_value_is_left_to_click_outside_it():
+    from gpuctl import unsupported
+
+    # No click context (the fast path): the word stays, for click to refuse with the message above.
+    assert unsupported.split_command_line(["--exclusive=user", "--hint=x", "job.sh"], set()) == (
+        ["--exclusive=user", "job.sh"], ["--hint is not supported by gpud and was ignored"])
