@@ -24,9 +24,15 @@ Operations (args -> result):
              spec.test_only: {"test_only": true, "start_time": float|null, "node", "partition",
              "cpus", "gpus", "reason", "warnings"}, nothing inserted.
 ``jobs``     {"job_ids": [int]?, "users": [str]?, "states": [str]?, "all": bool?,
-             "since": float?} -> {"jobs": [JOB]}
+             "since": float?, "partitions": [str]?, "accounts": [str]?, "fields": [str]?,
+             "fold": bool?} -> {"jobs": [JOB], "folded": bool?}
              Without ``all`` only pending and active jobs are listed (squeue); with it,
              finished ones too (sacct).  An array's id in job_ids selects all its tasks.
+             ``fields``: each JOB record carries only these keys (unknown ones are left
+             out).  ``fold``: records come in squeue's order (running by id, then pending
+             by priority, highest first) with each array's pending tasks folded into one
+             record whose display_id is ``123_[4-99%10]``, and "folded": true; a head
+             older than these arguments ignores them (then no "folded").
 ``cancel``   {"job_ids": [int]?, "array_tasks": [[int, int]]?, "users": [str]?, "signal": str?}
              -> {"cancelled": [int], "errors": [str]}
              Naming jobs (here and in the ops below): a job id, or an array's id for all
@@ -70,6 +76,15 @@ Operations (args -> result):
              "mem_used_mb", "power_w", "temp_c", "users", "slices"], "queue": {partition:
              {"pending", "running", "completing", "pending_gpus"}}, "jobs": [running job]}
 
+``step_launch`` {"job_id": int, "argv": [str], "ntasks_per_node": int?, "env": {str: str}?}
+             -> {"job_id", "step", "ntasks", "nodes", "nodelist"}   (gpuctl srun: start argv
+             on every node of a running job; its owner, root or an admin only)
+``step_poll`` {"job_id", "step", "offset": int} -> {"lines": [[rank, stream (1 stdout, 2
+             stderr), text]], "offset" (the next one to ask for), "dropped" (lines lost to
+             the buffer cap), "done": bool, "exit_code": int|null, "message": str|null,
+             "bad_rank": int|null}   Waits up to 10 s for news.
+``step_cancel`` {"job_id", "step"} -> {"cancelled": bool}   (kill the step's tasks)
+
 JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "state",
       "reason", "node", "gpus" (count requested), "gpu_ids" ([uuid]), "gpu_indices" ([int]),
       "cpus", "mem_mb", "time_limit" (s|null), "submit_time", "start_time", "end_time"
@@ -77,7 +92,8 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       "stdout", "stderr", "attempt", "requeue_count", "preempt_count", "priority",
       "gpu_util_mean" (% over its sampled GPU-time|null), "gpu_util_max" (%|null),
       "gpu_mem_max_mb" (most memory used on one of its GPUs|null), "energy_j" (null until
-      sampled)}  A running job whose GPUs sit idle has reason "GpuIdle".
+      sampled), "nodes" (count), "nodelist" (compressed hostlist of its nodes, rank 0
+      first in ``node``; null while pending)}  A running job whose GPUs sit idle has reason "GpuIdle".
       Slurm features: "display_id" ("123" or "<array id>_<task>"), "array_job_id",
       "array_task_id", "array_throttle", "dependency", "begin_time", "deadline",
       "hold" ("user"|"admin"|null), "nice", "cron_entry" (null unless scrontab submitted it)
@@ -113,7 +129,8 @@ DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
                  "report", "seff", "telemetry", "sprio", "sshare",
                  "hold", "release", "requeue", "update_job", "update_node", "show",
-                 "scrontab_get", "scrontab_set"})
+                 "scrontab_get", "scrontab_set",
+                 "step_launch", "step_poll", "step_cancel"})
 
 
 class ProtocolError(ValueError):

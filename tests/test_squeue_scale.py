@@ -1,0 +1,184 @@
+"""squeue at scale: the head folds pending arrays and trims records (the ``jobs`` op's
+``fold`` and ``fields``), and gpuctl's squeue fast path prints what the click path prints."""
+
+from __future__ import annotations
+
+import io
+import os
+import pwd
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuctl import columns as cols
+from gpuctl import format as fmt
+from gpuctl.commands import squeue
+from gpuctl.main import cli
+from gpud.head.api import Caller
+from gpud.head.ops_jobs import fold_arrays, op_jobs
+from gpud.head.store import JobRecord
+from gpud.model import JobSpec, JobState
+from tests.fake_head import FakeHead
+from tests.telemetry_rig import rig
+
+T0 = 1_700_000_000.0
+ROOT = str(Path(__file__).resolve().parent.parent)
+ME = pwd.getpwuid(os.getuid()).pw_name
+SPEC = JobSpec(script="#!/bin/sh\ntrue\n", name="job", gpus=1)
+
+
+def record(job_id: int, state: str = "PENDING", priority: float = 0.0, array: int | None = None,
+           task: int | None = None, throttle: int | None = None, **kw) -> JobRecord:
+    running = state != "PENDING"
+    return JobRecord(job_id=job_id, name="job", user="alice", uid=1000, gid=1000, account="default",
+                     partition="gpu", qos="normal", state=JobState[state], spec=SPEC, gpus=1, cpus=1,
+                     mem_mb=1024, time_limit=None, submit_time=T0, priority=priority,
+                     node="gpu01" if running else None, start_time=T0 if running else None,
+                     array_job_id=array, array_task_id=task, array_throttle=throttle, **kw)
+
+
+def client_side(jobs: list[JobRecord]) -> list[dict]:
+    """What gpuctl does with full, unfolded records."""
+    return cols.collapse_arrays(fmt.squeue_order([j.to_public() for j in jobs]))
+
+
+# -- the head folds as gpuctl would ------------------------------------------------------------
+
+def test_fold_matches_gpuctl_on_a_typical_queue() -> None:
+    jobs = [record(1, "RUNNING"), record(2, priority=5.0)]
+    jobs += [record(10 + t, priority=3.0, array=10, task=t, throttle=4) for t in range(6)]
+    jobs += [record(20, "RUNNING", array=10, task=99)]     # a running task stays on its own
+    jobs += [record(30, priority=9.0, array=30, task=7)]   # a lone pending task: not folded
+    folded = fold_arrays(jobs)
+    assert folded == client_side(jobs)
+    assert [r.get("display_id") for r in folded] == ["1", "10_99", "30_7", "2", "10_[0-5%4]"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["PENDING", "RUNNING", "COMPLETING"]),
+                          st.integers(0, 3), st.sampled_from([None, 100, 200, 300])),
+                max_size=40))
+def test_fold_matches_gpuctl_for_any_queue(shape) -> None:
+    jobs, tasks = [], {}
+    for i, (state, prio, array) in enumerate(shape, start=1):
+        task = None
+        if array is not None:
+            task = tasks[array] = tasks.get(array, -1) + 1 + (i % 3)
+        jobs.append(record(i, state, float(prio), array, task, throttle=2 if array == 300 else None))
+    assert fold_arrays(jobs) == client_side(jobs)
+
+
+async def test_jobs_op_folds_filters_and_trims_records(tmp_path) -> None:
+    async with rig(tmp_path) as r:
+        await r.store.insert_jobs([record(0, array=None)], r.clock())
+        tasks = [record(0, array=None) for _ in range(5)]
+        saved = await r.store.insert_jobs(tasks, r.clock())
+        first = saved[0].job_id
+        for j in saved:
+            r.store.active[j.job_id] = j.__class__(**{**j.__dict__, "array_job_id": first,
+                                                      "array_task_id": j.job_id - first})
+        caller = Caller(uid=0, gid=0, pid=1, user="root")
+        full = await op_jobs(r.head, caller, {})
+        assert "folded" not in full and len(full["jobs"]) == 6
+        out = await op_jobs(r.head, caller, {"fold": True, "fields": ["job_id", "display_id", "state", "bogus"]})
+        assert out["folded"] is True
+        assert out["jobs"] == [{"job_id": 1, "display_id": "1", "state": "PENDING"},
+                               {"job_id": first, "display_id": f"{first}_[0-4]", "state": "PENDING"}]
+        assert (await op_jobs(r.head, caller, {"partitions": ["other"]}))["jobs"] == []
+        assert len((await op_jobs(r.head, caller, {"accounts": ["default"]}))["jobs"]) == 6
+        with pytest.raises(Exception, match="fields must be a list of strings"):
+            await op_jobs(r.head, caller, {"fields": "job_id"})
+
+
+# -- the fast path says what the click path says ------------------------------------------------
+
+@pytest.fixture
+def head():
+    with FakeHead() as h:
+        h.add_job(job_id=5, name="train", user="alice", state="RUNNING", node="gpu01", gpus=2, start_time=T0)
+        h.add_job(job_id=6, name="eval", user="bob", state="PENDING", reason="Resources", gpus=1, priority=3)
+        h.add_job(job_id=7, user="bob", account="phys", partition="long", state="PENDING", priority=1)
+        for t in range(4):
+            h.add_job(job_id=10 + t, array_job_id=10, array_task_id=t, array_throttle=2, priority=2,
+                      display_id=f"10_{t}")
+        h.add_job(job_id=4, state="COMPLETED")
+        yield h
+
+
+def via_click(head, args: list[str]) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, ["--socket", head.path, "squeue", *args], catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def via_fast(head, args: list[str]) -> tuple[int, str, str] | None:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = squeue.fast_main(["--socket", head.path, "squeue", *args])
+    return None if code is None else (code, out.getvalue(), err.getvalue())
+
+
+FAST = [[], ["-h"], ["--noheader"], ["-r"], ["-hr"], ["-u", "bob"], ["-ubob,alice"], ["--user=bob"],
+        ["-u", "bob", "-u", "alice"], ["--me"], ["-t", "pd"], ["-t", "R,PD"], ["--states", "PENDING"],
+        ["-p", "long"], ["--partition=gpu,long"], ["-A", "phys"], ["--account", "default"],
+        ["-j", "10"], ["-j", "5,6"], ["--jobs=7"], ["-t", "all"], ["-t", "CD"], ["-r", "-t", "pd", "-h"], ["--array", "--noheader"]]
+
+
+@pytest.mark.parametrize("args", FAST, ids=" ".join)
+def test_fast_path_prints_what_click_prints(head, args, monkeypatch) -> None:
+    monkeypatch.setattr(squeue, "clock", lambda: T0 + 75)
+    fast = via_fast(head, args)
+    assert fast is not None, "the fast path should take these options"
+    assert fast == via_click(head, args)
+
+
+@pytest.mark.parametrize("args", [["-o", "%i"], ["-O", "jobid"], ["-l"], ["--start"], ["-S", "i"],
+                                  ["--json"], ["--help"], ["-j", "10_2"], ["-j", "10_[1-2]"], ["-j", "05"], ["-t", "RUNNIN"], ["-j", "x"], ["-x"],
+                                  ["-u"], ["extra"], ["--user"], ["-M", "a"]],
+                         ids=" ".join)
+def test_fast_path_leaves_everything_else_to_click(head, args) -> None:
+    assert via_fast(head, args) is None
+    assert head.ops() == []
+
+
+def test_fast_path_global_options_and_other_verbs(head, tmp_path) -> None:
+    assert squeue.fast_main(["sinfo"]) is None
+    assert squeue.fast_main(["--socket"]) is None
+    assert squeue.fast_main(["-M", "x", "squeue"]) is None
+    missing = str(tmp_path / "nope.sock")
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        code = squeue.fast_main(["--socket", missing, "squeue"])
+    assert (code, err.getvalue()) == (1, via_click_socket(missing)[2])
+
+
+def via_click_socket(path: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, ["--socket", path, "squeue"], catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_fast_path_asks_the_head_to_fold_and_trim(head) -> None:
+    via_fast(head, [])
+    args = head.last("jobs")
+    assert args["fold"] is True and "display_id" in args["fields"]
+    via_fast(head, ["-r"])
+    assert "fold" not in head.last("jobs")
+
+
+def test_fast_path_loads_neither_click_nor_the_format_tables(head) -> None:
+    head.reply("jobs", {"jobs": [], "folded": True})      # a head that folds
+    code = (f"import sys; from gpuctl.commands import squeue; "
+            f"rc = squeue.fast_main(['--socket', {head.path!r}, 'squeue']); "
+            f"print(rc, ' '.join(sorted(sys.modules)), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    rc, _, loaded = r.stderr.strip().splitlines()[-1].partition(" ")
+    assert rc == "0", r.stderr
+    for heavy in ("click", "gpuctl.columns", "gpud.syntax", "asyncio", "gpuctl.main"):
+        assert heavy not in loaded.split(), heavy
+    assert "JOBID" in r.stdout
