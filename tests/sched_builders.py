@@ -69,29 +69,44 @@ def check_plan(snap: Snapshot, plan: Plan, now: float) -> None:
     gpus_used: dict[str, set[int]] = defaultdict(set)
     cpus: Counter[str] = Counter()
     mem: Counter[str] = Counter()
+    exclusive: set[str] = set()
     for r in snap.running:
-        gpus_used[r.node].update(r.gpu_indices)
-        cpus[r.node] += r.cpus
-        mem[r.node] += r.mem_mb
+        for node_name, indices, c, m in ((r.node, r.gpu_indices, r.cpus, r.mem_mb),
+                                         *((p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in r.parts)):
+            gpus_used[node_name].update(indices)
+            cpus[node_name] += c
+            mem[node_name] += m
+            if r.exclusive:
+                exclusive.add(node_name)
     started = set()
     for s in plan.starts:
         job = pend[s.job_id]
         assert not job.held and not job.blocked_reason, f"job {s.job_id} started while not eligible"
         assert s.job_id not in started, f"job {s.job_id} started twice"
         started.add(s.job_id)
-        n = by_name[s.node]
-        assert n.schedulable, f"job {s.job_id} started on unschedulable {s.node}"
-        assert len(s.gpu_indices) == job.gpus and len(set(s.gpu_indices)) == job.gpus
-        models = {g.index: g.model for g in n.gpus}
-        for i in s.gpu_indices:
-            assert i in models, f"job {s.job_id}: no GPU {i} on {s.node}"
-            assert i not in gpus_used[s.node], f"GPU {s.node}:{i} allocated twice"
-            assert job.gpu_type is None or models[i] == job.gpu_type
-        gpus_used[s.node].update(s.gpu_indices)
-        cpus[s.node] += s.cpus
-        mem[s.node] += s.mem_mb
-        assert cpus[s.node] <= n.cpus, f"CPUs over-allocated on {s.node}"
-        assert mem[s.node] <= n.mem_mb, f"memory over-allocated on {s.node}"
+        places = [(s.node, s.gpu_indices, s.cpus, s.mem_mb), *((p.node, p.gpu_indices, p.cpus, p.mem_mb)
+                                                               for p in s.parts)]
+        assert len(places) == job.nodes and len({p[0] for p in places}) == job.nodes, f"job {s.job_id}: nodes"
+        assert sum(len(p[1]) for p in places) == job.gpus
+        for node_name, indices, c, m in places:
+            n = by_name[node_name]
+            assert n.schedulable, f"job {s.job_id} started on unschedulable {node_name}"
+            assert len(indices) == job.gpus // job.nodes and len(set(indices)) == len(indices)
+            assert node_name not in job.exclude and node_name not in exclusive, f"job {s.job_id} on {node_name}"
+            if job.exclusive:
+                assert not gpus_used[node_name] and not cpus[node_name], f"exclusive job {s.job_id} shares"
+                exclusive.add(node_name)
+            models = {g.index: g.model for g in n.gpus}
+            for i in indices:
+                assert i in models, f"job {s.job_id}: no GPU {i} on {node_name}"
+                assert i not in gpus_used[node_name], f"GPU {node_name}:{i} allocated twice"
+                assert job.gpu_type is None or models[i] == job.gpu_type
+            gpus_used[node_name].update(indices)
+            cpus[node_name] += c
+            mem[node_name] += m
+            assert cpus[node_name] <= n.cpus, f"CPUs over-allocated on {node_name}"
+            assert mem[node_name] <= n.mem_mb, f"memory over-allocated on {node_name}"
+        assert set(job.nodelist) <= {p[0] for p in places}, f"job {s.job_id}: nodelist"
     for j in snap.pending:
         assert j.job_id in plan.priorities and j.job_id in plan.factors
         assert (j.job_id in started) != (j.job_id in plan.reasons), f"job {j.job_id}: start xor reason"
@@ -99,13 +114,13 @@ def check_plan(snap: Snapshot, plan: Plan, now: float) -> None:
     held: Counter[str] = Counter()
     for r in snap.running:
         for a in cfg.account_chain(r.account):
-            held[a] += len(r.gpu_indices)
+            held[a] += r.gpus
     for s in plan.starts:
         for a in cfg.account_chain(pend[s.job_id].account):
-            held[a] += len(s.gpu_indices)
+            held[a] += pend[s.job_id].gpus
     for a, n_held in held.items():
         lim = cfg.accounts[a].gpu_limit
-        new = sum(len(s.gpu_indices) for s in plan.starts if a in cfg.account_chain(pend[s.job_id].account))
+        new = sum(pend[s.job_id].gpus for s in plan.starts if a in cfg.account_chain(pend[s.job_id].account))
         assert lim is None or new == 0 or n_held <= lim, f"account {a} over gpu_limit"
     # preemption caps
     pc = cfg.preemption
@@ -176,7 +191,8 @@ class ToyCluster:
                 job_id=p.job_id, user=p.user, account=p.account, partition=p.partition, qos=p.qos,
                 node=s.node, gpu_indices=s.gpu_indices, cpus=s.cpus, mem_mb=s.mem_mb, start_time=self.now,
                 time_limit=p.time_limit, preempt_count=p.preempt_count, borrowed=s.borrowed,
-                requeue=self.jobs[p.job_id].requeue, submit_time=p.submit_time, nice=p.nice)
+                requeue=self.jobs[p.job_id].requeue, submit_time=p.submit_time, nice=p.nice,
+                parts=s.parts, exclusive=p.exclusive)
             self.log.append((self.now, "start", s.job_id))
         for pr in plan.preemptions:
             r = self.running[pr.job_id]
@@ -217,7 +233,7 @@ class ToyCluster:
         if t <= self.now:
             return
         for r in self.running.values():
-            self.gpu_seconds[r.account] += len(r.gpu_indices) * (t - self.now)
+            self.gpu_seconds[r.account] += r.gpus * (t - self.now)
         self.usage = accrue(self.usage, self.running.values(), self.node_list, self.cfg, self.now, t)
 
     def end(self, job_id: int, state: str = "COMPLETED") -> None:

@@ -50,7 +50,8 @@ def gpu_view(g: GpuInfo) -> GpuView:
     return GpuView(g.index, g.uuid, g.model, g.memory_mb, mode=g.mode, dynamic=g.dynamic,
                    slices=tuple(SliceView(s.profile, s.start, s.uuid, s.memory_mb) for s in g.slices),
                    mps_max_clients=g.mps_max_clients, mps_thread_percentage=g.mps_thread_percentage,
-                   replicas=g.replicas, relaid_at=g.relaid_at)
+                   replicas=g.replicas, relaid_at=g.relaid_at,
+                   numa_node=g.numa_node, nvlink_peers=tuple(g.nvlink_peers))
 
 
 def job_devices(job: "JobRecord") -> tuple[Device, ...]:

@@ -8,6 +8,10 @@ its GPUs, CPUs and memory at ``start + time_limit`` (never, when unlimited), a s
 this pass at ``now + its time limit``.  Free capacity at a future time ``t`` is what is free
 now, plus every release up to ``t``, minus every reservation active at ``t``.
 
+A gang job (gang.py) reserves the same amount on each of its N nodes from one start time:
+``windows`` gives, per node, the start times at which the node could hold its share, and the
+gang search sweeps those.  Every rule below then holds per node, gangs included.
+
 A high-priority job that cannot start now gets a *reservation*: the earliest time at which
 some node has what it needs for its whole time limit without touching earlier
 reservations.  A lower job may start now on a node that carries reservations only if, at
@@ -117,15 +121,14 @@ class Timeline:
         self._version: dict[int, int] = {}                 # bumped on every change to a node
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         for r in running:
-            i = cluster.pos.get(r.node)
-            if i is not None:
-                self._add(i, Release(now if r.stopping else max(now, r.end_time()),
-                                     tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id))
+            end = now if r.stopping else max(now, r.end_time())
+            for i, gpus, cpus, mem in cluster.held(r):     # every node of a gang, all of an exclusive node
+                self._add(i, Release(end, gpus, cpus, mem, r.job_id))
 
     def _add(self, i: int, rel: Release) -> None:
         self._changes += 1
         self.releases[i].append(rel)
-        self._by_job[rel.job_id] = (i, rel)
+        self._by_job.setdefault(rel.job_id, (i, rel))      # victims are single-node jobs
 
     def add_start(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float, job_id: int) -> None:
         """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""
@@ -236,6 +239,31 @@ class Timeline:
                 return times[k]
             k = j + 1      # every start up to times[j] would overlap the shortfall at times[j]
         return None
+
+    def windows(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
+                time_limit: float | None) -> list[tuple[float, float]]:
+        """The start times at which node ``i`` could hold the job for its whole limit, as
+        closed intervals ``[a, b]`` in increasing order (``b`` is inf for the last one when
+        the node stays free for ever)."""
+        p = self.profile(i, model)
+        times, gs, cs, ms = p.times, p.gpus, p.cpus, p.mem
+        n = len(times)
+        span = INF if time_limit is None else time_limit
+        out: list[tuple[float, float]] = []
+        k = 0
+        while k < n:
+            if gs[k] < gpus or cs[k] < cpus or ms[k] < mem:
+                k += 1
+                continue
+            j = k + 1
+            while j < n and gs[j] >= gpus and cs[j] >= cpus and ms[j] >= mem:
+                j += 1
+            end = times[j] if j < n else INF      # free enough over [times[k], end)
+            last = INF if end == INF else end - span
+            if last >= times[k]:
+                out.append((times[k], last))
+            k = j
+        return out
 
     def _earliest_cached(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
                          time_limit: float | None) -> float | None:

@@ -25,6 +25,11 @@ It reads as numbered steps:
    h. and record why it waits: ``Resources`` for the first waiter of a partition,
       ``Priority`` behind it or when only a reservation kept it from starting.
 
+   A job that asks for several nodes (a gang), names nodes or features, or wants its nodes
+   exclusively takes steps a-c, then goes to ``gang.Gangs``: N nodes at once now (fewest
+   switches, then racks, then binpack order), else a reservation on N nodes at the earliest
+   time they are all free together.  It neither preempts nor is ever preempted.
+
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
    ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
    MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else a claim on the GPU
@@ -39,13 +44,14 @@ cap allows.
 from __future__ import annotations
 
 from .backfill import Timeline
+from .gang import Gangs, Request, switch_limit, takes_gang_path
 from .placement import Cluster
 from .plan import Plan, Preemption, Start
 from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
 from .sharing import Sharing
-from .snapshot import PendingJob, RunningJob, Snapshot
+from .snapshot import Part, PendingJob, RunningJob, Snapshot
 
 INF = float("inf")
 
@@ -64,6 +70,7 @@ class _Pass:
         self.timeline = Timeline(self.cluster, snap.running, now)
         self.book = QuotaBook(self.cfg, snap.running)
         self.sharing = Sharing(snap, self.cluster, now)
+        self._gangs: Gangs | None = None
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
@@ -110,6 +117,8 @@ class _Pass:
         if job.shared:
             self.consider_shared(job)
             return True
+        if takes_gang_path(job):
+            return self.consider_gang(job, may_borrow)
         # b. cannot run as configured
         shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
         key = (shape, job.qos, job.account)
@@ -214,7 +223,7 @@ class _Pass:
         members = self.sharing.members(job.partition)
 
         def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
-            return (i in members and c.up[i] and c.cpus[i] >= job.cpus and c.mem[i] >= job.mem_mb
+            return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus and c.mem[i] >= job.mem_mb
                     and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
 
         d = self.sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
@@ -232,6 +241,87 @@ class _Pass:
             self.depth_left -= 1
             self.plan.expected_starts[job.job_id] = d.expected
             self.plan.reserved_nodes[job.job_id] = c.nodes[d.expected_node].name
+
+    # -- gangs and node filters (gang.py) -------------------------------------------------------------
+    def gangs(self) -> Gangs:
+        if self._gangs is None:
+            self._gangs = Gangs(self.cluster, self.timeline, self.now)
+        return self._gangs
+
+    def consider_gang(self, job: PendingJob, may_borrow: bool) -> bool:
+        """Steps b-h for a multi-node job or one that names nodes, features or exclusivity."""
+        reasons, book = self.reasons, self.book
+        req = Request.of(job)
+        refusal = self.misconfigured(job)
+        if refusal is None and (job.nodes < 1 or job.gpus % job.nodes):
+            refusal = "BadConstraints"
+        if refusal is None:
+            refusal = self.gangs().fit(req).verdict
+        if refusal:
+            reasons[job.job_id] = refusal
+            return True
+        limit = book.limit_reason(job.qos, job.user, job.account, job.gpus)
+        if limit:
+            reasons[job.job_id] = limit
+            return True
+        within = not book.enabled or book.within(job.account, job.gpus)
+        if not within and not may_borrow:
+            return False
+        switches = switch_limit(job, self.now)
+        shape = ("gang", req, switches)
+        blocked = False
+        if job.partition in self.waiting and not self.cfg.backfill:
+            blocked = True
+        elif shape not in self.failed_shapes:
+            chosen, blocked = self.gangs().place_now(req, self.cfg.placement_for(job.partition), switches,
+                                                     lambda i: self.gang_delays(i, req, job))
+            if chosen is not None:
+                self.start_gang(job, req, chosen, borrowed=not within)
+                return True
+            self.failed_shapes.add(shape)
+        if self.depth_left > 0:
+            found = self.gangs().earliest(req, self.cfg.placement_for(job.partition), switches)
+            if found is not None:
+                t, chosen = found
+                if t > self.now:
+                    self.depth_left -= 1
+                for i in chosen:
+                    g, cpus, mem, model = self.gangs().share(i, req)
+                    self.timeline.reserve(job.job_id, i, t, job.time_limit, g, cpus, mem, model)
+                self.plan.expected_starts[job.job_id] = t
+                self.plan.reserved_nodes[job.job_id] = self.cluster.nodes[chosen[0]].name
+                if t <= self.now and within:
+                    book.on_claim(job.account, job.gpus)
+        if job.job_id not in reasons:
+            first = not blocked and job.partition not in self.waiting
+            reasons[job.job_id] = "Resources" if first else "Priority"
+        self.waiting.add(job.partition)
+        return True
+
+    def gang_delays(self, i: int, req: Request, job: PendingJob) -> bool:
+        """Whether taking node ``i`` for the job now would delay a reservation on it."""
+        c = self.cluster
+        if req.exclusive:
+            return not self.timeline.no_delay(i, tuple(c.free[i]), c.cpus[i], c.mem[i], self.end_of(job))
+        return not self.timeline.no_delay(i, c.pick(i, req.gpus, req.model), req.cpus, req.mem, self.end_of(job))
+
+    def start_gang(self, job: PendingJob, req: Request, chosen: list[int], borrowed: bool) -> None:
+        c, tl, end = self.cluster, self.timeline, self.end_of(job)
+        placed = []
+        for i in chosen:        # rank order: node name order
+            gpus = c.pick(i, req.gpus, req.model)
+            if req.exclusive:   # the whole node is held; the job is given what it asked for
+                c.allocate(i, tuple(c.free[i]), c.cpus[i], c.mem[i])
+                c.exclusive.add(i)
+                tl.add_start(i, tuple(c.model_of[i]), c.total_cpus[i], c.total_mem[i], end, job.job_id)
+            else:
+                c.allocate(i, gpus, req.cpus, req.mem)
+                tl.add_start(i, gpus, req.cpus, req.mem, end, job.job_id)
+            placed.append(Part(c.nodes[i].name, gpus, req.cpus, req.mem))
+        self.book.on_start(job.account, job.qos, job.user, job.gpus)
+        first = placed[0]
+        self.plan.starts.append(Start(job.job_id, first.node, first.gpu_indices, first.cpus, first.mem_mb,
+                                      borrowed=borrowed and job.gpus > 0, parts=tuple(placed[1:])))
 
     # -- steps e-g: a job that cannot start now -----------------------------------------------------
     def wait(self, job: PendingJob, shape: tuple, within: bool) -> None:
@@ -285,7 +375,7 @@ class _Pass:
 
     def running_priority(self, r: RunningJob) -> float:
         submit = r.submit_time if r.submit_time is not None else r.start_time
-        return self.prio.priority(r.account, r.user, r.qos, r.partition, len(r.gpu_indices), submit, r.nice)
+        return self.prio.priority(r.account, r.user, r.qos, r.partition, r.gpus, submit, r.nice)
 
     def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None) -> None:
         self.preemptor().commit(choice)

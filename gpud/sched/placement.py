@@ -15,6 +15,17 @@ fits, which keeps whole nodes free for big jobs) or from the top down (``spread`
 search touches only nodes that have enough GPUs; within a bucket, nodes keep a
 deterministic order.  ``find`` also takes a veto (backfill: "would this delay a
 reservation?") that is consulted only for nodes that carry reservations.
+
+Topology.  On a node whose GPUs report NVLink peers or NUMA nodes, ``pick`` takes GPUs from
+one island when one has room (best fit), else from the fewest, with NUMA nodes as the next
+tiebreak (topology.py); elsewhere it takes the lowest free indices.  Among nodes that are
+equally good for binpack or spread (one bucket), ``find`` prefers one where the job fits in
+one island.  Clusters without topology data take none of these paths.
+
+Gangs and exclusive jobs.  A running gang job holds its share on every node it spans
+(``RunningJob.parts``).  An exclusive job holds its whole node: everything left on it once
+the other running jobs are counted, so nothing else is placed there while it runs
+(``held`` says what each running job holds where; the timeline releases exactly that).
 """
 
 from __future__ import annotations
@@ -24,6 +35,9 @@ from typing import Callable, Sequence
 
 from .config import SchedConfig
 from .snapshot import NodeView, RunningJob
+from .topology import NodeTopology, topology_of
+
+Holding = tuple[int, tuple[int, ...], int, int]              # (node, GPUs, CPUs, memory)
 
 Shape = tuple[bool, int, int, tuple[tuple[str, int], ...]]   # (up, cpus, mem, GPUs per model)
 
@@ -72,13 +86,23 @@ class Cluster:
         taken: list[set[int]] = [set() for _ in self.nodes]
         self.cpus = list(self.total_cpus)
         self.mem = list(self.total_mem)
-        for r in running:
-            i = self.pos.get(r.node)
-            if i is None:
-                continue
-            taken[i].update(r.gpu_indices)
-            self.cpus[i] -= r.cpus
-            self.mem[i] -= r.mem_mb
+        self.exclusive: set[int] = set()          # nodes an exclusive job holds whole
+        self._held: dict[int, list[Holding]] = {}
+        for r in sorted(running, key=lambda r: r.exclusive):   # exclusive jobs take what is left
+            held = self._held[r.job_id] = []
+            for node, gpus, cpus, mem in ((r.node, r.gpu_indices, r.cpus, r.mem_mb),
+                                          *((p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in r.parts)):
+                i = self.pos.get(node)
+                if i is None:
+                    continue
+                if r.exclusive:
+                    gpus = tuple(sorted(set(gpus) | (self.model_of[i].keys() - taken[i])))
+                    cpus, mem = max(cpus, self.cpus[i]), max(mem, self.mem[i])
+                    self.exclusive.add(i)
+                taken[i].update(gpus)
+                self.cpus[i] -= cpus
+                self.mem[i] -= mem
+                held.append((i, tuple(gpus), cpus, mem))
         self.free = [sorted(g for g in m if g not in t) for m, t in zip(self.model_of, taken)]
         self.members: dict[str, list[int]] = {}
         for name, p in cfg.partitions.items():
@@ -87,9 +111,20 @@ class Cluster:
             else:
                 self.members[name] = [i for i, n in enumerate(self.nodes)
                                       if any(fnmatchcase(n.name, pat) for pat in p.nodes)]
+        self.topology: list[NodeTopology | None] = [topology_of(n.gpus) for n in self.nodes]
+        self.any_topology = any(t is not None for t in self.topology)
         self.node_indexes: list[list[FreeIndex]] = [[] for _ in self.nodes]
         self._indexes: dict[tuple[str, str | None], FreeIndex] = {}
         self._shapes: dict[str, list[Shape]] = {}
+
+    def held(self, r: RunningJob) -> list[Holding]:
+        """What running job ``r`` holds on each node it spans (nodes not in the snapshot left out)."""
+        return self._held.get(r.job_id, [])
+
+    def idle(self, i: int) -> bool:
+        """Nothing runs on node ``i`` (what an exclusive job needs)."""
+        return (len(self.free[i]) == len(self.model_of[i]) and self.cpus[i] == self.total_cpus[i]
+                and self.mem[i] == self.total_mem[i])
 
     # -- counting ------------------------------------------------------------------------------
 
@@ -151,21 +186,41 @@ class Cluster:
         ks = range(gpus, idx.maxk + 1) if policy == "binpack" else range(idx.maxk, gpus - 1, -1)
         blocked = False
         free_cpus, free_mem = self.cpus, self.mem
+        prefer = self.any_topology and gpus > 1
         for k in ks:
+            fallback = None        # topology: a node of this bucket where the job spans islands
             for i in idx.buckets[k]:
                 if free_cpus[i] >= cpus and free_mem[i] >= mem:
                     if i in vetoed and veto(i):
                         blocked = True
                         continue
+                    if prefer and not self.fits_one_island(i, gpus, model):
+                        if fallback is None:
+                            fallback = i
+                        continue
                     return i, blocked
+            if fallback is not None:
+                return fallback, blocked
         return None, blocked
 
-    def pick(self, i: int, gpus: int, model: str | None) -> tuple[int, ...]:
-        """The GPUs a start on node ``i`` would take: the lowest free indices that match."""
+    def matching_free(self, i: int, model: str | None) -> list[int]:
         if model is None:
-            return tuple(self.free[i][:gpus])
+            return self.free[i]
         m = self.model_of[i]
-        return tuple([g for g in self.free[i] if m[g] == model][:gpus])
+        return [g for g in self.free[i] if m[g] == model]
+
+    def fits_one_island(self, i: int, gpus: int, model: str | None) -> bool:
+        t = self.topology[i]
+        return t is None or t.fits_one_island(self.matching_free(i, model), gpus)
+
+    def pick(self, i: int, gpus: int, model: str | None) -> tuple[int, ...]:
+        """The GPUs a start on node ``i`` would take: one NVLink island when the node's
+        topology is known and one has room (see topology.py), else the lowest free indices."""
+        free = self.matching_free(i, model)
+        t = self.topology[i]
+        if t is None or gpus <= 0:
+            return tuple(free[:gpus])
+        return t.pick(free, gpus)
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
         taken = set(gpu_indices)

@@ -22,6 +22,10 @@ fewest victims, then node order.  Nodes are visited in order of a lower bound on
 (computed once per pass from their candidates), so the search stops as soon as no
 remaining node can beat the best set found.  A node that carries reservations must still honour them
 with the job placed at ``now``.
+
+*Gangs.*  A multi-node job (``RunningJob.parts``) is never a victim: its ranks stop and start
+together, and freeing one node would not free the others.  A gang, or any job that names
+nodes or features, does not preempt either; it waits or reserves (gang.py).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ class Preemptor:
                 continue
             if r.devices and not r.gpu_indices:
                 continue          # holds a slice or share: stopping it frees no whole GPU
+            if r.parts:
+                continue          # a gang job is never a victim: stopping one node would not free the rest
             if r.qos not in targets and not (r.borrowed and book.enabled):
                 continue          # nothing may ever preempt it
             p = priority(r)
@@ -104,9 +110,9 @@ class Preemptor:
         # GPUs free now or on their way back, per node: with all candidates, an upper bound
         self.soon = [len(f) for f in cluster.free]
         for r in running:
-            i = cluster.pos.get(r.node)
-            if i is not None and r.stopping:
-                self.soon[i] += len(r.gpu_indices)
+            if r.stopping:
+                for i, gpus, _, _ in cluster.held(r):
+                    self.soon[i] += len(gpus)
         self._orders: dict[tuple, list[tuple[tuple[int, float, float], int, int]]] = {}
 
     def _order(self, partition: str, targets: frozenset[str], reclaim: bool) -> list[tuple[tuple, int, int]]:

@@ -23,7 +23,8 @@ more than its size by at least that job's GPUs, so reclaim never cuts into anyon
 guarantee.
 
 *Limits.*  ``gpu_limit`` caps the GPUs held by an account's whole subtree, borrowed or not,
-stopping jobs included (they still hold their GPUs); it is never exceeded.  A QOS's
+stopping jobs included (they still hold their GPUs); it is never exceeded.  Every count is
+of a job's total GPUs: a gang of 4 nodes x 8 GPUs counts 32.  A QOS's
 ``max_gpus_per_user`` caps one user's GPUs under that QOS.
 """
 
@@ -63,7 +64,7 @@ class QuotaBook:
         self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
         self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
         for r in running:
-            g = len(r.gpu_indices)
+            g = r.gpus                     # a gang's total over all its nodes
             if not r.stopping:
                 self.used[self.pool(r.account)] += g
             self._hold(r.account, r.qos, r.user, g)
@@ -116,7 +117,7 @@ class QuotaBook:
     def reclaimable(self, victim: RunningJob, for_pool: Pool) -> bool:
         p = self.pool(victim.account)
         return (self.enabled and victim.borrowed and not victim.stopping and p != for_pool
-                and self.excess(p) >= len(victim.gpu_indices))
+                and self.excess(p) >= victim.gpus)
 
     def any_reclaimable(self, for_pool: Pool) -> bool:
         return self.enabled and any(self.excess(p) > 0 for p in list(self.used) if p != for_pool)
@@ -132,4 +133,4 @@ class QuotaBook:
         self.used[self.pool(account)] += gpus
 
     def on_victim(self, victim: RunningJob) -> None:
-        self.used[self.pool(victim.account)] -= len(victim.gpu_indices)
+        self.used[self.pool(victim.account)] -= victim.gpus
