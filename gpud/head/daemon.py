@@ -19,6 +19,12 @@ Reload (SIGHUP or the ``reconfigure`` op): ``reconfigure`` swaps in the new sche
 policy, admins, timeouts and log level between two passes; running jobs are not touched and
 settings that cannot change live are reported, not applied (``config.apply_live``).
 
+Multi-node (gang) jobs (``gang.py``): launches, stops and kills go to every node of a job;
+the job ends when rank 0's script ends (its exit code is the job's) and the other parts
+are then killed; a part other than rank 0 that ends on its own ends the job FAILED and
+kills the rest; a lost node ends the whole job as it would a one-node job.  ``gpuctl
+srun`` steps inside a job live in ``steps.py``.
+
 Nothing here trusts a message to arrive once: launches are re-sent for allocations a worker
 does not report, ``finished`` is repeated by workers until acked, and a worker reporting a
 (job, attempt) the head no longer assigns to it is told to kill it (fencing).
@@ -38,6 +44,7 @@ from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, no
 from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
+from . import gang
 from .api import RequestError, SocketServer
 from .jobs import final_state, requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
@@ -48,6 +55,7 @@ from .ops_sched import OPS as SCHED_OPS
 from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
+from .steps import OPS as STEP_OPS, Steps
 from .relay import RelayedRequests
 from ..sched.plan import Plan
 from .scheduling import (DOWN, UP, Applied, annotate, build_snapshot, node_view, plan_to_txn, run_core,
@@ -77,7 +85,7 @@ class Head:
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
-                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS}.items()
+                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
@@ -94,6 +102,7 @@ class Head:
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
+        self.steps = Steps(self)              # gpuctl srun steps inside running jobs
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -265,17 +274,32 @@ class Head:
             **self.slurm.launch_fields(job),
         }
 
-    async def _send_launch(self, job: JobRecord) -> None:
+    async def _send_launch(self, job: JobRecord, node: str | None = None) -> None:
+        """The launch of every node of ``job`` (a gang job has one per rank), or of ``node``."""
         assert job.node is not None
-        await self.bus.publish(node_cmd(job.node), "launch", self.launch_body(job))
+        body = self.launch_body(job)
+        slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
+        for where, b in gang.launches(body, job, gang.master_addr(self.store, job), slurm=slurm_env):
+            if node is None or where == node:
+                await self.bus.publish(node_cmd(where), "launch", b)
 
-    async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str) -> None:
+    async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str,
+                          nodes: list[str] | None = None) -> None:
+        """``sig`` to the job on every node it holds (or on ``nodes``)."""
         if job.node is None:
             return
         self._stop_sent[(job.job_id, job.attempt)] = self.clock()
-        await self.bus.publish(node_cmd(job.node), "signal", {
-            "job": job.job_id, "attempt": job.attempt, "signal": sig, "grace": grace, "reason": reason,
-        })
+        for node in nodes if nodes is not None else gang.job_nodes(job):
+            await self.bus.publish(node_cmd(node), "signal", {
+                "job": job.job_id, "attempt": job.attempt, "signal": sig, "grace": grace, "reason": reason,
+            })
+
+    async def kill_parts(self, job: JobRecord, reason: str, *, besides: str | None = None) -> None:
+        """SIGKILL what a gang job still runs on its nodes (all but ``besides``)."""
+        for node in gang.job_nodes(job):
+            if node != besides:
+                await self.bus.publish(node_cmd(node), "kill", {"allocs": [[job.job_id, job.attempt]],
+                                                                "reason": reason})
 
     # -- messages from workers ----------------------------------------------------------------
 
@@ -309,6 +333,8 @@ class Head:
             await self._on_finished(node, body)
         elif msg.kind == "samples":
             await self.telemetry.ingest(node, body)
+        elif msg.kind in ("step_output", "step_exit"):
+            await self.steps.handle(node, msg.kind, body)
         else:
             log.warning("dropped unknown message kind %r from %s", msg.kind, msg.sender)
 
@@ -352,7 +378,7 @@ class Head:
         stale = []
         for jid, attempt in running:
             job = self.store.active.get(jid)
-            if job is None or job.node != node or job.attempt != attempt or not job.state.active:
+            if job is None or job.attempt != attempt or not job.state.active or gang.rank_of(job, node) is None:
                 stale.append([jid, attempt])
         if stale:
             log.warning("node %s runs allocations no longer assigned to it, killing: %s", node, stale)
@@ -365,12 +391,12 @@ class Head:
                     sent = self._stop_sent.get(key, 0.0)
                     if now - sent > STOP_RESEND_AFTER:
                         await self.send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
-                                                reason=_stop_kind(job))
+                                                reason=_stop_kind(job), nodes=[node])
                 continue
             if job.launched_at is not None and now - job.launched_at > LAUNCH_RESEND_AFTER:
                 log.info("re-sending launch of job %d attempt %d to %s", job.job_id, job.attempt, node)
                 job.launched_at = now  # memory only: paces re-sends
-                await self._send_launch(job)
+                await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
         jid, attempt = body.get("job"), body.get("attempt")
@@ -391,9 +417,16 @@ class Head:
         exit_code = body.get("exit_code") if isinstance(body.get("exit_code"), int) else None
         sig = body.get("signal") if isinstance(body.get("signal"), int) else None
         end = self.clock()
+        ended_gang: JobRecord | None = None
         async with self.lock:
             job = self.store.active.get(jid)
-            if job is not None and job.attempt == attempt and job.node == node and job.state.active:
+            rank = gang.rank_of(job, node) if job is not None else None
+            if job is not None and job.attempt == attempt and rank and job.state.active:
+                # A part after rank 0 ended: only news while the job runs (a stop the head
+                # sent ends every part; rank 0's report decides then).
+                if job.state is JobState.RUNNING:
+                    ended_gang = await self._part_failed(job, node, rank, reason, exit_code, sig, body, end)
+            elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
                 new = final_state(job, reason, exit_code, sig)
                 txn = Txn(self.store)
                 detail = f"{reason} exit={exit_code} signal={sig}"
@@ -411,7 +444,32 @@ class Head:
                 self._stop_sent.pop((jid, attempt), None)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
                 self.kick()
+                if job.parts:
+                    ended_gang = job
         await self.bus.publish(node_cmd(node), "ack", {"done": [[jid, attempt]]})
+        if ended_gang is not None:
+            await self.kill_parts(ended_gang, "job ended", besides=node)
+        now_job = self.store.active.get(jid)
+        if job is not None and (now_job is None or not now_job.state.active):
+            self.steps.job_ended(jid)
+
+    async def _part_failed(self, job: JobRecord, node: str, rank: int, reason: str, exit_code: int | None,
+                           sig: int | None, body: dict, end: float) -> JobRecord:
+        """A gang job's rank>0 part ended on its own: the job ends FAILED (under the lock)."""
+        detail = f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}"
+        if body.get("message"):
+            detail += f": {str(body['message'])[:500]}"
+        txn = Txn(self.store)
+        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                    (end, "part_failed", job.job_id, job.attempt))
+        txn.transition(job, JobState.FAILED, now=end, event="finished", detail=detail, end_time=end,
+                       exit_code=exit_code, signal=sig)
+        await self.store.commit(txn)
+        self._charge(job, end)
+        self._stop_sent.pop((job.job_id, job.attempt), None)
+        log.warning("job %d (user %s) FAILED: %s; killing its other parts", job.job_id, job.user, detail)
+        self.kick()
+        return job
 
     # -- liveness --------------------------------------------------------------------------
 
@@ -447,6 +505,10 @@ class Head:
             await self.store.commit(txn)
             for job in lost:
                 self._charge(job, now)
+        for job in lost:   # a gang job's other parts hold nothing now
+            if job.parts:
+                await self.kill_parts(job, "node_fail", besides=rec.name)
+            self.steps.job_ended(job.job_id)
         self.kick()
 
     def _charge(self, job: JobRecord, end: float) -> None:

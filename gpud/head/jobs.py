@@ -10,7 +10,7 @@ from .store import JobRecord
 
 REQUEUE_RESET = dict(node=None, gpu_indices=(), gpu_uuids=(), start_time=None, end_time=None,
                      launched_at=None, stop_reason=None, stop_time=None, exit_code=None,
-                     signal=None, borrowed=False, devices=())
+                     signal=None, borrowed=False, devices=(), parts=())
 
 
 def final_state(job: JobRecord, reason: str, exit_code: int | None, signal: int | None) -> JobState:

@@ -4,6 +4,10 @@ The core (``gpud.sched.core.schedule``) decides; this module only translates.  A
 re-checked against the current state before it is committed (a job cancelled or a node
 lost while the core ran is skipped), applied in one transaction, and only then turned
 into messages for the workers.
+
+A multi-node (gang) start carries ``parts`` (rank 1..N-1); every part is re-checked like
+rank 0 and the job starts on all its nodes in the same transaction, or not at all
+(``gpud.head.gang``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from ..model import GpuInfo, JobState, NodeInfo
 from ..sched.core import schedule
 from ..sched.plan import Plan, Preemption, Relayout, Start
 from ..sched.gpustate import is_shared
-from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from ..sched.snapshot import Device, NodeView, PendingJob, RunningJob, Snapshot
+from . import gang
 from .gpusharing import SharedUse, gpu_view, job_devices, start_changes
 from .store import JobRecord, Store, Txn
 
@@ -61,6 +66,7 @@ def running_view(j: JobRecord) -> RunningJob:
         time_limit=j.time_limit, preempt_count=j.preempt_count, borrowed=j.borrowed,
         requeue=j.spec.requeue, stopping=j.state is JobState.COMPLETING,
         submit_time=j.submit_time, nice=j.spec.nice,
+        parts=gang.parts_view(j), exclusive=j.spec.exclusive,
     )
 
 
@@ -78,6 +84,7 @@ def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[
                 submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
                 preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked.get(j.job_id),
                 mig_profile=j.spec.mig_profile, gpu_mem_mb=j.spec.gpu_mem_mb,
+                **_gang_request(j),
             ))
         elif j.state.active and j.node is not None:
             running.append(running_view(j))
@@ -86,6 +93,14 @@ def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[
     running.sort(key=lambda r: r.job_id)
     return Snapshot(nodes=tuple(nodes), pending=tuple(pending), running=tuple(running),
                     config=config, usage=dict(usage), recent_preemptions=recent_preemptions)
+
+
+def _gang_request(j: JobRecord) -> dict:
+    """PendingJob's multi-node fields, as the spec has them."""
+    spec = j.spec
+    return dict(nodes=spec.nodes, nodelist=tuple(spec.nodelist), exclude=tuple(spec.exclude),
+                constraint=spec.constraint, exclusive=spec.exclusive, switches=spec.switches,
+                switches_wait=spec.switches_wait)
 
 
 def run_core(snap: Snapshot, now: float) -> Plan:
@@ -105,8 +120,10 @@ def _in_use(store: Store) -> dict[str, tuple[set[int], int, int]]:
     used: dict[str, tuple[set[int], int, int]] = {}
     for j in store.active.values():
         if j.state.active and j.node is not None:
-            gpus, cpus, mem = used.get(j.node, (set(), 0, 0))
-            used[j.node] = (gpus | set(j.gpu_indices), cpus + j.cpus, mem + j.mem_mb)
+            for node, indices, c, m in [(j.node, j.gpu_indices, j.cpus, j.mem_mb)] + [
+                    (p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in gang.parts_view(j)]:
+                gpus, cpus, mem = used.get(node, (set(), 0, 0))
+                used[node] = (gpus | set(indices), cpus + c, mem + m)
     return used
 
 
@@ -131,22 +148,28 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
         if why:
             log.warning("plan start of job %d on %s skipped: %s", s.job_id, s.node, why)
             continue
+        parts = _check_parts(store, used, shared, job.user, s)
+        if parts is None:
+            continue
         shared.add(s.node, job.user, s.devices)
-        gpus, cpus, mem = used.get(s.node, (set(), 0, 0))
-        used[s.node] = (gpus | set(s.gpu_indices), cpus + s.cpus, mem + s.mem_mb)
+        for p in (s, *s.parts):
+            gpus, cpus, mem = used.get(p.node, (set(), 0, 0))
+            used[p.node] = (gpus | set(p.gpu_indices), cpus + p.cpus, mem + p.mem_mb)
         alloc = start_changes(s, info)
         attempt = job.attempt + 1
+        where = s.node if not parts else gang.nodelist_text([s.node] + [p["node"] for p in parts])
         updated = txn.transition(
-            job, JobState.RUNNING, now=now, event="allocated", detail=f"{s.node} gpus={_shown(alloc)}",
+            job, JobState.RUNNING, now=now, event="allocated", detail=f"{where} gpus={_shown(alloc)}"
+            + "".join(f" {p['node']}:{p['gpu_indices']}" for p in parts),
             attempt=attempt, node=s.node, **alloc, cpus=s.cpus, mem_mb=s.mem_mb,
             start_time=now, end_time=None, launched_at=now, reason=None, borrowed=s.borrowed,
-            exit_code=None, signal=None, stop_reason=None, stop_time=None,
+            exit_code=None, signal=None, stop_reason=None, stop_time=None, parts=tuple(parts),
         )
         txn.execute(
             "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, "
-            "start_time, devices) VALUES (?,?,?,?,?,?,?,?,?)",
+            "start_time, devices, parts) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (job.job_id, attempt, s.node, _json(list(updated.gpu_indices)), _json(list(updated.gpu_uuids)),
-             s.cpus, s.mem_mb, now, _json(list(updated.devices))),
+             s.cpus, s.mem_mb, now, _json(list(updated.devices)), _json(parts) if parts else None),
         )
         applied.launches.append(updated)
     for r in plan.relayouts:
@@ -178,6 +201,31 @@ def _shown(alloc: dict) -> str:
     if not any(d.get("kind") != "gpu" for d in devices):
         return str(list(alloc["gpu_indices"]))
     return "[" + ", ".join(f"{d['index']}:{d.get('profile') or d['kind']}" for d in devices) + "]"
+
+
+def _check_parts(store: Store, used: dict[str, tuple[set[int], int, int]], shared: SharedUse,
+                 user: str, s: Start) -> list[dict] | None:
+    """Ranks 1..N-1 of a gang start, re-checked like rank 0 (whole GPUs only), as
+    gang.part_dict entries; None when any of them no longer fits."""
+    out: list[dict] = []
+    seen = {s.node}
+    for p in s.parts:
+        info = node_info(store, p.node)
+        rec = store.nodes.get(p.node)
+        if info is None or rec is None or rec.state != UP or p.node in seen:
+            log.warning("plan start of job %d: part on %s is unavailable; skipped", s.job_id, p.node)
+            return None
+        seen.add(p.node)
+        by_index = {g.index: g for g in info.gpus}
+        probe = Start(s.job_id, p.node, p.gpu_indices, p.cpus, p.mem_mb)
+        why = None if _fits(info, used.get(p.node, (set(), 0, 0)), probe) else "no longer fits"
+        why = why or shared.fits(info, user, [Device(i, "gpu", by_index[i].uuid) for i in p.gpu_indices])
+        if why:
+            log.warning("plan start of job %d: part on %s skipped: %s", s.job_id, p.node, why)
+            return None
+        out.append(gang.part_dict(p.node, p.gpu_indices, [by_index[i].uuid for i in p.gpu_indices],
+                                  p.cpus, p.mem_mb))
+    return out
 
 
 def _fits(info: NodeInfo, used: tuple[set[int], int, int], s: Start) -> bool:

@@ -184,6 +184,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN devices TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE allocations ADD COLUMN devices TEXT;
     """,
+    # 5: multi-node (gang) jobs (gang.py): the nodes after the first, in rank order, as
+    # [{node, gpu_indices, gpu_uuids, cpus, mem_mb}]
+    """
+    ALTER TABLE jobs ADD COLUMN parts TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE allocations ADD COLUMN parts TEXT;
+    """,
 ]
 
 
@@ -237,6 +243,9 @@ class JobRecord:
     cron_entry: int | None = None     # the scrontab entry that submitted it
     # GPU sharing: what the current allocation holds, as gpusharing.launch_devices entries
     devices: tuple[dict[str, Any], ...] = ()
+    # multi-node jobs: the nodes after the first (rank 1..N-1) as gang.part_dict entries;
+    # node/gpu_indices/cpus/mem_mb above are rank 0's
+    parts: tuple[dict[str, Any], ...] = ()
     # not persisted: scheduler annotations refreshed every pass
     priority: float = 0.0
     expected_start: float | None = None
@@ -265,7 +274,15 @@ class JobRecord:
             "deadline": self.deadline, "hold": self.hold_kind, "nice": self.spec.nice,
             "cron_entry": self.cron_entry, "devices": [dict(d) for d in self.devices],
             "mig_profile": self.spec.mig_profile, "gpu_mem_mb": self.spec.gpu_mem_mb,
+            "nodes": self.spec.nodes if self.node is None else 1 + len(self.parts),
+            "nodelist": self._nodelist() if self.parts else self.node,
         }
+
+    def _nodelist(self) -> str:
+        """A multi-node job's nodes as a compressed hostlist (rank 0 is ``node``)."""
+        from .gang import job_nodes, nodelist_text
+
+        return nodelist_text(job_nodes(self))
 
     @property
     def display_id(self) -> str:
@@ -276,7 +293,7 @@ class JobRecord:
 
 
 _PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "expected_start")]
-_JSON_COLS = {"spec", "gpu_indices", "gpu_uuids", "devices"}
+_JSON_COLS = {"spec", "gpu_indices", "gpu_uuids", "devices", "parts"}
 
 
 def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
@@ -286,7 +303,7 @@ def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
         v = getattr(job, name)
         if name == "spec":
             v = spec_json if spec_json is not None else json.dumps(v.to_dict(), separators=(",", ":"))
-        elif name in ("gpu_indices", "gpu_uuids", "devices"):
+        elif name in ("gpu_indices", "gpu_uuids", "devices", "parts"):
             v = json.dumps(list(v))
         elif name == "state":
             v = v.value
@@ -302,6 +319,7 @@ def _from_row(row: aiosqlite.Row | tuple, cols: list[str]) -> JobRecord:
     d["gpu_indices"] = tuple(json.loads(d["gpu_indices"]))
     d["gpu_uuids"] = tuple(json.loads(d["gpu_uuids"]))
     d["devices"] = tuple(x for x in json.loads(d.get("devices") or "[]") if isinstance(x, dict))
+    d["parts"] = tuple(x for x in json.loads(d.get("parts") or "[]") if isinstance(x, dict))
     d["state"] = JobState(d["state"])
     d["borrowed"] = bool(d["borrowed"])
     return JobRecord(**{k: d[k] for k in _PERSISTED})
@@ -625,4 +643,6 @@ class Store:
             return [dict(zip(("time", "attempt", "event", "state", "detail"), r)) for r in await cur.fetchall()]
 
     def jobs_on_node(self, node: str) -> Iterator[JobRecord]:
-        return (j for j in self.active.values() if j.node == node and j.state.active)
+        """Active jobs with any part on ``node`` (rank 0 or a later one)."""
+        return (j for j in self.active.values() if j.state.active and (
+            j.node == node or any(p.get("node") == node for p in j.parts)))

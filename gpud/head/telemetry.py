@@ -290,7 +290,8 @@ class Telemetry:
         The worker's list names the candidates (no scan of every active job per sample); the
         head's record decides: same node, same attempt, still active, and only its GPUs."""
         if sample.jobs is None:
-            return [(j, tuple(j.gpu_indices)) for j in self.head.store.jobs_on_node(sample.node) if j.gpu_indices]
+            return [(j, tuple(j.gpu_indices)) for j in self.head.store.jobs_on_node(sample.node)
+                    if j.gpu_indices and j.node == sample.node]   # rank 0's node only (gang jobs)
         out = []
         for (job_id, attempt), reported in sample.jobs.items():
             job = self.head.store.active.get(job_id)

@@ -1,0 +1,303 @@
+"""``gpuctl srun`` steps on the head: start tasks on every node of a job, gather their output.
+
+Theory of operation
+-------------------
+``step_launch`` (the job's owner or an admin, by SO_PEERCRED; the job must be RUNNING)
+numbers a new step of the job and sends a ``step`` command to every node of it, with that
+node's rank; each worker starts ``ntasks_per_node`` processes as the job's user
+(``gpud.worker.steps``).  Workers send the tasks' output as ``step_output`` messages of
+whole lines, in bounded batches numbered per node (a repeat is dropped by its number),
+and one ``step_exit`` per task.
+
+The head keeps each step's output in memory, at most ``MAX_STEP_OUTPUT`` bytes: when
+more arrives the oldest lines go, and a reader that was behind is told how many it
+missed.  ``step_poll`` long-polls: it answers as soon as there are lines after the
+reader's offset, the step is done, or ``POLL_WAIT`` passes.
+
+A step is done when every task has exited.  The first task to exit non-zero (or be
+killed) decides its exit code, and the head sends ``step_kill`` to every node at once,
+as Slurm's ``--kill-on-bad-exit`` does.  A job that ends (cancel, time limit, a lost
+node, rank 0's script returning) ends its steps too: the workers kill their tasks with
+the job's part, and the head marks the steps done so srun never waits on a dead job.
+Steps are forgotten ``KEEP_DONE`` seconds after they are done.  Nothing here is durable:
+after a head restart srun reports its step as lost (exit 1), and the step's tasks end with
+the job at the latest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..bus.base import node_cmd
+from ..model import JobState
+from . import gang
+from .api import Caller, RequestError
+from .jobs import may_modify
+
+if TYPE_CHECKING:
+    from .daemon import Head
+    from .store import JobRecord
+
+log = logging.getLogger("gpud.steps")
+
+MAX_STEP_OUTPUT = 4 << 20     # bytes of output kept per step; older lines are dropped
+MAX_STEPS = 1024              # steps remembered at once, all jobs together
+MAX_STEPS_PER_JOB = 128
+MAX_TASKS_PER_NODE = 256
+MAX_ARGV_BYTES = 128 << 10
+MAX_ENV_BYTES = 1 << 20
+MAX_LINES_PER_POLL = 5000
+POLL_WAIT = 10.0              # seconds step_poll waits for news (below gpuctl's 30 s timeout)
+KEEP_DONE = 120.0             # seconds a done step stays readable
+
+
+@dataclass
+class Step:
+    job_id: int
+    attempt: int
+    step_id: int
+    uid: int
+    nodes: list[str]
+    ntasks_per_node: int
+    lines: deque = field(default_factory=deque)   # (offset, rank, stream, text)
+    next_offset: int = 0
+    size: int = 0
+    exits: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)  # rank -> (code, sig)
+    bad_rank: int | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    done_at: float | None = None
+    seqs: dict[str, int] = field(default_factory=dict)   # node -> last output batch number
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.nodes) * self.ntasks_per_node
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None
+
+    def add(self, rank: int, stream: int, text: str) -> None:
+        self.lines.append((self.next_offset, rank, stream, text))
+        self.next_offset += 1
+        self.size += len(text)
+        while self.size > MAX_STEP_OUTPUT and self.lines:
+            self.size -= len(self.lines.popleft()[3])
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+def task_exit_code(code: int | None, sig: int | None) -> int:
+    """A task's status as a shell reports it: its code, 128+signal when killed, 1 when none."""
+    if sig:
+        return 128 + sig
+    return 1 if code is None else code
+
+
+class Steps:
+    """Every live step of every job, by (job id, step id)."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.steps: dict[tuple[int, int], Step] = {}
+        self._next: dict[int, int] = {}        # job id -> next step id
+
+    # -- from gpuctl -------------------------------------------------------------------------
+
+    async def launch(self, caller: Caller, args: dict) -> dict:
+        job = self._job(caller, args.get("job_id"))
+        if job.state is not JobState.RUNNING:
+            raise RequestError(f"srun: job {job.job_id} is {job.state.value}, not RUNNING; "
+                               "srun runs tasks only inside a running job")
+        argv = args.get("argv")
+        if (not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv)
+                or sum(len(a) + 1 for a in argv) > MAX_ARGV_BYTES):
+            raise RequestError("srun: argv must be a non-empty list of strings without NUL (at most 128 KiB)")
+        per_node = args.get("ntasks_per_node")
+        if per_node is None:
+            per_node = gang.ntasks_per_node(job)
+        if isinstance(per_node, bool) or not isinstance(per_node, int) or not 1 <= per_node <= MAX_TASKS_PER_NODE:
+            raise RequestError(f"srun: --ntasks-per-node must be from 1 to {MAX_TASKS_PER_NODE}")
+        env = args.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                                                and "\x00" not in k + v for k, v in env.items()) \
+                or sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
+            raise RequestError("srun: env must map variable names to strings (at most 1 MiB)")
+        self._forget_old()
+        if len(self.steps) >= MAX_STEPS or sum(1 for k in self.steps if k[0] == job.job_id) >= MAX_STEPS_PER_JOB:
+            raise RequestError("srun: too many steps running at once; wait for some to end")
+        step_id = self._next.get(job.job_id, 0)
+        self._next[job.job_id] = step_id + 1
+        nodes = gang.job_nodes(job)
+        step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node)
+        addr = gang.master_addr(self.head.store, job)
+        log.info("job %d step %d (user %s): %d task(s) on %s: %s", job.job_id, step_id, caller.user,
+                 step.ntasks, gang.nodelist_text(nodes), " ".join(argv)[:200])
+        for rank, node in enumerate(nodes):
+            await self.head.bus.publish(node_cmd(node), "step", {
+                "job": job.job_id, "attempt": job.attempt, "step": step_id, "argv": argv, "env": env,
+                "ntasks_per_node": per_node, "node_rank": rank, "nnodes": len(nodes),
+                "nodelist": gang.nodelist_text(nodes), "master_addr": addr,
+                "master_port": gang.master_port(job.job_id),
+            })
+        return {"job_id": job.job_id, "step": step_id, "ntasks": step.ntasks, "nodes": len(nodes),
+                "nodelist": gang.nodelist_text(nodes)}
+
+    async def poll(self, caller: Caller, args: dict) -> dict:
+        job_id, step_id, offset = args.get("job_id"), args.get("step"), args.get("offset", 0)
+        for name, v in (("job_id", job_id), ("step", step_id), ("offset", offset)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise RequestError(f"srun: {name} must be a non-negative integer")
+        step = self.steps.get((job_id, step_id))
+        if step is None:
+            raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
+                               "or the head restarted)")
+        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+            raise RequestError(f"srun: step {job_id}.{step_id} is not yours")
+        if step.next_offset <= offset and not step.done:
+            try:
+                await asyncio.wait_for(step.changed.wait(), POLL_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        first = step.lines[0][0] if step.lines else step.next_offset
+        out = [[rank, stream, text] for off, rank, stream, text in step.lines if off >= offset][:MAX_LINES_PER_POLL]
+        start = max(offset, first)
+        more = start + len(out) < step.next_offset
+        return {"lines": out, "offset": start + len(out), "dropped": max(0, first - offset),
+                "done": step.done and not more, "exit_code": step.exit_code, "message": step.message,
+                "bad_rank": step.bad_rank}
+
+    async def cancel(self, caller: Caller, args: dict) -> dict:
+        """srun was interrupted: kill the step's tasks everywhere."""
+        step = self.steps.get((args.get("job_id"), args.get("step")))  # type: ignore[arg-type]
+        if step is None:
+            return {"cancelled": False}
+        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+            raise RequestError(f"srun: step {step.job_id}.{step.step_id} is not yours")
+        if not step.done:
+            step.bad_rank = None
+            step.exit_code = step.exit_code if step.exit_code is not None else 130
+            step.message = step.message or "srun was interrupted; its tasks were killed"
+            await self._kill(step)
+        return {"cancelled": True}
+
+    # -- from workers -----------------------------------------------------------------------
+
+    async def handle(self, node: str, kind: str, body: Any) -> None:
+        if not isinstance(body, dict):
+            log.warning("dropped %s from %s: body is not an object", kind, node)
+            return
+        key = (body.get("job"), body.get("step"))
+        step = self.steps.get(key)  # type: ignore[arg-type]
+        if step is None or body.get("attempt") != step.attempt or node not in step.nodes:
+            return   # a step already forgotten, or a stale attempt: nothing waits for it
+        if kind == "step_output":
+            self._output(step, node, body)
+        else:
+            await self._exit(step, node, body)
+
+    def _output(self, step: Step, node: str, body: dict) -> None:
+        seq, lines = body.get("seq"), body.get("lines")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(lines, list):
+            log.warning("dropped step_output from %s: malformed", node)
+            return
+        if seq <= step.seqs.get(node, -1):
+            return   # a repeat
+        step.seqs[node] = seq
+        lo = step.nodes.index(node) * step.ntasks_per_node
+        for item in lines:
+            if (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int) and item[1] in (1, 2)
+                    and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
+                step.add(item[0], item[1], item[2])
+        step.poke()
+
+    async def _exit(self, step: Step, node: str, body: dict) -> None:
+        rank, code, sig = body.get("rank"), body.get("exit_code"), body.get("signal")
+        lo = step.nodes.index(node) * step.ntasks_per_node
+        ranks = list(range(lo, lo + step.ntasks_per_node)) if rank is None else [rank]
+        if not all(isinstance(r, int) and lo <= r < lo + step.ntasks_per_node for r in ranks) \
+                or not (code is None or isinstance(code, int)) or not (sig is None or isinstance(sig, int)):
+            log.warning("dropped step_exit from %s: malformed", node)
+            return
+        for r in ranks:
+            if r in step.exits:
+                continue
+            step.exits[r] = (code, sig)
+            if (code != 0 or sig) and step.exit_code is None:
+                step.bad_rank, step.exit_code = r, task_exit_code(code, sig)
+                why = body.get("message") if isinstance(body.get("message"), str) else None
+                step.message = (f"task {r} on {node}: " + (why[:300] if why else
+                                (f"killed by signal {sig}" if sig else f"exited with code {code}")))
+                log.info("job %d step %d: %s; killing the other tasks", step.job_id, step.step_id, step.message)
+                await self._kill(step)
+        if len(step.exits) >= step.ntasks and not step.done:
+            if step.exit_code is None:
+                step.exit_code = 0
+            self._finish(step)
+        step.poke()
+
+    # -- endings ----------------------------------------------------------------------------
+
+    async def _kill(self, step: Step) -> None:
+        for node in step.nodes:
+            await self.head.bus.publish(node_cmd(node), "step_kill", {
+                "job": step.job_id, "attempt": step.attempt, "step": step.step_id})
+
+    def _finish(self, step: Step) -> None:
+        step.done_at = self.head.clock()
+        step.poke()
+
+    def job_ended(self, job_id: int) -> None:
+        """The job is no longer running: its steps are done (its tasks die with its parts)."""
+        job = self.head.store.active.get(job_id)
+        state = job.state.value if job is not None else "ended"
+        for (jid, _), step in list(self.steps.items()):
+            if jid == job_id and not step.done:
+                if step.exit_code is None:
+                    step.exit_code = 1
+                    step.message = f"job {job_id} {'was requeued' if state == 'PENDING' else 'ended'}; its tasks were killed"
+                self._finish(step)
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        now = self.head.clock()
+        for key, step in list(self.steps.items()):
+            if step.done_at is not None and now - step.done_at > KEEP_DONE:
+                del self.steps[key]
+        live = {k[0] for k in self.steps} | set(self.head.store.active)
+        for jid in [j for j in self._next if j not in live]:
+            del self._next[jid]
+
+    def _job(self, caller: Caller, job_id: Any) -> "JobRecord":
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+            raise RequestError("srun: job_id must be a positive integer")
+        job = self.head.store.active.get(job_id)
+        if job is None:
+            raise RequestError(f"srun: job {job_id} is not running (finished, or no such job)")
+        if not may_modify(job.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+            raise RequestError(f"srun: job {job_id} belongs to {job.user}; only its owner or an admin may "
+                               "run tasks in it")
+        return job
+
+
+async def op_step_launch(head: "Head", caller: Caller, args: dict) -> dict:
+    return await head.steps.launch(caller, args)
+
+
+async def op_step_poll(head: "Head", caller: Caller, args: dict) -> dict:
+    return await head.steps.poll(caller, args)
+
+
+async def op_step_cancel(head: "Head", caller: Caller, args: dict) -> dict:
+    return await head.steps.cancel(caller, args)
+
+
+OPS = {"step_launch": op_step_launch, "step_poll": op_step_poll, "step_cancel": op_step_cancel}
