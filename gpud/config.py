@@ -74,6 +74,13 @@ def text(v: Any) -> str:
     return v
 
 
+def host_address(v: Any) -> str:
+    """``[worker] address``: an IP address or host name other nodes reach this one by."""
+    if not isinstance(v, str) or not v or len(v) > 253 or any(c.isspace() or c in ",;/[]" for c in v):
+        raise ValueError(f"must be an IP address or host name, not {_show(v)}")
+    return v
+
+
 def ident(v: Any) -> str:
     if not isinstance(v, str) or not _NAME.match(v):
         raise ValueError(f"must be a name of letters, digits, '.', '_' and '-', not {_show(v)}")
@@ -255,6 +262,7 @@ class WorkerConfig:
     relay_socket: str | None = setting(None, text)           # also serve gpuctl here (gpud.relay)
     gpu_modes: dict[str, str] | None = setting(None, gpu_modes)  # MIG, MPS, time-slicing per GPU
     labels: dict[str, str] | None = setting(None, node_labels)   # rack and switch of this node
+    address: str | None = setting(None, host_address)  # MASTER_ADDR of multi-node jobs; default: primary IPv4
 
 
 @dataclass(frozen=True)

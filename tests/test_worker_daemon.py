@@ -16,7 +16,7 @@ from gpud.bus.mqtt import MqttBus
 from gpud.config import BrokerConfig, Config, WorkerConfig
 from gpud.gpu.sim import SimBackend
 from gpud.keys import generate_key, load_key
-from gpud.worker.daemon import Worker, run_worker, worker_sender, worker_subscriptions, worker_will
+from gpud.worker.daemon import Worker, primary_address, run_worker, worker_sender, worker_subscriptions, worker_will
 from gpud.worker.executor import Outcome
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
 
@@ -200,7 +200,7 @@ async def test_announces_itself_on_connect(rig, tmp_path):
     node = rig.seen("register")[0].body["node"]
     sim = SimBackend("2xH100-80GB", NODE).discover()
     assert node == {
-        "name": NODE, "cpus": 8, "mem_mb": 64000, "labels": {},
+        "name": NODE, "cpus": 8, "mem_mb": 64000, "labels": {"addr": primary_address()},
         "gpus": [g.to_dict() for g in sim],
     }
     assert rig.executor.state_dir == str(tmp_path / "worker" / NODE)

@@ -13,6 +13,10 @@ suffix                direction   kinds (body)
                                   ``samples`` {t, iv, gpus: [[index, util, mem_mb, power_w,
                                   temp_c, energy_j]], jobs: [[job, attempt, [gpu]]], slices,
                                   procs}  (GPU telemetry; see gpud.worker.telemetry)
+                                  ``step_output`` {job, attempt, step, seq, lines: [[rank,
+                                  stream, text]]}  (gpuctl srun output; whole lines)
+                                  ``step_exit`` {job, attempt, step, rank (null: every task
+                                  of the node), exit_code, signal, message}
 ``head/status``       head→all    ``head_status`` {state: "online"|"offline"} (retained, will)
 ``head/requests``     relay→head  ``request`` {id, part, parts, data, uid, gid, pid, user,
                                   deadline}  (a gpuctl request relayed from another host;
@@ -28,6 +32,10 @@ suffix                direction   kinds (body)
                                   ``mig`` {gpu, destroy: [start], create: [{profile, start}],
                                   reason}  (re-lay a dynamic MIG GPU; a ``register`` with
                                   the new slices follows; see gpud.worker.gpumodes)
+                                  ``step`` {job, attempt, step, argv, env, ntasks_per_node,
+                                  node_rank, nnodes, nodelist, master_addr, master_port}
+                                  (start gpuctl srun tasks; see gpud.worker.steps)
+                                  ``step_kill`` {job, attempt, step}
 ====================  ==========  ===========================================================
 
 Delivery is QoS 1, so at least once: every handler tolerates repeats.  Nothing relies on a

@@ -29,6 +29,12 @@ user starts the GPU's control daemon); one the GPUs cannot take ends as launch_f
 After every job end the daemons of GPUs left without jobs stop and layouts that waited for
 busy slices are completed.
 
+Multi-node jobs: the node reports ``labels["addr"]`` (``[worker] address``, else its primary
+IPv4 address) for MASTER_ADDR; ranks after the first arrive as ordinary launches of a
+holder script.  ``step`` and ``step_kill`` start and end ``gpuctl srun`` tasks
+(gpud.worker.steps); a job's stop signals reach its tasks too, and the end of its
+allocation here kills them.
+
 Every message is at-least-once, so every handler tolerates repeats, and nothing in a
 message body is trusted: a body of the wrong shape is logged in one line and dropped.
 Only the sender ``head`` may command a worker; the bus has already verified signatures.
@@ -45,6 +51,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -57,6 +64,7 @@ from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
 from ..model import NodeInfo
 from . import gpumodes
+from .launch import parse_signal
 
 log = logging.getLogger("gpud.worker")
 
@@ -110,8 +118,22 @@ def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
         cpus=cfg.worker.cpus or cpus,
         mem_mb=cfg.worker.mem_mb or mem,
         gpus=gpus,
-        labels=dict(cfg.worker.labels or {}),
+        labels={**(cfg.worker.labels or {}), "addr": cfg.worker.address or primary_address()},
     )
+
+
+def primary_address() -> str:
+    """The IPv4 address this host's default route leaves by (no packet is sent), else its
+    host name: what other nodes use to reach a multi-node job's rank 0."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))   # TEST-NET-1: only picks a route
+            addr = s.getsockname()[0]
+        if addr and not addr.startswith("127."):
+            return addr
+    except OSError:
+        pass
+    return socket.gethostname()
 
 
 class Worker:
@@ -128,6 +150,7 @@ class Worker:
         self.gpus = gpumodes.from_config(cfg, backend, self.name, self.state_dir, clock=clock)
         self._background: set[asyncio.Task] = set()    # job-end clean-ups in flight
         self.executor: Any = None
+        self.steps: Any = None                          # gpuctl srun tasks (gpud.worker.steps)
         self._executor_factory = executor_factory
         self._cmd_topic = node_cmd(self.name)
         self._users: dict[tuple[int, int], str] = {}   # for log lines only
@@ -147,6 +170,10 @@ class Worker:
             self.state_dir, self.name, on_started=self._on_started,
             on_finished=self._on_finished, clock=self.clock)
         await self.executor.start()
+        from .steps import StepTasks
+
+        self.steps = StepTasks(self.name, getattr(self.executor, "task_setup", lambda job, attempt: None),
+                               lambda kind, body: self._publish(HEAD_EVENTS, kind, body))
         await self._apply_gpu_modes()
         # The bus calls this after every (re)connect; it only wakes the connection task.
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
@@ -171,6 +198,8 @@ class Worker:
                 await _cancel_all([outbox])
         finally:
             await _cancel_all(self._background)
+            if self.steps is not None:
+                await self.steps.close()
             await self.executor.close()
             log.info("worker %s stopped; %d job(s) left running", self.name,
                      len(self.executor.running()))
@@ -282,6 +311,8 @@ class Worker:
                  outcome.attempt, self._user(outcome.job_id, outcome.attempt), self.name,
                  outcome.reason, outcome.exit_code, outcome.signal)
         self._outbox.put_nowait(("finished", outcome.to_body()))
+        if self.steps is not None:   # srun tasks end with the allocation
+            self.steps.signal_job(outcome.job_id, outcome.attempt, signal.SIGKILL)
         task = asyncio.get_running_loop().create_task(self._after_job_end(), name="job-end")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -395,6 +426,9 @@ class Worker:
             raise BadMessage(f"invalid grace {grace!r}")
         reason = _reason(body, "cancelled")
         found = await self.executor.signal(job, attempt, sig=sig, grace=grace, reason=reason)
+        signum = parse_signal(sig)
+        if found and signum is not None and self.steps is not None:   # srun tasks hear it too
+            self.steps.signal_job(job, attempt, signum)
         log.info("job %s.%s (user %s) on %s: signal %s (%s)%s", job, attempt, self._user(job, attempt),
                  self.name, sig, reason, "" if found else ": not running here")
 
@@ -403,6 +437,8 @@ class Worker:
         reason = _reason(body, "killed")
         for job, attempt in allocs:
             found = await self.executor.kill(job, attempt, reason=reason)
+            if self.steps is not None:
+                self.steps.signal_job(job, attempt, signal.SIGKILL)
             log.info("job %s.%s (user %s) on %s: kill (%s)%s", job, attempt, self._user(job, attempt),
                      self.name, reason, "" if found else ": not running here")
 
@@ -424,9 +460,25 @@ class Worker:
         self.node = replace(self.node, gpus=self.gpus.infos())
         await self.register()   # applied or not, the head learns what is there
 
+    async def _cmd_step(self, body: dict) -> None:
+        from .steps import parse_step
+
+        try:
+            step = parse_step(body)
+        except ValueError as e:
+            raise BadMessage(f"malformed step: {e}") from None
+        if self.steps is not None:
+            await self.steps.start(step)
+
+    async def _cmd_step_kill(self, body: dict) -> None:
+        job, attempt, step = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt"), _id(body.get("step"), "step")
+        if self.steps is not None and self.steps.kill_step(job, attempt, step):
+            log.info("job %s.%s step %s on %s: tasks killed", job, attempt, step, self.name)
+
     _commands = {
         "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
         "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
+        "step": _cmd_step, "step_kill": _cmd_step_kill,
     }
 
 

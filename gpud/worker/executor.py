@@ -62,6 +62,18 @@ class _LaunchError(Exception):
     """The job cannot start; the message is the user-facing reason."""
 
 
+@dataclass(frozen=True)
+class TaskSetup:
+    """How to start a process of a running allocation as its job (gpud.worker.steps)."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+    switch_user: bool
+    work_dir: str
+    env: dict[str, str]
+
+
 @dataclass(eq=False)
 class _Job:
     """One allocation this executor runs or watches (mutable; event-loop thread only)."""
@@ -287,10 +299,23 @@ class Executor:
 
     # -- launching ------------------------------------------------------------------------------
 
-    def _prepare(self, job: _Job) -> None:
-        """(thread) Resolve the user, build the environment, write the allocation's files."""
+    def task_setup(self, job_id: int, attempt: int) -> "TaskSetup | None":
+        """(thread) What a ``gpuctl srun`` task of a running allocation runs with: the job's
+        user, groups, working directory and environment (this node's GPUs only), exactly
+        as its batch script or holder got them.  None when the allocation does not run here;
+        _LaunchError (a ValueError) when its user cannot be resolved."""
+        job = self._jobs.get((job_id, attempt))
+        if job is None or job.pid is None or job.stop_reason is not None:
+            return None
         launch = job.launch
-        user, home, groups, switch = self._identity(launch)
+        try:
+            user, home, groups, switch = self._identity(launch)
+        except _LaunchError as e:
+            raise ValueError(str(e)) from None
+        return TaskSetup(launch.uid, launch.gid, groups, switch, launch.work_dir,
+                         self._environment(launch, user, home))
+
+    def _environment(self, launch: Launch, user: str, home: str) -> dict[str, str]:
         env = dict(launch.env)
         env.update({
             "GPUD_JOB_ID": str(launch.job_id), "GPUD_JOB_NAME": launch.name,
@@ -304,6 +329,13 @@ class Executor:
         })
         env.update(launch.batch_env(self.node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
         env.update(launch.extra_env)
+        return env
+
+    def _prepare(self, job: _Job) -> None:
+        """(thread) Resolve the user, build the environment, write the allocation's files."""
+        launch = job.launch
+        user, home, groups, switch = self._identity(launch)
+        env = self._environment(launch, user, home)
         stdout = output_path(launch.stdout, launch, self.node)
         stderr = output_path(launch.stderr, launch, self.node) if launch.stderr else stdout
         job_dir = self.store.dir(job.key)
