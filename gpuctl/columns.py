@@ -78,7 +78,7 @@ def _sacct_limit(r: dict[str, Any], now: float) -> str:
 def _reason_or_nodes(r: dict[str, Any], now: float) -> str:
     if r.get("state") == "PENDING" or not r.get("node"):
         return f"({r.get('reason') or 'None'})"
-    return str(r["node"])
+    return str(r.get("nodelist") or r["node"])
 
 
 def job_id(r: dict[str, Any]) -> str:
@@ -116,7 +116,7 @@ SQUEUE: dict[str, Field] = {
     "a": Field("ACCOUNT", _g("account")),
     "b": Field("TRES_PER_NODE", lambda r, now: tres(r)),
     "C": Field("CPUS", _g("cpus", 1), True),
-    "D": Field("NODES", lambda r, now: 1, True),
+    "D": Field("NODES", lambda r, now: r.get("nodes") or 1, True),
     "E": Field("DEPENDENCY", lambda r, now: r.get("dependency") or "(null)"),
     "e": Field("END_TIME", _time("end_time")),
     "F": Field("ARRAY_JOB_ID", lambda r, now: r.get("array_job_id") or r.get("job_id"), True),
@@ -129,7 +129,7 @@ SQUEUE: dict[str, Field] = {
     "l": Field("TIME_LIMIT", _limit, True),
     "M": Field("TIME", lambda r, now: fmt.squeue_time(fmt.elapsed(r, now)), True),
     "m": Field("MIN_MEMORY", lambda r, now: format_size_mb(r.get("mem_mb")), True),
-    "N": Field("NODELIST", lambda r, now: r.get("node") or ""),
+    "N": Field("NODELIST", lambda r, now: r.get("nodelist") or r.get("node") or ""),
     "P": Field("PARTITION", _g("partition")),
     "p": Field("PRIORITY", lambda r, now: f"{float(r.get('priority') or 0):.10f}", True),
     "Q": Field("PRIORITY", lambda r, now: int(r.get("priority") or 0), True),
@@ -177,8 +177,8 @@ SACCT: dict[str, tuple[Field, int]] = {
     "end": (Field("End", lambda r, now: format_time(r.get("end_time")) if r.get("end_time") else "Unknown"), 19),
     "submit": (Field("Submit", _time("submit_time")), 19),
     "eligible": (Field("Eligible", lambda r, now: format_time(r.get("begin_time") or r.get("submit_time"))), 19),
-    "nodelist": (Field("NodeList", lambda r, now: r.get("node") or "None assigned"), 15),
-    "nnodes": (Field("NNodes", lambda r, now: 1 if r.get("node") else 0), 8),
+    "nodelist": (Field("NodeList", lambda r, now: r.get("nodelist") or r.get("node") or "None assigned"), 15),
+    "nnodes": (Field("NNodes", lambda r, now: (r.get("nodes") or 1) if r.get("node") else 0), 8),
     "alloccpus": (Field("AllocCPUS", lambda r, now: r.get("cpus") if r.get("start_time") else 0), 10),
     "reqcpus": (Field("ReqCPUS", _g("cpus", 1)), 8),
     "allocgpus": (Field("AllocGPUS", lambda r, now: fmt.alloc_gpus(r)), 9),
@@ -193,7 +193,7 @@ SACCT: dict[str, tuple[Field, int]] = {
     "workdir": (Field("WorkDir", _g("work_dir")), 20),
     "comment": (Field("Comment", _g("comment")), 15),
     "reason": (Field("Reason", lambda r, now: r.get("reason") or "None"), 20),
-    "nodes": (Field("NodeList", lambda r, now: r.get("node") or "None assigned"), 15),
+    "nodes": (Field("NodeList", lambda r, now: r.get("nodelist") or r.get("node") or "None assigned"), 15),
     "gpuutil": (Field("GPUUtil", lambda r, now: fmt.gpu_util(r) if hasattr(fmt, "gpu_util") else ""), 8),
     "dependency": (Field("Dependency", _g("dependency")), 20),
     "restarts": (Field("Restarts", _g("requeue_count", 0)), 8),

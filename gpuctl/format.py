@@ -91,7 +91,7 @@ def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True)
         if state in ("PENDING",) or not j.get("node"):
             where = f"({j.get('reason') or 'None'})"
         else:
-            where = str(j["node"])
+            where = str(j.get("nodelist") or j["node"])
             if j.get("reason") in RUNNING_FLAGS:
                 where += f" ({j['reason']})"
         rows.append((j.get("job_id", "?"), j.get("partition") or "-", _clip(j.get("name"), 24),

@@ -205,8 +205,8 @@ def job_record(j: dict[str, Any]) -> list[str]:
         f"SubmitTime={_t(j.get('submit_time'))} EligibleTime={_t(j.get('begin_time') or j.get('submit_time'))}",
         f"StartTime={_t(j.get('start_time') or j.get('expected_start'))} EndTime={_t(j.get('end_time'))} "
         f"Deadline={_t(j.get('deadline'))}",
-        f"Partition={j.get('partition')} NodeList={_v(j.get('node'))}",
-        f"NumNodes=1 NumCPUs={j.get('cpus')} NumTasks=1 CPUs/Task={j.get('cpus')} "
+        f"Partition={j.get('partition')} NodeList={_v(j.get('nodelist') or j.get('node'))}",
+        f"NumNodes={j.get('nodes') or 1} NumCPUs={j.get('cpus')} NumTasks=1 CPUs/Task={j.get('cpus')} "
         f"Gres={'gpu' + (':' + j['gpu_type'] if j.get('gpu_type') else '') + f':{gpus}' if gpus else '(null)'}",
         f"TRES={tres}",
         f"MinMemoryNode={format_size_mb(j.get('mem_mb'))} GPUs={','.join(map(str, j.get('gpu_indices') or [])) or '(null)'}",
