@@ -41,6 +41,7 @@ VERBS = {
     "top": "Watch nodes and GPUs live: utilization and who holds each GPU.",
     "sprio": "Show pending jobs' priority factors.",
     "sshare": "Show fair-share usage and factors by account and user.",
+    "srun": "Inside a job: run a command's tasks on every node of the job.",
 }
 
 
