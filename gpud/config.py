@@ -218,6 +218,19 @@ def node_labels(v: Any) -> dict[str, str]:
     return dict(v)
 
 
+def node_features(v: Any) -> tuple[str, ...]:
+    """``[worker] features``: what ``sbatch -C`` selects this node by, e.g. ``["a100", "ib"]``."""
+    from .model import FEATURE
+
+    if not isinstance(v, list):
+        raise ValueError(f'must be a list of feature names such as ["a100", "ib"], not {_show(v)}')
+    for name in v:
+        if not isinstance(name, str) or not FEATURE.match(name):
+            raise ValueError(f"{_show(name)} is not a feature name: up to 64 letters, digits, '.', '_' and '-' "
+                             "(no ',', '&' or '|')")
+    return tuple(dict.fromkeys(v))
+
+
 def setting(default: Any, parse: Parser, *, live: bool = False) -> Any:
     """A config key.  ``live``: a running head applies a new value on reload."""
     return field(default=default, metadata={"parse": parse, "live": live})
@@ -262,6 +275,7 @@ class WorkerConfig:
     relay_socket: str | None = setting(None, text)           # also serve gpuctl here (gpud.relay)
     gpu_modes: dict[str, str] | None = setting(None, gpu_modes)  # MIG, MPS, time-slicing per GPU
     labels: dict[str, str] | None = setting(None, node_labels)   # rack and switch of this node
+    features: tuple[str, ...] = setting((), node_features)     # what sbatch -C selects this node by
     address: str | None = setting(None, host_address)  # MASTER_ADDR of multi-node jobs; default: primary IPv4
 
 

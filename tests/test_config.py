@@ -336,3 +336,34 @@ def test_any_structure_gives_a_config_or_config_error(data):
         config.from_dict(data, "fuzz.toml")
     except ConfigError as e:
         assert e.lines and all(line.startswith("fuzz.toml") and "\n" not in line for line in e.lines)
+
+
+# -- node features --------------------------------------------------------------------------------
+
+def test_worker_features_are_reported_in_the_features_label(tmp_path):
+    from gpud.gpu.sim import SimBackend
+    from gpud.model import NodeInfo, constraint_matches
+    from gpud.worker.daemon import build_node_info
+
+    cfg = config.from_text(f'state_dir = "{tmp_path}"\n[worker]\nname = "gpu01"\naddress = "10.0.0.1"\n'
+                           'features = ["a100", "ib", "a100"]\n')
+    assert cfg.worker.features == ("a100", "ib")
+    info = build_node_info(cfg, SimBackend("2xA100-80GB", "gpu01"))
+    assert info.labels["features"] == "a100,ib"
+    assert NodeInfo.from_dict(info.to_dict()) == info
+    assert constraint_matches("ib&a100", info.labels["features"])
+    bare = build_node_info(config.from_text(f'state_dir = "{tmp_path}"\n[worker]\nname = "gpu02"\n'),
+                           SimBackend("1xA100-80GB", "gpu02"))
+    assert "features" not in bare.labels
+
+
+@pytest.mark.parametrize("text, message", [
+    ('features = "a100"', "worker.features: must be a list of feature names such as [\"a100\", \"ib\"], not 'a100'"),
+    ('features = ["a100,ib"]', "worker.features: 'a100,ib' is not a feature name: up to 64 letters, digits"),
+    ('features = ["a&b"]', "worker.features: 'a&b' is not a feature name"),
+    ('features = [""]', "worker.features: '' is not a feature name"),
+    ('features = [1]', "worker.features: 1 is not a feature name"),
+    ('featurs = ["ib"]', "worker.featurs: unknown setting; did you mean features?"),
+])
+def test_bad_features_are_one_line_each(text, message):
+    assert problems(f"[worker]\n{text}\n")[0].startswith(f"gpud.toml:2: {message}")

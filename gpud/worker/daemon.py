@@ -118,7 +118,8 @@ def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
         cpus=cfg.worker.cpus or cpus,
         mem_mb=cfg.worker.mem_mb or mem,
         gpus=gpus,
-        labels={**(cfg.worker.labels or {}), "addr": cfg.worker.address or primary_address()},
+        labels={**(cfg.worker.labels or {}), "addr": cfg.worker.address or primary_address(),
+                **({"features": ",".join(cfg.worker.features)} if cfg.worker.features else {})},
     )
 
 
