@@ -1,6 +1,7 @@
 """Where nodes and GPUs sit, as text: ``sinfo --topology`` and ``scontrol show node``.
 
-A node's ``labels`` carry its ``rack`` and ``switch`` (from its ``[worker] labels``); each
+A node's ``labels`` carry its ``rack`` and ``switch`` (from its ``[worker] labels``) and
+its ``features`` (``[worker] features``, comma-joined: what ``sbatch -C`` selects by); each
 of its GPUs carries ``numa_node`` and ``nvlink_peers`` (gpud.gpu.topology).  GPUs joined by
 NVLink, directly or through others, form an *island*, written as GPU indices in brackets:
 ``[0-7]`` is an all-to-all board, ``[0-3],[4-7]`` two islands of four; a GPU alone is in
@@ -65,6 +66,12 @@ def node_lines(node: dict[str, Any]) -> list[str]:
             f"GpuIslands={islands_text(gpus) or '(null)'} GpuNuma={numa_text(gpus) or '(null)'}"]
 
 
+def feature_lines(node: dict[str, Any]) -> list[str]:
+    """``scontrol show node``'s feature lines, Slurm's way (every feature is always active)."""
+    features = (node.get("labels") or {}).get("features") or "(null)"
+    return [f"AvailableFeatures={features}", f"ActiveFeatures={features}"]
+
+
 def sinfo_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
     """``sinfo --topology``: one line per node, by rack, switch and name."""
     def key(n: dict[str, Any]) -> tuple:
@@ -78,5 +85,7 @@ def sinfo_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
         labels = n.get("labels") or {}
         gpus = n.get("gpus") or []
         rows.append((n.get("name", "?"), labels.get("rack") or "-", labels.get("switch") or "-",
-                     n.get("gpus_total", len(gpus)), islands_text(gpus) or "-", numa_text(gpus) or "-"))
-    return fmt.table(("NODELIST", "RACK", "SWITCH", "GPUS", "NVLINK", "NUMA"), rows, right=(3,), header=header)
+                     n.get("gpus_total", len(gpus)), islands_text(gpus) or "-", numa_text(gpus) or "-",
+                     labels.get("features") or "-"))
+    return fmt.table(("NODELIST", "RACK", "SWITCH", "GPUS", "NVLINK", "NUMA", "FEATURES"), rows, right=(3,),
+                     header=header)

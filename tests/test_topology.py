@@ -17,7 +17,7 @@ from gpud.gpu.topology import normalize_bus_id
 from gpud.model import GpuInfo, NodeInfo
 from gpud.worker.daemon import build_node_info
 from gpuctl.main import cli
-from gpuctl.topology import islands, node_lines, numa_text, sinfo_table
+from gpuctl.topology import feature_lines, islands, node_lines, numa_text, sinfo_table
 from tests.cluster import REPO, Cluster
 from tests.fake_head import FakeHead, node
 from tests.fake_pynvml import FakeNvml
@@ -234,13 +234,13 @@ def test_islands_and_numa_as_text():
 
 def test_sinfo_topology_table_matches_the_man_page():
     nodes = [wired("gpu03", "4xL40S-48GB", rack="r2", switch="s2"),
-             wired("gpu02", "8xH100-80GB@islands4", rack="r1", switch="s1"),
-             wired("gpu01", "8xH100-80GB", rack="r1", switch="s1")]
+             wired("gpu02", "8xH100-80GB@islands4", rack="r1", switch="s1", features="h100,ib"),
+             wired("gpu01", "8xH100-80GB", rack="r1", switch="s1", features="h100,ib")]
     assert sinfo_table(nodes).splitlines() == [
-        "NODELIST RACK SWITCH GPUS NVLINK      NUMA",
-        "gpu01    r1   s1        8 [0-7]       0:[0-3],1:[4-7]",
-        "gpu02    r1   s1        8 [0-3],[4-7] 0:[0-3],1:[4-7]",
-        "gpu03    r2   s2        4 -           0:[0-1],1:[2-3]",
+        "NODELIST RACK SWITCH GPUS NVLINK      NUMA            FEATURES",
+        "gpu01    r1   s1        8 [0-7]       0:[0-3],1:[4-7] h100,ib",
+        "gpu02    r1   s1        8 [0-3],[4-7] 0:[0-3],1:[4-7] h100,ib",
+        "gpu03    r2   s2        4 -           0:[0-1],1:[2-3] -",
     ]
     with open(REPO / "man" / "gpuctl-sinfo.1") as f:
         page = f.read().replace("\\-", "-")
@@ -250,18 +250,20 @@ def test_sinfo_topology_table_matches_the_man_page():
 
 def test_a_node_without_labels_or_wiring_shows_null():
     assert node_lines(node("gpu09", gpus=2)) == ["Rack=(null) Switch=(null)", "GpuIslands=(null) GpuNuma=(null)"]
+    assert feature_lines(node("gpu09", gpus=2)) == ["AvailableFeatures=(null)", "ActiveFeatures=(null)"]
 
 
 def test_sinfo_topology_and_scontrol_show_node_through_gpuctl():
     with FakeHead() as head:
-        head.nodes = [wired("gpu01", "8xH100-80GB@islands4", rack="r1", switch="s1")]
+        head.nodes = [wired("gpu01", "8xH100-80GB@islands4", rack="r1", switch="s1", features="h100,ib")]
         head.reply("show", {"nodes": [dict(head.nodes[0], partitions=["gpu"])]})
         r = CliRunner().invoke(cli, ["--socket", head.path, "sinfo", "--topology", "-h"], catch_exceptions=False)
-        assert (r.exit_code, r.stdout) == (0, "gpu01 r1 s1 8 [0-3],[4-7] 0:[0-3],1:[4-7]\n")
+        assert (r.exit_code, r.stdout) == (0, "gpu01 r1 s1 8 [0-3],[4-7] 0:[0-3],1:[4-7] h100,ib\n")
         r = CliRunner().invoke(cli, ["--socket", head.path, "scontrol", "show", "node", "gpu01"],
                                catch_exceptions=False)
         assert r.exit_code == 0
         assert "   Rack=r1 Switch=s1\n   GpuIslands=[0-3],[4-7] GpuNuma=0:[0-3],1:[4-7]\n" in r.stdout
+        assert "   AvailableFeatures=h100,ib\n   ActiveFeatures=h100,ib\n" in r.stdout
 
 
 # -- a real worker ------------------------------------------------------------------------------

@@ -230,6 +230,7 @@ def node_record(n: dict[str, Any]) -> list[str]:
         f"NodeName={n.get('name')} State={n.get('state')}",
         f"CPUTot={n.get('cpus')} CPUAlloc={n.get('cpus_alloc', 0)} RealMemory={n.get('mem_mb')} "
         f"AllocMem={n.get('mem_alloc_mb', 0)} ({format_size_mb(n.get('mem_mb'))})",
+        *topology.feature_lines(n),
         f"Gres={gres} GresUsed=gpu:{n.get('gpus_alloc', 0)}",
         f"Partitions={','.join(n.get('partitions') or []) or '(null)'}",
         *topology.node_lines(n),
