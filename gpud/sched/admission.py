@@ -9,8 +9,16 @@ request gets when it names none (an unknown name is passed through unchanged).
 cluster is configured (flux calls this "infeasible", as opposed to "not now"): an unknown
 partition, QOS or account, an account the user is not in, a time limit over the
 partition's ``max_time``, a GPU type no node has, or more GPUs, CPUs or memory than any one
-node of the partition has (a job runs on one node).  Node checks apply only once nodes
-have registered; before that, a request waits instead.
+node of the partition has.  Node checks apply only once nodes have registered; before that,
+a request waits instead.
+
+Multi-node jobs (``nodes`` > 1) and jobs that name nodes, features or exclusivity are
+refused when the request contradicts itself (GPUs not divisible by the node count, more
+``nodelist`` names than nodes, a node both required and excluded, a malformed
+``constraint``, a GPU fraction over several nodes) and, once nodes have registered, when
+the partition has fewer nodes than asked, a named node is not in it, no node has the
+features, or fewer than N matching nodes could hold the per-node share (``gpus // nodes``
+GPUs, ``cpus`` and ``mem_mb`` on each).
 
 Whole GPUs (``--gpus N``) count only GPUs in ``whole`` mode.  A MIG request is refused
 when no GPU of the partition offers its profile (a dynamic MIG GPU whose model has it, or
@@ -19,7 +27,8 @@ request when no slice, share or GPU of the partition is that large.
 
 ``req`` is anything with the request's attributes (a JobSpec) or a dict with those keys:
 ``partition``, ``account``, ``qos``, ``time_limit``, ``mem_mb``, ``gpus``, ``cpus``,
-``gpu_type``, ``mig_profile``, ``gpu_mem_mb``.  ``nodes`` are NodeInfo or NodeView objects (``name``, ``cpus``, ``mem_mb``,
+``gpu_type``, ``mig_profile``, ``gpu_mem_mb``, and optionally ``nodes``, ``nodelist``, ``exclude``,
+``constraint``, ``exclusive``.  ``nodes`` (the argument) are NodeInfo or NodeView objects (``name``, ``cpus``, ``mem_mb``,
 ``gpus`` with ``model``).
 """
 
@@ -32,6 +41,7 @@ from typing import Any, Sequence
 from ..gpu import mig
 from ..units import format_duration, format_size_mb
 from .config import SchedConfig
+from .gang import node_features, parse_constraint
 from .gpustate import slice_capacity_mb
 
 
@@ -96,14 +106,28 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
         return (f"time limit {format_duration(resolved.time_limit)} exceeds partition {part.name}'s "
                 f"max_time of {format_duration(part.max_time)}: ask for less with --time")
     members = [n for n in nodes if any(fnmatchcase(n.name, pat) for pat in part.nodes)]
-    if not members:
-        return None
     gpus, cpus = int(_get(req, "gpus", 0)), int(_get(req, "cpus", 1))
     gpu_type = _get(req, "gpu_type")
     mem = resolved.mem_mb
+    shared = _get(req, "mig_profile") is not None or _get(req, "gpu_mem_mb") is not None
+    count = int(_get(req, "nodes", 1))
+    wanted = tuple(_get(req, "nodelist", ()))
+    banned = tuple(_get(req, "exclude", ()))
+    features = _get(req, "constraint")
+    exclusive = bool(_get(req, "exclusive", False))
+    filtered = count != 1 or wanted or banned or features or exclusive
+    if filtered:
+        why = _request_refusal(count, gpus, shared, exclusive, wanted, banned, features)
+        if why:
+            return why
+    if not members:
+        return None
 
-    if _get(req, "mig_profile") is not None or _get(req, "gpu_mem_mb") is not None:
+    if shared:
         return _shared_refusal(req, part.name, members, cpus, mem)
+    if filtered:
+        return _gang_refusal(part.name, members, count, gpus // count, cpus, mem, gpu_type, wanted, banned,
+                             features, exclusive)
 
     def have(n: Any) -> int:
         return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
@@ -128,6 +152,73 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
         return (f"Requested node configuration is not available: no node in partition {part.name} has "
                 f"{gpus} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
     return None
+
+
+def _request_refusal(count: int, gpus: int, shared: bool, exclusive: bool, wanted: tuple[str, ...],
+                     banned: tuple[str, ...], features: str | None) -> str | None:
+    """Why a node request contradicts itself, whatever the nodes."""
+    if count < 1:
+        return f"invalid node count {count}: ask for at least 1 node with -N"
+    if shared and (count > 1 or exclusive):
+        return ("GPU fractions (a MIG profile or --gpu-mem) run on one node and share it: drop -N and "
+                "--exclusive, or ask for whole GPUs with --gpus")
+    if gpus % count:
+        return (f"{gpus} GPUs cannot be split evenly over {count} nodes: ask for a multiple of {count} "
+                "with --gpus, or give --gpus-per-node")
+    if len(set(wanted)) > count:
+        k = len(set(wanted))
+        return f"--nodelist names {k} nodes but the job asks for {count}: ask for -N {k}, or name fewer nodes"
+    both = sorted(set(wanted) & set(banned))
+    if both:
+        return f"node {both[0]} is both required (--nodelist) and excluded (--exclude): drop it from one"
+    try:
+        parse_constraint(features)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _gang_refusal(part: str, members: list[Any], count: int, per_node: int, cpus: int, mem: int,
+                  gpu_type: str | None, wanted: tuple[str, ...], banned: tuple[str, ...],
+                  features: str | None, exclusive: bool) -> str | None:
+    """Why a multi-node job, or one that names nodes or features, can never run in ``part``."""
+    names = {n.name for n in members}
+    unknown = sorted(set(wanted) - names)
+    if unknown:
+        return (f"Invalid node name specified: {unknown[0]} is not a node of partition {part}; "
+                "see gpuctl sinfo for its nodes")
+    if count > len(members):
+        return (f"Requested node configuration is not available: {count} nodes, but partition {part} has "
+                f"{len(members)}; ask for at most {len(members)} with -N")
+    alternatives = parse_constraint(features)
+    usable = [n for n in members if n.name not in banned]
+    if alternatives:
+        usable = [n for n in usable if any(a <= node_features(_labels(n)) for a in alternatives)]
+        if not usable:
+            offered = sorted({f for n in members for f in node_features(_labels(n))})
+            return (f"Invalid feature specification: no node in partition {part} has {features}; "
+                    f"its nodes offer {', '.join(offered) or 'no features'}")
+
+    def have(n: Any) -> int:
+        return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
+
+    most = max(have(n) for n in members)
+    if per_node > most:
+        return (f"Requested node configuration is not available: {per_node} GPUs per node, but the largest "
+                f"node in partition {part} has {most}; ask for at most {most * count} GPUs over {count} nodes")
+    able = [n for n in usable if have(n) >= per_node and n.cpus >= cpus and n.mem_mb >= mem]
+    if len(able) < count or not set(wanted) <= {n.name for n in able}:
+        what = f"{per_node} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory"
+        including = f" (including {', '.join(sorted(wanted))})" if wanted else ""
+        return (f"Requested node configuration is not available: the job needs {count} nodes{including} with "
+                f"{what} each, but only {len(able)} matching nodes of partition {part} have that; ask for "
+                "fewer nodes or less per node")
+    return None
+
+
+def _labels(n: Any) -> dict[str, str]:
+    labels = getattr(n, "labels", None) or {}
+    return labels if isinstance(labels, dict) else dict(labels)
 
 
 def _mode(g: Any) -> str:
