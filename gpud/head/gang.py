@@ -24,6 +24,7 @@ the launch's ``extra_env``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..hostlist import compress
@@ -143,4 +144,18 @@ def launches(body: dict[str, Any], job: "JobRecord", addr: str, *,
         b = part_launch(body, job, rank)
         b["extra_env"] = {**b.get("extra_env", {}), **gang_env(job, rank, addr, slurm=slurm)}
         out.append((node, b))
+    return out
+
+
+def per_node(job: "JobRecord") -> list[tuple[str, "JobRecord"]]:
+    """(node, the job as that node holds it) for each of its nodes: rank 0 is the job itself,
+    later ranks a copy with that part's GPUs, CPUs and memory (sinfo, metrics)."""
+    if job.node is None:
+        return []
+    out = [(job.node, job)]
+    for p in job.parts:
+        indices = tuple(int(i) for i in p.get("gpu_indices", ()))
+        out.append((str(p.get("node")), replace(
+            job, node=str(p.get("node")), gpu_indices=indices, gpu_uuids=tuple(p.get("gpu_uuids", ())),
+            cpus=int(p.get("cpus", 0)), mem_mb=int(p.get("mem_mb", 0)), devices=(), parts=())))
     return out

@@ -283,6 +283,8 @@ class _Collector:
         for j in head.store.active.values():
             if j.state.active and j.node:
                 held.setdefault(j.node, set()).update(j.gpu_indices)
+                for p in j.parts:   # the other nodes of a multi-node job
+                    held.setdefault(str(p.get("node")), set()).update(p.get("gpu_indices", ()))
         states: Counter[str] = Counter()
         for name in sorted(head.store.nodes):
             rec = head.store.nodes[name]

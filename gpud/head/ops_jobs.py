@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import format_indices
-from . import admission, slurm
+from . import admission, gang, slurm
 from .api import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
@@ -195,7 +195,8 @@ async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
     alloc: dict[str, list[JobRecord]] = {}
     for j in head.store.active.values():
         if j.state.active and j.node:
-            alloc.setdefault(j.node, []).append(j)
+            for node, held in gang.per_node(j):   # each node of a multi-node job
+                alloc.setdefault(node, []).append(held)
     nodes = []
     for name in sorted(head.store.nodes):
         rec = head.store.nodes[name]

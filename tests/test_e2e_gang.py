@@ -1,0 +1,147 @@
+"""Multi-node jobs through the real daemons: a head, Mosquitto and eight sim workers.
+
+A 4-node x 8-GPU job on a busy 8-node cluster gets all 32 GPUs at once, on the nodes of one
+leaf switch, no later than its backfill reservation; ``gpuctl srun`` tasks on its four nodes
+see one MASTER_ADDR, one node list and ranks 0..31; killing one part ends the job FAILED
+with every part gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster, wait_for
+from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+SWITCH = {f"w{i}": ("s1" if i <= 4 else "s2") for i in range(1, 9)}
+ADDR = {f"w{i}": f"10.9.0.{i}" for i in range(1, 9)}
+BUSY = "sleep 600"
+
+
+class GangCluster(Cluster):
+    """Workers with their own switch label and address (a config file per worker)."""
+
+    def start_worker(self, name: str, sim: str = "8xH100-80GB", wait: bool = True) -> subprocess.Popen:
+        text = self.config.read_text().replace(
+            "[worker]\n", f'[worker]\nlabels = {{ switch = "{SWITCH[name]}" }}\naddress = "{ADDR[name]}"\n', 1)
+        cfg = self.root / f"worker-{name}.toml"
+        cfg.write_text(text)
+        log = open(self.root / f"worker-{name}.log", "ab")
+        self._logs.append(log)
+        p = subprocess.Popen([sys.executable, "-m", "gpud.cli", "worker", "--name", name, "--sim", sim,
+                              "--config", str(cfg)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                             cwd=self.root)
+        self.workers[name] = p
+        if wait:
+            wait_for(lambda: self.node_state(name) not in (None, "DOWN", "UNKNOWN") or self._dead(p),
+                     60, f"worker {name} to register")
+            assert p.poll() is None, self.log(f"worker-{name}")
+        return p
+
+
+def _gpuctl(c: Cluster) -> str:
+    return f"{sys.executable} -m gpuctl.main --socket {c.socket}"
+
+
+def _wrapper_pid(c: Cluster, node: str, job: int, attempt: int) -> int:
+    path = c.state_dir / "worker" / node / "jobs" / f"{job}.{attempt}" / "wrapper.pid"
+    return int(path.read_text().strip())
+
+
+def test_gang_job_starts_whole_under_one_switch_and_dies_whole(tmp_path, mosquitto):  # noqa: F811
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    with GangCluster(tmp_path / "c", mosquitto.url, node_timeout=20.0, heartbeat=0.5) as c:
+        c.start_head()
+        for name in SWITCH:
+            c.start_worker(name, wait=False)
+        wait_for(lambda: all(n.get("state") == "IDLE" for n in c.nodes().values()) and len(c.nodes()) == 8,
+                 90, "eight idle workers")
+        # Busy: one 8-GPU job per node; the s1 nodes' jobs have the shorter limits, so the
+        # reservation for 4 whole nodes falls on s1.
+        busy = {}
+        with c.client() as client:
+            for name in SWITCH:
+                limit = "20:00" if SWITCH[name] == "s1" else "40:00"
+                busy[name] = client.submit(wrap=BUSY, gpus=8, nodelist=[name], time_limit=limit,
+                                           stdout="/dev/null", work_dir=str(work))
+        wait_for(lambda: all((j := c.job(i)) and j["state"] == "RUNNING" for i in busy.values()), 90,
+                 "the busy jobs to run")
+        assert {c.job(busy[n])["node"] for n in busy} == set(SWITCH)
+
+        script = (
+            "#!/bin/bash\n"
+            f"{_gpuctl(c)} srun --ntasks-per-node 8 --label env > {work}/srun.out 2> {work}/srun.err\n"
+            f"echo $? > {work}/srun.rc\n"
+            "sleep 600\n"
+        )
+        with c.client() as client:
+            gang = client.submit(script, nodes=4, gpus=32, time_limit="30:00", stdout=f"{work}/gang.out",
+                                 work_dir=str(work))
+        reserved = wait_for(lambda: (j := c.job(gang)) and j.get("expected_start") and j, 60,
+                            "a backfill reservation for the gang job")
+        expected = reserved["expected_start"]
+        assert reserved["state"] == "PENDING"
+        # Hold it while nodes free on both switches, so the choice is between them.
+        c.gpuctl("scontrol", "hold", str(gang))
+        for name in ("w5", "w6", "w1", "w2", "w3", "w4"):
+            c.gpuctl("scancel", str(busy[name]))
+        wait_for(lambda: sum(n["state"] == "IDLE" for n in c.nodes().values()) == 6, 60, "six idle nodes")
+        c.gpuctl("scontrol", "release", str(gang))
+
+        job = c.wait_job_state(gang, "RUNNING", 60)
+        assert job["nodes"] == 4
+        assert job["nodelist"] == "w[1-4]", "fewest switches: the four s1 nodes"
+        assert job["node"] == "w1" and job["gpus"] == 32
+        assert job["start_time"] <= expected
+        nodes = c.nodes()
+        assert all(nodes[f"w{i}"]["gpus_alloc"] == 8 for i in range(1, 5)), "32 GPUs at once"
+        # The job's allocation is one event, with every part in it.
+        events = c.gpuctl("scontrol", "show", "job", str(gang)).stdout
+        assert "NodeList=w[1-4]" in events and "NumNodes=4" in events
+
+        wait_for(lambda: (work / "srun.rc").exists(), 120, "srun to finish")
+        assert (work / "srun.rc").read_text().strip() == "0", (work / "srun.err").read_text()
+        env: dict[int, dict[str, str]] = {}
+        for line in (work / "srun.out").read_text().splitlines():
+            m = re.match(r"^(\d+): ([A-Z_]+)=(.*)$", line)
+            if m:
+                env.setdefault(int(m.group(1)), {})[m.group(2)] = m.group(3)
+        assert sorted(env) == list(range(32))
+        for rank, e in env.items():
+            assert e["RANK"] == e["GPUD_PROCID"] == str(rank)
+            assert e["LOCAL_RANK"] == str(rank % 8) and e["NODE_RANK"] == str(rank // 8)
+            assert e["WORLD_SIZE"] == "32" and e["GPUD_NNODES"] == "4"
+            assert e["GPUD_NODENAME"] == f"w{rank // 8 + 1}"
+            assert len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+        assert {e["MASTER_ADDR"] for e in env.values()} == {ADDR["w1"]}
+        assert len({e["MASTER_PORT"] for e in env.values()}) == 1
+        assert {e["GPUD_JOB_NODELIST"] for e in env.values()} == {"w[1-4]"}
+        # Each node's tasks see that node's GPUs only, and no two nodes share a GPU.
+        per_node = {e["CUDA_VISIBLE_DEVICES"] for e in env.values()}
+        assert len(per_node) == 4
+
+        # Kill one part's holder: the job ends FAILED and every part goes.
+        os.kill(_wrapper_pid(c, "w3", gang, job["attempt"]), signal.SIGKILL)
+        done = c.wait_job_state(gang, "FAILED", 60)
+        assert done["state"] == "FAILED"
+        wait_for(lambda: all(n["state"] in ("IDLE", "MIXED") and n["gpus_alloc"] == 0
+                             for name, n in c.nodes().items() if name in ("w1", "w2", "w3", "w4")),
+                 60, "every part of the gang job to be gone")
+        for name in ("w1", "w2", "w3", "w4"):
+            wrapper = c.state_dir / "worker" / name / "jobs" / f"{gang}.{job['attempt']}" / "wrapper.pid"
+            if wrapper.exists():
+                pid = int(wrapper.read_text())
+                wait_for(lambda: not Path(f"/proc/{pid}").exists()
+                         or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), 30,
+                         f"the part on {name} to be gone")
