@@ -182,3 +182,23 @@ def test_fast_path_loads_neither_click_nor_the_format_tables(head) -> None:
     for heavy in ("click", "gpuctl.columns", "gpud.syntax", "asyncio", "gpuctl.main"):
         assert heavy not in loaded.split(), heavy
     assert "JOBID" in r.stdout
+
+
+def test_trimmed_records_read_fields_as_to_public_does() -> None:
+    from gpud.head.ops_jobs import _FIELD, public
+
+    jobs = [record(1, "RUNNING", priority=2.5), record(2, array=2, task=0, throttle=3, reason="Priority")]
+    for j in jobs:
+        full = j.to_public()
+        assert {f: g(j) for f, g in _FIELD.items()} == {f: full[f] for f in _FIELD}
+        assert public(j, ["job_id", "nodes", "bogus"]) == {"job_id": j.job_id, "nodes": full["nodes"]}
+        assert public(j, None) == full
+
+
+def test_the_table_fields_are_all_the_table_reads() -> None:
+    jobs = [record(1, "RUNNING"), record(2, priority=1.0, reason="Resources")]
+    jobs += [record(10 + t, array=10, task=t, throttle=2) for t in range(3)]
+    full = client_side(jobs)
+    trimmed = [{k: r[k] for k in squeue.TABLE_FIELDS if k in r} for r in full]
+    assert fmt.squeue_table(squeue._displayed(trimmed), T0 + 60) == fmt.squeue_table(squeue._displayed(full), T0 + 60)
+    assert fold_arrays(jobs, list(squeue.TABLE_FIELDS)) == trimmed

@@ -35,9 +35,10 @@ from .. import format as fmt
 _STATES = {**{code: name for name, code in fmt.STATE_CODES.items()}, **{n: n for n in fmt.STATE_CODES}}
 clock = time.time  # replaceable in tests
 _FINISHED = frozenset(fmt.STATE_CODES) - {"PENDING", "RUNNING", "COMPLETING"}
-# what gpud's own table (and the client-side filtering, ordering and folding) read
+# Every field gpud's own table (format.squeue_table) and the filtering, ordering and
+# folding here read; the head sends only these for it (tests/test_squeue_scale.py checks).
 TABLE_FIELDS = ("job_id", "display_id", "name", "user", "uid", "account", "partition", "state", "reason",
-                "node", "nodes", "nodelist", "gpus", "start_time", "end_time", "priority",
+                "node", "gpus", "start_time", "end_time", "priority",
                 "array_job_id", "array_task_id", "array_throttle")
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import defaultdict
+from operator import attrgetter, itemgetter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -90,13 +92,74 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
             keep = set(names)
             jobs = [j for j in jobs if getattr(j, attr) in keep]
     fields = _str_list(args.get("fields"), "fields")
-    if args.get("fold"):
-        records = fold_arrays(jobs)
-    else:
-        records = [j.to_public() for j in jobs]
-    if fields:   # only what the client shows: 100,000 records are ~60 MB in full
-        records = [{k: r[k] for k in fields if k in r} for r in records]
-    return {"jobs": records, "folded": True} if args.get("fold") else {"jobs": records}
+    fold = bool(args.get("fold"))
+    records = fold_arrays(jobs, fields) if fold else [public(j, fields) for j in jobs]
+    return {"jobs": records, "folded": True} if fold else {"jobs": records}
+
+
+# JOB record fields cheap enough to read one by one (what squeue's table asks for); any
+# other field in a ``fields`` list costs a whole to_public().  Kept equal to to_public by
+# tests/test_squeue_scale.py.
+_FIELD = {
+    "job_id": lambda j: j.job_id, "display_id": lambda j: j.display_id, "name": lambda j: j.name,
+    "user": lambda j: j.user, "uid": lambda j: j.uid, "account": lambda j: j.account,
+    "partition": lambda j: j.partition, "qos": lambda j: j.qos, "state": lambda j: j.state.value,
+    "reason": lambda j: j.reason, "node": lambda j: j.node, "gpus": lambda j: j.gpus,
+    "cpus": lambda j: j.cpus, "mem_mb": lambda j: j.mem_mb, "time_limit": lambda j: j.time_limit,
+    "submit_time": lambda j: j.submit_time, "start_time": lambda j: j.start_time,
+    "end_time": lambda j: j.end_time, "priority": lambda j: j.priority,
+    "array_job_id": lambda j: j.array_job_id, "array_task_id": lambda j: j.array_task_id,
+    "array_throttle": lambda j: j.array_throttle,
+}
+
+
+def public(j: JobRecord, fields: list[str] | None) -> dict:
+    """The JOB record, or only ``fields`` of it (unknown names left out): 100,000 records
+    in full are ~60 MB and seconds of to_public()."""
+    if not fields:
+        return j.to_public()
+    if all(f in _FIELD for f in fields):
+        return {f: _FIELD[f](j) for f in fields}
+    full = j.to_public()
+    return {f: full[f] for f in fields if f in full}
+
+
+def fold_arrays(jobs: list[JobRecord], fields: list[str] | None = None) -> list[dict]:
+    """JOB records in squeue's order, the pending tasks of each array folded into one record
+    (``display_id`` ``123_[4-99%10]``; the rest is its lowest task's) where its first task
+    in that order stood.  The same as gpuctl's squeue_order then collapse_arrays, done here
+    so squeue over 100,000 pending tasks receives a few records instead of all of them."""
+    pending = JobState.PENDING
+    others: list[JobRecord] = []
+    groups: dict[int, list[JobRecord]] = defaultdict(list)
+    for j in jobs:   # the hot loop: one test per record
+        if j.array_task_id is not None and j.array_job_id is not None and j.state is pending:
+            groups[j.array_job_id].append(j)
+        else:
+            others.append(j)
+    items: list[tuple[tuple, JobRecord, str | None]] = [(_squeue_key(j), j, None) for j in others]
+    for tasks in groups.values():
+        prios = [t.priority or 0 for t in tasks]
+        top = max(prios)
+        key = (True, -top, min(t.job_id for t, p in zip(tasks, prios) if p == top))
+        first = min(tasks, key=_TASK_ID)
+        shown = None
+        if len(tasks) > 1:
+            limit = f"%{first.array_throttle}" if first.array_throttle else ""
+            shown = f"{first.array_job_id}_[{_task_ranges([t.array_task_id for t in tasks])}{limit}]"
+        items.append((key, first, shown))
+    items.sort(key=_KEY)
+    out = []
+    for _, j, shown in items:
+        record = public(j, fields)
+        if shown is not None and (not fields or "display_id" in fields):
+            record["display_id"] = shown
+        out.append(record)
+    return out
+
+
+_KEY = itemgetter(0)
+_TASK_ID = attrgetter("array_task_id")
 
 
 def _squeue_key(j: JobRecord) -> tuple:
@@ -105,41 +168,12 @@ def _squeue_key(j: JobRecord) -> tuple:
     return (pending, -(j.priority or 0) if pending else 0, j.job_id)
 
 
-def fold_arrays(jobs: list[JobRecord]) -> list[dict]:
-    """JOB records in squeue's order, the pending tasks of each array folded into one record
-    (``display_id`` ``123_[4-99%10]``; the rest is its lowest task's) where its first task
-    in that order stood.  The same as gpuctl's squeue_order then collapse_arrays, done here
-    so squeue over 100,000 pending tasks receives a few records instead of all of them."""
-    others: list[tuple[tuple, JobRecord]] = []
-    groups: dict[int, list] = {}    # array id -> [first key, lowest task, task ids]
-    for j in jobs:
-        if j.state is JobState.PENDING and j.array_job_id is not None and j.array_task_id is not None:
-            key = _squeue_key(j)
-            g = groups.get(j.array_job_id)
-            if g is None:
-                groups[j.array_job_id] = [key, j, [j.array_task_id]]
-                continue
-            if key < g[0]:
-                g[0] = key
-            if j.array_task_id < g[1].array_task_id:
-                g[1] = j
-            g[2].append(j.array_task_id)
-        else:
-            others.append((_squeue_key(j), j))
-    items: list[tuple[tuple, Any]] = others + [(g[0], g) for g in groups.values()]
-    items.sort(key=lambda item: item[0])
-    out = []
-    for _, item in items:
-        if isinstance(item, JobRecord):
-            out.append(item.to_public())
-            continue
-        _, first, tasks = item
-        record = first.to_public()
-        if len(tasks) > 1:
-            limit = f"%{first.array_throttle}" if first.array_throttle else ""
-            record["display_id"] = f"{first.array_job_id}_[{format_indices(tasks)}{limit}]"
-        out.append(record)
-    return out
+def _task_ranges(tasks: list[int]) -> str:
+    """format_indices, with the common case (one unbroken range) without its loop."""
+    lo, hi = min(tasks), max(tasks)
+    if hi - lo + 1 == len(tasks) > 1 and len(set(tasks)) == len(tasks):
+        return f"{lo}-{hi}"
+    return format_indices(tasks)
 
 
 async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
