@@ -136,6 +136,19 @@ async def test_losing_a_parts_node_requeues_the_whole_job(kit):
     assert [n for n, _ in sent_to(kit, "kill")] == [job.node]
 
 
+async def test_gpu_hours_and_fair_share_count_every_part(kit):
+    job = await start_gang(kit, nodes=2, gpus=8)
+    start = kit.clock()
+    kit.clock.advance(3600)
+    await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
+                                           "signal": None, "reason": "exited"})
+    report = await kit.call("report", ALICE, since=start - 1, until=kit.clock() + 1)
+    assert report["total"]["gpu_hours"] == pytest.approx(8.0)
+    assert report["total"]["jobs"] == 1
+    usage = kit.head.usage.advance((), (), kit.cfg.sched, kit.clock())
+    assert sum(usage.values()) == pytest.approx(8 * 3600, rel=0.01)
+
+
 # -- srun steps ----------------------------------------------------------------------------------
 
 async def test_step_refusals(kit):

@@ -159,3 +159,13 @@ def per_node(job: "JobRecord") -> list[tuple[str, "JobRecord"]]:
             job, node=str(p.get("node")), gpu_indices=indices, gpu_uuids=tuple(p.get("gpu_uuids", ())),
             cpus=int(p.get("cpus", 0)), mem_mb=int(p.get("mem_mb", 0)), devices=(), parts=())))
     return out
+
+
+def gpus_on(job: "JobRecord", node: str) -> tuple[int, ...] | None:
+    """The GPU indices ``job`` holds on ``node``; None when it holds nothing there."""
+    if job.node == node:
+        return tuple(job.gpu_indices)
+    for p in job.parts:
+        if p.get("node") == node:
+            return tuple(int(i) for i in p.get("gpu_indices", ()))
+    return None

@@ -136,16 +136,19 @@ async def build_report(store: Store, sched: SchedConfig, *, since: float, until:
 async def load_allocations(store: Store, since: float, until: float) -> list[Allocation]:
     assert store.db is not None
     q = ("SELECT a.job_id, a.attempt, j.user, j.account, j.partition, a.node, a.gpu_indices, a.start_time, "
-         "a.end_time FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
+         "a.end_time, a.parts FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
          "WHERE a.start_time < ? AND (a.end_time IS NULL OR a.end_time > ?) ORDER BY a.job_id, a.attempt")
     out = []
     async with store.db.execute(q, (until, since)) as cur:
-        async for job_id, attempt, user, account, partition, node, gpus, start, end in cur:
+        async for job_id, attempt, user, account, partition, node, gpus, start, end, parts in cur:
             job = store.active.get(job_id)
             if end is None and (job is None or job.attempt != attempt or not job.state.active):
                 continue  # an allocation the head never closed (a crash mid-way): not running now
             out.append(Allocation(job_id, attempt, user, account, partition, node,
                                   tuple(json.loads(gpus)), start, end))
+            for p in json.loads(parts or "[]"):   # the other nodes of a multi-node job
+                out.append(Allocation(job_id, attempt, user, account, partition, str(p["node"]),
+                                      tuple(p["gpu_indices"]), start, end))
     return out
 
 

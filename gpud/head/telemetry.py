@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import JobState
 from ..units import format_duration
+from . import gang
 from .store import JobRecord, Txn
 
 if TYPE_CHECKING:
@@ -295,9 +296,10 @@ class Telemetry:
         out = []
         for (job_id, attempt), reported in sample.jobs.items():
             job = self.head.store.active.get(job_id)
-            if job is None or job.node != sample.node or job.attempt != attempt or not job.state.active:
+            held = gang.gpus_on(job, sample.node) if job is not None else None   # any node of a gang
+            if job is None or held is None or job.attempt != attempt or not job.state.active:
                 continue  # an old attempt, or one the head has not (or no longer) placed here
-            gpus = tuple(i for i in job.gpu_indices if i in reported)
+            gpus = tuple(i for i in held if i in reported)
             if gpus:
                 out.append((job, gpus))
         return out
