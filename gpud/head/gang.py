@@ -37,8 +37,11 @@ if TYPE_CHECKING:
 MASTER_PORT_BASE = 20000      # MASTER_PORT = base + job_id % span: every node agrees
 MASTER_PORT_SPAN = 10000
 HOLDER_SLACK = 60.0           # seconds a holder outlives rank 0's time limit (see above)
+# The holder ignores the signals a job may be sent to tell it something (scancel --signal,
+# --signal=USR1@60): only a stop (TERM, KILL) ends a part.
 HOLDER_SCRIPT = ("#!/bin/bash\n"
                  "# gpud: holds this node's part of a multi-node job; gpuctl srun runs tasks here\n"
+                 "trap '' HUP INT QUIT USR1 USR2 ALRM PIPE TSTP TTIN TTOU\n"
                  "exec sleep infinity\n")
 
 
