@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 The group knows its verbs by name only (``VERBS``) and imports a verb's module when that
-verb runs, so ``gpuctl sbatch`` pays for sbatch alone: gpuctl runs in loops, from cron
-and over SSH, and its start-up time is most of its run time.
+verb runs, so ``gpuctl squeue`` pays for squeue alone: gpuctl runs in loops, from cron
+and over SSH, and its start-up time is most of its run time.  The console script is
+``gpuctl.fastpath.main``: a plain ``sbatch`` command line never reaches this module (nor
+click); everything else comes here.
 
 Errors are shaped here, once, for every verb (Slurm's habits):
 
@@ -126,8 +128,14 @@ def cli(ctx: click.Context, socket_path: str | None, config_path: str | None, cl
 
 
 def main(args: list[str] | None = None, prog_name: str = "gpuctl") -> None:
-    """The console script: runs one verb and exits with its status (sys.exit)."""
-    cli.main(args=args, prog_name=prog_name)
+    """Runs one verb and exits with its status (sys.exit); a plain sbatch goes the fast path."""
+    from . import fastpath
+
+    argv = sys.argv[1:] if args is None else list(args)
+    code = fastpath.run_sbatch(argv) if prog_name == fastpath.PROG else None
+    if code is not None:
+        sys.exit(code)
+    cli.main(args=argv, prog_name=prog_name)
 
 
 if __name__ == "__main__":
