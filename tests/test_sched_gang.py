@@ -237,3 +237,9 @@ def test_admission_refuses_gangs_that_can_never_run():
     for msg in (admit({"gpus": 30, "nodes": 4}), admit({"gpus": 40, "nodes": 5})):
         assert "\n" not in msg
     assert admit({"gpus": 40, "nodes": 5}, node_list=[]) is None        # no node registered yet: it waits
+
+
+def test_a_gang_is_billed_for_all_its_gpus():
+    from gpud.sched.usage import billing_rate
+    g = running(1, "n001", range(8), parts=(Part("n002", tuple(range(8)), 1, 1024),))
+    assert billing_rate(g, node("n001"), config()) == 16.0 and billing_rate(g, None, config()) == 16.0

@@ -120,15 +120,21 @@ class Timeline:
         self._events: tuple[int, list[tuple[float, int, int]]] | None = None
         self._version: dict[int, int] = {}                 # bumped on every change to a node
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
+        pos = cluster.pos
         for r in running:
             end = now if r.stopping else max(now, r.end_time())
-            for i, gpus, cpus, mem in cluster.held(r):     # every node of a gang, all of an exclusive node
-                self._add(i, Release(end, gpus, cpus, mem, r.job_id))
+            if r.parts or r.exclusive:
+                for i, gpus, cpus, mem in cluster.held(r):     # every node of a gang, all of an exclusive node
+                    self._add(i, Release(end, gpus, cpus, mem, r.job_id))
+                continue
+            i = pos.get(r.node)
+            if i is not None:
+                self._add(i, Release(end, tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id))
 
     def _add(self, i: int, rel: Release) -> None:
         self._changes += 1
         self.releases[i].append(rel)
-        self._by_job.setdefault(rel.job_id, (i, rel))      # victims are single-node jobs
+        self._by_job[rel.job_id] = (i, rel)      # victims are single-node jobs
 
     def add_start(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float, job_id: int) -> None:
         """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""

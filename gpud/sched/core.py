@@ -44,7 +44,7 @@ cap allows.
 from __future__ import annotations
 
 from .backfill import Timeline
-from .gang import Gangs, Request, switch_limit, takes_gang_path
+from .gang import Gangs, Request, switch_limit
 from .placement import Cluster
 from .plan import Plan, Preemption, Start
 from .preempt import Choice, Preemptor
@@ -117,8 +117,8 @@ class _Pass:
         if job.shared:
             self.consider_shared(job)
             return True
-        if takes_gang_path(job):
-            return self.consider_gang(job, may_borrow)
+        if job.nodes != 1 or job.nodelist or job.exclude or job.constraint or job.exclusive:
+            return self.consider_gang(job, may_borrow)      # gang.takes_gang_path, inlined: hot
         # b. cannot run as configured
         shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
         key = (shape, job.qos, job.account)

@@ -88,21 +88,41 @@ class Cluster:
         self.mem = list(self.total_mem)
         self.exclusive: set[int] = set()          # nodes an exclusive job holds whole
         self._held: dict[int, list[Holding]] = {}
-        for r in sorted(running, key=lambda r: r.exclusive):   # exclusive jobs take what is left
+        pos, free_cpus, free_mem = self.pos, self.cpus, self.mem
+        exclusive_jobs = []
+        for r in running:
+            if r.exclusive:
+                exclusive_jobs.append(r)      # they take what is left, once the rest is counted
+                continue
+            i = pos.get(r.node)
+            if i is not None:
+                taken[i].update(r.gpu_indices)
+                free_cpus[i] -= r.cpus
+                free_mem[i] -= r.mem_mb
+            if not r.parts:
+                continue                      # held() derives it: no list per job on big clusters
+            held = self._held[r.job_id] = [] if i is None else [(i, r.gpu_indices, r.cpus, r.mem_mb)]
+            for p in r.parts:
+                k = pos.get(p.node)
+                if k is not None:
+                    taken[k].update(p.gpu_indices)
+                    free_cpus[k] -= p.cpus
+                    free_mem[k] -= p.mem_mb
+                    held.append((k, p.gpu_indices, p.cpus, p.mem_mb))
+        for r in exclusive_jobs:
             held = self._held[r.job_id] = []
             for node, gpus, cpus, mem in ((r.node, r.gpu_indices, r.cpus, r.mem_mb),
                                           *((p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in r.parts)):
-                i = self.pos.get(node)
+                i = pos.get(node)
                 if i is None:
                     continue
-                if r.exclusive:
-                    gpus = tuple(sorted(set(gpus) | (self.model_of[i].keys() - taken[i])))
-                    cpus, mem = max(cpus, self.cpus[i]), max(mem, self.mem[i])
-                    self.exclusive.add(i)
+                gpus = tuple(sorted(set(gpus) | (self.model_of[i].keys() - taken[i])))
+                cpus, mem = max(cpus, free_cpus[i]), max(mem, free_mem[i])
+                self.exclusive.add(i)
                 taken[i].update(gpus)
-                self.cpus[i] -= cpus
-                self.mem[i] -= mem
-                held.append((i, tuple(gpus), cpus, mem))
+                free_cpus[i] -= cpus
+                free_mem[i] -= mem
+                held.append((i, gpus, cpus, mem))
         self.free = [sorted(g for g in m if g not in t) for m, t in zip(self.model_of, taken)]
         self.members: dict[str, list[int]] = {}
         for name, p in cfg.partitions.items():
@@ -119,7 +139,11 @@ class Cluster:
 
     def held(self, r: RunningJob) -> list[Holding]:
         """What running job ``r`` holds on each node it spans (nodes not in the snapshot left out)."""
-        return self._held.get(r.job_id, [])
+        held = self._held.get(r.job_id)
+        if held is not None:
+            return held
+        i = self.pos.get(r.node)
+        return [] if i is None else [(i, r.gpu_indices, r.cpus, r.mem_mb)]
 
     def idle(self, i: int) -> bool:
         """Nothing runs on node ``i`` (what an exclusive job needs)."""
@@ -216,11 +240,13 @@ class Cluster:
     def pick(self, i: int, gpus: int, model: str | None) -> tuple[int, ...]:
         """The GPUs a start on node ``i`` would take: one NVLink island when the node's
         topology is known and one has room (see topology.py), else the lowest free indices."""
-        free = self.matching_free(i, model)
         t = self.topology[i]
         if t is None or gpus <= 0:
-            return tuple(free[:gpus])
-        return t.pick(free, gpus)
+            if model is None:
+                return tuple(self.free[i][:gpus])
+            m = self.model_of[i]
+            return tuple([g for g in self.free[i] if m[g] == model][:gpus])
+        return t.pick(self.matching_free(i, model), gpus)
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
         taken = set(gpu_indices)

@@ -64,7 +64,7 @@ class QuotaBook:
         self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
         self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
         for r in running:
-            g = r.gpus                     # a gang's total over all its nodes
+            g = r.gpus if r.parts else len(r.gpu_indices)    # a gang's total over all its nodes
             if not r.stopping:
                 self.used[self.pool(r.account)] += g
             self._hold(r.account, r.qos, r.user, g)

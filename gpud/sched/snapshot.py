@@ -149,6 +149,8 @@ class RunningJob:
 
     @property
     def gpus(self) -> int:
+        if not self.parts:
+            return len(self.gpu_indices)
         return len(self.gpu_indices) + sum(len(p.gpu_indices) for p in self.parts)
 
     def end_time(self) -> float:

@@ -128,7 +128,10 @@ class NodeTopology:
 
 def topology_of(gpus: Sequence[GpuView]) -> NodeTopology | None:
     """The node's topology, or None when its GPUs report no NVLink peers and no NUMA node."""
-    if not any(g.nvlink_peers or g.numa_node is not None for g in gpus):
+    for g in gpus:
+        if g.nvlink_peers or g.numa_node is not None:
+            break
+    else:
         return None
     t = NodeTopology(gpus)
     return t if t.levels else None

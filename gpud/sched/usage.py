@@ -55,10 +55,12 @@ def decayed_integral(rate: float, a: float, b: float, t: float, half_life: float
 def billing_rate(job: RunningJob, node: NodeView | None, cfg: SchedConfig) -> float:
     """Billed GPU-seconds per second for ``job`` (its GPUs' weights summed)."""
     if node is None:
-        return float(len(job.gpu_indices)) + sum(device_fraction(d, None) for d in job.devices if d.kind != "gpu")
+        return float(job.gpus) + sum(device_fraction(d, None) for d in job.devices if d.kind != "gpu")
     views = {g.index: g for g in node.gpus}
     models = {g.index: g.model for g in node.gpus}
     rate = sum(cfg.billing_weight(models.get(i, "")) for i in job.gpu_indices)
+    for p in job.parts:          # a gang's other nodes: billed at rank 0's GPU models (gangs are uniform)
+        rate += sum(cfg.billing_weight(models.get(i, "")) for i in p.gpu_indices)
     for d in job.devices:
         if d.kind != "gpu":      # whole GPUs are billed through gpu_indices above
             rate += cfg.billing_weight(models.get(d.index, "")) * device_fraction(d, views.get(d.index))
