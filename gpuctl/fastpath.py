@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     """``gpuctl``: sbatch through the fast path when it understands the arguments, else click."""
     args = sys.argv[1:] if argv is None else list(argv)
     code = run_sbatch(args)
+    if code is None and _plain_environment():   # plain squeue listings skip click too
+        from .commands.squeue import fast_main
+        code = fast_main(args)
     if code is None:
         from .main import cli
 

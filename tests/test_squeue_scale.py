@@ -170,11 +170,11 @@ def test_fast_path_asks_the_head_to_fold_and_trim(head) -> None:
     assert "fold" not in head.last("jobs")
 
 
-def test_fast_path_loads_neither_click_nor_the_format_tables(head) -> None:
+def test_the_console_script_takes_the_fast_path_without_click(head) -> None:
     head.reply("jobs", {"jobs": [], "folded": True})      # a head that folds
-    code = (f"import sys; from gpuctl.commands import squeue; "
-            f"rc = squeue.fast_main(['--socket', {head.path!r}, 'squeue']); "
-            f"print(rc, ' '.join(sorted(sys.modules)), file=sys.stderr)")
+    code = (f"import sys; from gpuctl.fastpath import main\n"
+            f"try: main(['--socket', {head.path!r}, 'squeue'])\n"
+            f"except SystemExit as e: print(e.code, ' '.join(sorted(sys.modules)), file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
     rc, _, loaded = r.stderr.strip().splitlines()[-1].partition(" ")
@@ -202,3 +202,13 @@ def test_the_table_fields_are_all_the_table_reads() -> None:
     trimmed = [{k: r[k] for k in squeue.TABLE_FIELDS if k in r} for r in full]
     assert fmt.squeue_table(squeue._displayed(trimmed), T0 + 60) == fmt.squeue_table(squeue._displayed(full), T0 + 60)
     assert fold_arrays(jobs, list(squeue.TABLE_FIELDS)) == trimmed
+
+
+def test_the_fast_path_frames_a_closed_pipe_and_an_interrupt_as_click_does(head, monkeypatch) -> None:
+    def interrupted(client, q):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(squeue, "listing", interrupted)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert squeue.fast_main(["--socket", head.path, "squeue"]) == 130
+    assert err.getvalue() == "\ngpuctl: interrupted\n"

@@ -26,6 +26,7 @@ is built on first access to ``command`` (module ``__getattr__``).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -268,18 +269,27 @@ def fast_main(argv: list[str]) -> int | None:
     from gpud.protocol import ProtocolError, RemoteError
 
     client = None
-    try:
+    try:     # failures framed as gpuctl.main frames them for the click command
         client = Client(glob.get("socket"), config_path=glob.get("config"))
         out = listing(client, q)
+        if out:
+            _write(sys.stdout, out)
+        return 0
     except (RemoteError, HeadUnavailable, ProtocolError) as e:
         _write(sys.stderr, f"squeue: error: {' '.join(str(e).split())}")
+        return 1
+    except (KeyboardInterrupt, EOFError):
+        _write(sys.stderr, "\ngpuctl: interrupted")
+        return 130
+    except BrokenPipeError:     # ``| head``: no complaint, exit 1
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
         return 1
     finally:
         if client is not None:
             client.close()
-    if out:
-        _write(sys.stdout, out)
-    return 0
 
 
 def _write(stream: Any, text: str) -> None:
