@@ -3,11 +3,14 @@ applied on virtual time as a worker applies them."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpud.gpu import mig
 from gpud.sched.config import sched_config_from_dict
 from gpud.sched.plan import Relayout
 from gpud.sched.snapshot import Device, GpuView, NodeView, RunningJob, SliceView
 from gpud.sim import sharing
+from gpud.sim.cluster import ClusterSpecError, apply_gpu_modes, parse_cluster
 from gpud.sim.engine import Simulation
 from gpud.sim.trace import TraceJob
 
@@ -72,3 +75,67 @@ def test_pending_fields():
     assert sharing.pending_fields(row(1, 0, 1, "MIG 2G.20GB")) == {"mig_profile": "2g.20gb", "gpu_mem_mb": None}
     assert sharing.pending_fields(row(1, 0, 1, mem="20G")) == {"mig_profile": None, "gpu_mem_mb": 20480}
     assert sharing.pending_fields(row(1, 0, 1, "nonsense", "lots")) == {"mig_profile": None, "gpu_mem_mb": None}
+
+
+# -- fractional trace rows on shared GPUs ---------------------------------------------------
+
+def frac(seq: int, submit: float, run: float, share: float, gpus: int = 1) -> TraceJob:
+    return TraceJob(seq=seq, trace_id=f"f{seq}", submit_s=submit, gpus=gpus, share=share, duration_s=run,
+                    user="u", account=None, gpu_type=None, status=None, time_limit_s=run)
+
+
+def test_gpu_modes_spec_sets_up_gpus_as_a_worker_would():
+    nodes = apply_gpu_modes(parse_cluster("2x4xA100-80GB"),
+                            "0-1=mps:max_clients=8; 2=mig:dynamic; 3=mig:all-1g.10gb; n0002:*=timeslice:4")
+    first, second = nodes
+    assert [g.mode for g in first.gpus] == ["mps", "mps", "mig", "mig"]
+    assert first.gpus[0].mps_max_clients == 8 and first.gpus[2].dynamic and not first.gpus[2].slices
+    assert len(first.gpus[3].slices) == 7 and not first.gpus[3].dynamic
+    assert {(g.mode, g.replicas) for g in second.gpus} == {("timeslice", 4)}      # a node's own entry wins
+    assert [g.mode for g in apply_gpu_modes(parse_cluster("1x2xV100-32GB"), "mps")[0].gpus] == ["mps", "mps"]
+    assert apply_gpu_modes(nodes, None) == nodes
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("0-1=sliced", "unknown GPU mode"),
+    ("mig:dynamic", "does not support MIG"),          # V100: no MIG
+    ("mps:max_clients=99", "max_clients"),
+])
+def test_gpu_modes_spec_errors_are_one_line(spec, words):
+    with pytest.raises(ClusterSpecError, match=words) as e:
+        apply_gpu_modes(parse_cluster("1x2xV100-32GB"), spec)
+    assert "\n" not in str(e.value)
+
+
+def test_fractions_map_to_the_clusters_sharing():
+    mps = sharing.Fractions(apply_gpu_modes(parse_cluster("1x2xV100-32GB"), "0=mps"))
+    assert mps.kind == "memory" and mps.request(0.5, None) == {"mig_profile": None, "gpu_mem_mb": 16384}
+    migs = sharing.Fractions(apply_gpu_modes(parse_cluster("1x2xA100-80GB"), "mig:dynamic"))
+    assert migs.kind == "mig"
+    assert [migs.request(f, None)["mig_profile"] for f in (0.1, 0.15, 0.23, 0.47, 0.81)] == \
+        ["1g.10gb", "2g.20gb", "2g.20gb", "4g.40gb", "7g.80gb"]
+    assert sharing.Fractions(parse_cluster("1x2xA100-80GB")).kind == "whole"
+    # a row that names its memory keeps it
+    assert sharing.pending_fields(row(1, 0, 1, mem="4G"), mps) == {"mig_profile": None, "gpu_mem_mb": 4096}
+
+
+def test_fractions_share_an_mps_gpu_and_count_their_fraction():
+    # one whole GPU and one MPS GPU: four 0.25 jobs share the MPS GPU at once; the 1-GPU job
+    # takes the whole one.  Allocation counts 1 + 4 x 0.25 of 2 GPUs while the 0.5 job waits.
+    nodes = apply_gpu_modes(parse_cluster("1x2xV100-32GB"), "1=mps")
+    jobs = [frac(k + 1, 0.0, 100.0, 0.25) for k in range(4)] + [frac(5, 0.0, 100.0, 1.0),
+                                                                 frac(6, 0.0, 50.0, 0.5)]
+    sim = Simulation(nodes, jobs, record_starts=True)
+    report = sim.run()
+    starts = {trace_id: t for t, trace_id, _, _ in sim.start_log}
+    assert [starts[f"f{k}"] for k in range(1, 6)] == [0.0] * 5 and starts["f6"] == 100.0
+    assert report["gpu_allocation"] == 1.0
+    assert report["utilization"] == pytest.approx((2 * 100 + 0.5 * 50) / (2 * 150))
+    assert report["jobs"]["completed"] == 6
+
+
+def test_fractions_hold_a_whole_gpu_without_shared_gpus():
+    jobs = [frac(1, 0.0, 100.0, 0.25), frac(2, 0.0, 100.0, 0.25)]
+    report = Simulation(parse_cluster("1x1xV100-32GB"), jobs).run()
+    assert report["gpu_allocation"] == 1.0 and report["makespan_s"] == 200.0
+    assert report["accounts"]["default"]["gpu_seconds"] == pytest.approx(50.0)

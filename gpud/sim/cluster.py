@@ -6,15 +6,28 @@ is ``NAME-<N>GB`` (as in a worker's ``--sim`` spec) and each GPU has ``N`` GiB. 
 named ``n0001``, ``n0002``, ... across all groups in spec order.  A node gets
 ``CPUS_PER_GPU`` CPUs and ``MEM_MB_PER_GPU`` of memory per GPU, roughly a DGX-class box,
 so that GPUs, not CPUs or memory, bound what fits.
+
+GPU sharing (``--gpu-modes``): every GPU is ``whole`` unless a modes spec says otherwise.
+A spec is ``;``-joined ``SELECTOR=MODE`` entries, or one bare ``MODE`` for every GPU.
+Modes are written as in a worker's ``[worker] gpu_modes`` (``whole``, ``mig:dynamic``,
+``mig:all-1g.10gb``, ``mps[:max_clients=N]``, ``timeslice:N``); a selector is GPU indexes
+as there (``*``, ``0-3``, ``0,2``), optionally after ``NODES:`` where ``NODES`` is a node
+name or a shell pattern (``n000[1-2]``).  As on a worker, a node's own entry beats a plain
+one and explicit indexes beat ``*``.  A static MIG layout starts cut; a dynamic one starts
+empty and is cut by the core's re-layouts.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from dataclasses import replace
 
-from ..sched.snapshot import GpuView, NodeView
+from ..gpu import mig
+from ..sched.snapshot import GpuView, NodeView, SliceView
 
-__all__ = ["ClusterSpecError", "parse_cluster", "CPUS_PER_GPU", "MEM_MB_PER_GPU"]
+__all__ = ["ClusterSpecError", "parse_cluster", "apply_gpu_modes", "shared_gpus",
+           "CPUS_PER_GPU", "MEM_MB_PER_GPU"]
 
 CPUS_PER_GPU = 16
 MEM_MB_PER_GPU = 128 * 1024
@@ -64,3 +77,64 @@ def parse_cluster(spec: str) -> tuple[NodeView, ...]:
             out.append(NodeView(name=name, cpus=CPUS_PER_GPU * gpus,
                                 mem_mb=MEM_MB_PER_GPU * gpus, gpus=views))
     return tuple(out)
+
+
+def apply_gpu_modes(nodes: tuple[NodeView, ...], spec: str | None) -> tuple[NodeView, ...]:
+    """``nodes`` with their GPUs set up as ``spec`` says; ClusterSpecError with one line."""
+    if spec is None or not spec.strip():
+        return nodes
+    from ..worker.gpumodes import parse_mode, parse_selector   # the worker's own syntax
+
+    entries: list[tuple[int, str | None, frozenset[int] | None, object, str]] = []
+    for item in filter(None, (w.strip() for w in spec.split(";"))):
+        selector, eq, text = item.partition("=")
+        node_pat, colon, gpus = selector.strip().rpartition(":")
+        try:
+            _, which = parse_selector(gpus) if eq else (None, None)
+        except ValueError:             # no selector before "=": a bare mode such as mps:max_clients=8
+            eq = ""
+        if not eq:
+            node_pat, colon, which, text = "", "", None, item
+        try:
+            mode = parse_mode(text)
+        except ValueError as e:
+            raise ClusterSpecError(f"invalid --gpu-modes entry {item!r}: {e}") from None
+        rank = (2 if colon else 0) + (1 if which is not None else 0)
+        entries.append((rank, node_pat if colon else None, which, mode, item))
+    out = []
+    for n in nodes:
+        gpus = []
+        for g in n.gpus:
+            hits = [(rank, mode, item) for rank, pat, which, mode, item in entries
+                    if (pat is None or fnmatch.fnmatchcase(n.name, pat))
+                    and (which is None or g.index in which)]
+            if not hits:
+                gpus.append(g)
+                continue
+            _, mode, item = max(hits, key=lambda h: h[0])
+            gpus.append(_with_mode(n.name, g, mode, item))
+        out.append(replace(n, gpus=tuple(gpus)))
+    return tuple(out)
+
+
+def _with_mode(node: str, g: GpuView, mode, item: str) -> GpuView:
+    if mode.kind == "whole":
+        return replace(g, mode="whole")
+    if mode.kind == "mps":
+        return replace(g, mode="mps", mps_max_clients=mode.max_clients,
+                       mps_thread_percentage=mode.thread_percentage)
+    if mode.kind == "timeslice":
+        return replace(g, mode="timeslice", replicas=mode.replicas)
+    try:
+        cat = mig.catalog(g.model)
+        layout = [] if mode.dynamic else mig.named_layout(g.model, mode.layout)
+    except mig.MigError as e:
+        raise ClusterSpecError(f"invalid --gpu-modes entry {item!r} for {g.model}: {e}") from None
+    slices = tuple(SliceView(s.profile, s.start, f"MIG-{node}-{g.index}-{s.start}-{s.profile}",
+                             cat[s.profile].memory_mb) for s in layout)
+    return replace(g, mode="mig", dynamic=mode.dynamic, slices=slices)
+
+
+def shared_gpus(nodes: tuple[NodeView, ...]) -> list[GpuView]:
+    """The GPUs set up for sharing (not ``whole``)."""
+    return [g for n in nodes for g in n.gpus if g.mode != "whole"]

@@ -16,7 +16,7 @@ import click
 
 from ..sched.config import SchedConfig
 from ..units import UnitError, parse_duration
-from .cluster import ClusterSpecError, parse_cluster
+from .cluster import ClusterSpecError, apply_gpu_modes, parse_cluster
 from .compare import format_compare
 from .engine import Simulation
 from .estimates import MODES, Estimates
@@ -95,6 +95,9 @@ PLOT_POINTS = 400      # samples per series when plotting
               help="gpud.toml whose [sched] policy to simulate (default: built-in defaults).")
 @click.option("--cluster", "cluster_spec", required=True, metavar="SPEC",
               help="Virtual cluster, NODESxGPUSxMODEL[,...], e.g. 16x8xH100-80GB.")
+@click.option("--gpu-modes", "gpu_modes", metavar="SPEC",
+              help="How GPUs are shared, as a worker's gpu_modes: MODE for every GPU, or "
+                   "[NODES:]GPUS=MODE;... e.g. 'n0001:*=mps' or '0-3=mig:dynamic' (default: whole).")
 @click.option("--trace", "trace_path", metavar="CSV",
               help="Job trace: job_id,submit_s,gpus,duration_s,user,group,gpu_type,status.")
 @click.option("--synthetic", type=click.Choice(KINDS), metavar="KIND",
@@ -142,7 +145,7 @@ PLOT_POINTS = 400      # samples per series when plotting
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", metavar="PNG",
               help="Draw utilization, queue length and account shares over time (needs matplotlib).")
-def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
+def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, trace_path: str | None,
              synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
              save_trace: str | None, policy: str, compare: bool, until: str | None,
              since: str | None, skip_status: tuple[str, ...], drain: bool, ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
@@ -172,7 +175,7 @@ def simulate(config_path: str | None, cluster_spec: str, trace_path: str | None,
         except PlotError as e:
             raise _OneLineError(str(e)) from None
     try:
-        nodes = parse_cluster(cluster_spec)
+        nodes = apply_gpu_modes(parse_cluster(cluster_spec), gpu_modes)
         config = load_sched_config(config_path)
     except (ClusterSpecError, SimConfigError) as e:
         raise _OneLineError(str(e)) from None

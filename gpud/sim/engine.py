@@ -72,7 +72,7 @@ class _Job:
 
     __slots__ = ("trace", "account", "user", "qos", "submit", "limit", "attempt",
                  "preempt_count", "first_start", "node", "gpu_indices", "start",
-                 "stop_mode", "weight", "bucket")
+                 "stop_mode", "weight", "bucket", "amount", "shared")
 
     def __init__(self, trace: TraceJob, account: str, qos: str, submit: float,
                  limit: float | None) -> None:
@@ -91,6 +91,8 @@ class _Job:
         self.stop_mode: str | None = None   # set once preempted: "requeue" or "cancel"
         self.weight = 1.0                   # billing weight of the GPUs of the current run
         self.bucket = size_bucket(trace.gpus, trace.share)
+        self.amount = 0.0                   # GPUs the current run occupies (a share: its fraction)
+        self.shared = False                 # the current run holds slices or shares
 
 
 class _Usage:
@@ -159,7 +161,8 @@ class Simulation:
         self.jobs: dict[int, _Job] = {}
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
-        self._free = {n.name: {g.index for g in n.gpus} for n in self.nodes}
+        # whole GPUs free per node; shared GPUs are the core's to count (their jobs' devices)
+        self._free = {n.name: {g.index for g in n.gpus if g.mode == "whole"} for n in self.nodes}
         self._free_cpus = {n.name: n.cpus for n in self.nodes}
         self._free_mem = {n.name: n.mem_mb for n in self.nodes}
         self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
@@ -174,14 +177,21 @@ class Simulation:
                 if len(hist) <= k:
                     hist.extend([0] * (k + 1 - len(hist)))
                 hist[k] += 1
+        # the most whole GPUs of a model (None: any) on one node
         self._max_gpus: dict[str | None, int] = {None: 0}
         for n in self.nodes:
-            self._max_gpus[None] = max(self._max_gpus[None], len(n.gpus))
+            whole = [g for g in n.gpus if g.mode == "whole"]
+            self._max_gpus[None] = max(self._max_gpus[None], len(whole))
             for model in {g.model for g in n.gpus}:
-                count = sum(1 for g in n.gpus if g.model == model)
+                count = sum(1 for g in whole if g.model == model)
                 self._max_gpus[model] = max(self._max_gpus.get(model, 0), count)
+        self._fractions = _sharing.Fractions(self.nodes)
+        # fractional jobs waiting, and whether shared devices may have come free since the last pass
+        self._shared_pending = 0
+        self._shared_dirty = False
         self.total_gpus = sum(len(n.gpus) for n in self.nodes)
-        self.allocated = 0
+        self._node_by_name = {n.name: n for n in self.nodes}
+        self.allocated = 0.0               # GPUs occupied: whole ones, plus slices and shares by fraction
         self.tally = Tally(total_gpus=self.total_gpus, period=period, series_step=series_step)
         # the fewest GPUs a job waiting for Resources wants, as of the last pass
         self._resources_need: int | None = None
@@ -207,6 +217,8 @@ class Simulation:
             t = self._next_time()
             if t is None or (self.until is not None and t > self.until and not self.drain):
                 break
+            if self._next_row is None and not self.pending and not self.running:
+                break                  # all done: wake-ups left for reservations are moot
             self._advance(t)
             if not self._apply_events(t):
                 continue
@@ -254,9 +266,9 @@ class Simulation:
         changed = False
         while heap and heap[0][0] <= t:
             _, kind, _, job_id, attempt = heapq.heappop(heap)
-            if kind == _WAKE:
+            if kind == _WAKE:          # a time the core asked for (a reservation, a re-layout done)
                 self._wakes.discard(t)
-                changed = True
+                changed = self._shared_dirty = True
                 continue
             job = self.jobs.get(job_id)
             if job is None or job.attempt != attempt or job_id not in self.running:
@@ -288,7 +300,7 @@ class Simulation:
         """
         if not self.pending:
             return False
-        if self._can_preempt:
+        if self._can_preempt or (self._shared_pending and self._shared_dirty):
             return True
         for (gpu_type, gpus), n in self._pending_shapes.items():
             if n <= 0:
@@ -364,7 +376,9 @@ class Simulation:
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
         if gpu_type is not None and gpu_type not in self._max_gpus:
             return "no_such_gpu_type"
-        if row.gpus > self._max_gpus[gpu_type]:
+        if row.gpus > self._max_gpus[gpu_type] and not (
+                row.share < 1 and self._fractions.kind != "whole") and not row.mig_profile \
+                and not row.gpu_mem:
             return "too_many_gpus"
         if (row.qos or self.config.default_qos) not in self.config.qos:
             return "no_such_qos"
@@ -385,13 +399,19 @@ class Simulation:
     def _make_pending(self, job: _Job) -> None:
         row = job.trace
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
-        self._pending_shapes[(gpu_type, row.gpus)] += 1
         self.tally.queue(job.account, row.share)
-        self.pending[row.seq] = PendingJob(
+        pend = PendingJob(
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
             mem_mb=self.config.default_mem_mb, time_limit=job.limit, submit_time=job.submit,
-            gpu_type=gpu_type, preempt_count=job.preempt_count, **_sharing.pending_fields(row))
+            gpu_type=gpu_type, preempt_count=job.preempt_count,
+            **_sharing.pending_fields(row, self._fractions, gpu_type))
+        if pend.shared:
+            self._shared_pending += 1
+            self._shared_dirty = True
+        else:
+            self._pending_shapes[(gpu_type, row.gpus)] += 1
+        self.pending[row.seq] = pend
 
     def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
         job_id = job.trace.seq
@@ -402,10 +422,13 @@ class Simulation:
         self._refile(run.node, before)
         self._free_cpus[run.node] += run.cpus
         self._free_mem[run.node] += run.mem_mb
-        n = len(run.gpu_indices)
-        self.allocated -= n
+        self.allocated -= job.amount
+        if abs(self.allocated) < 1e-9:
+            self.allocated = 0.0           # no float residue once nothing runs
+        if job.shared:
+            self._shared_dirty = True
         self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight)
-        self.tally.run_stopped(job.account, job.trace.share, n, t - job.start,
+        self.tally.run_stopped(job.account, job.trace.share, job.amount, t - job.start,
                                preempted=job.stop_mode is not None)
         if job.stop_mode == "requeue":
             job.stop_mode = None
@@ -433,6 +456,7 @@ class Simulation:
     def _pass(self, t: float) -> None:
         plan = self._schedule(self.snapshot(), t)
         self.tally.passes += 1
+        self._shared_dirty = False
         for s in plan.starts:
             self._start(s, t)
         for p in plan.preemptions:
@@ -441,6 +465,8 @@ class Simulation:
             nodes = _sharing.apply_relayout(self.nodes, r, self.running.values(), t)
             if nodes is not None:
                 self.nodes = nodes
+                self._node_by_name[r.node] = next(n for n in nodes if n.name == r.node)
+                self._shared_dirty = True
                 self._wake(t + _sharing.RELAYOUT_S)
         pending = self.pending
         self._resources_need = min(
@@ -471,24 +497,30 @@ class Simulation:
             log.warning("plan start of job %d on %s does not fit; skipped", s.job_id, s.node)
             return
         del self.pending[s.job_id]
-        self._pending_shapes[(pend.gpu_type, pend.gpus)] -= 1
+        if pend.shared:
+            self._shared_pending -= 1
+        else:
+            self._pending_shapes[(pend.gpu_type, pend.gpus)] -= 1
         self.tally.queue(job.account, -job.trace.share)
         before = self._free_counts(s.node)
         free.difference_update(want)
         self._refile(s.node, before)
         self._free_cpus[s.node] -= s.cpus
         self._free_mem[s.node] -= s.mem_mb
-        self.allocated += len(want)
+        job.amount = (_sharing.device_amount(s.devices, tuple(s.gpu_indices), self._gpu_views(s.node))
+                      if shared else float(len(want)))
+        job.shared = shared
+        self.allocated += job.amount
         job.attempt += 1
         job.node, job.gpu_indices, job.start = s.node, tuple(s.gpu_indices), t
-        job.weight = self._weight(models, want)
+        job.weight = self._weight(models, want or {d.index for d in s.devices})
         self.usage.add_rate((job.account, job.user), job.trace.share * job.weight)
         wait = None
         if job.first_start is None:
             job.first_start = t
             wait = t - job.submit
         self.tally.start(job.account, wait, job.bucket)
-        self.tally.run_started(job.account, job.trace.share, len(want))
+        self.tally.run_started(job.account, job.trace.share, job.amount)
         if self.start_log is not None:
             self.start_log.append((t, job.trace.trace_id, s.node, tuple(s.gpu_indices)))
         self.running[s.job_id] = RunningJob(
@@ -499,6 +531,9 @@ class Simulation:
             devices=s.devices)
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
+
+    def _gpu_views(self, node: str) -> dict[int, Any]:
+        return {g.index: g for g in self._node_by_name[node].gpus}
 
     def _weight(self, models: dict[int, str], gpus: set[int]) -> float:
         """Mean billing weight of these GPUs: a job is billed its share times it."""

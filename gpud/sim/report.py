@@ -11,7 +11,8 @@ side).  Definitions:
 * ``utilization``: allocated GPU-time over all GPU-time from the first arrival to the end.
 * GPU-seconds are unweighted (no billing weights) and counted up to the end of the
   simulation (``--until`` cuts running jobs there).  A job holding a share of a GPU counts
-  its share; ``gpu_seconds_allocated`` counts the whole GPUs it held.  Runs cut short by a
+  its share; ``gpu_seconds_allocated`` counts what it held (a whole GPU for a fraction on
+  a GPU that is not shared, the slice or share otherwise).  Runs cut short by a
   preemption count too: the GPUs were busy.
 * A job's wait is from submission to its first start; requeues after a preemption do not
   reset it.  Waits of jobs that never started are not in the statistics (see
@@ -73,7 +74,7 @@ class AccountTally:
     demand: float = 0.0               # share-weighted GPU-seconds of the jobs it submitted
     waits: list[float] = field(default_factory=list)
     rate: float = 0.0                 # GPUs (share-weighted) running now
-    rate_allocated: int = 0           # whole GPUs held now
+    rate_allocated: float = 0.0       # GPUs held now (a slice or share: its fraction)
     queued: float = 0.0               # GPUs (share-weighted) its waiting jobs ask for
     wanted: float = 0.0               # GPU-seconds held or asked for
 
@@ -116,7 +117,7 @@ class Tally:
 
     # -- time passing ------------------------------------------------------------------
 
-    def advance(self, t0: float, t1: float, allocated: int, pending: int,
+    def advance(self, t0: float, t1: float, allocated: float, pending: int,
                 resources_need: int | None) -> None:
         """Time ran from ``t0`` to ``t1`` with ``allocated`` GPUs busy and ``pending`` jobs
         waiting; ``resources_need``: the fewest GPUs a job waiting for Resources wants."""
@@ -204,17 +205,18 @@ class Tally:
         self.waits.append(wait)
         self.size_waits.setdefault(bucket, []).append(wait)
 
-    def run_started(self, account: str, share: float, gpus: int) -> None:
+    def run_started(self, account: str, share: float, gpus: float) -> None:
         acct = self.account(account)
         acct.rate += share
         acct.rate_allocated += gpus
 
-    def run_stopped(self, account: str, share: float, gpus: int, seconds: float,
+    def run_stopped(self, account: str, share: float, gpus: float, seconds: float,
                     preempted: bool) -> None:
         acct = self.account(account)
         acct.rate -= share
         acct.rate_allocated -= gpus
-        if acct.rate_allocated == 0:
+        if abs(acct.rate_allocated) < 1e-9:
+            acct.rate_allocated = 0.0
             acct.rate = 0.0          # no float residue once nothing runs
         if preempted:
             self.preempted_gpu_seconds += gpus * seconds

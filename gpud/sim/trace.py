@@ -18,15 +18,16 @@ Meanings chosen for the simulator:
 
 * ``group`` is the job's account; an empty account is the configured default account and
   an empty user is ``UNKNOWN_USER``.
-* ``gpus`` below one (``0.46``) is a share of one GPU.  Until the core can place GPU
-  shares, such a job takes one whole GPU but is billed (and reported) its fraction.
-  A non-integer above one is malformed.
+* ``gpus`` below one (``0.46``) is a share of one GPU: on a cluster with shared GPUs it
+  becomes a request the core's sharing places (gpud/sim/sharing.py, ``Fractions``), else
+  it takes one whole GPU; either way it is billed its fraction.  A non-integer above one
+  is malformed.
 * ``gpus`` of zero: the job needs no GPU, so it neither competes for nor uses what the
   simulator measures; it is skipped and counted as ``zero_gpu``.
 * ``status`` is carried through untouched; the simulator runs every row for its
   ``duration_s`` whatever its recorded outcome.
-* ``gpu_mem`` and ``mig_profile`` are carried but not used for placement yet: the job
-  takes whole GPUs.
+* ``gpu_mem`` and ``mig_profile`` are requests for a slice or share, placed by the core's
+  GPU sharing on MIG, MPS or time-sliced GPUs.
 """
 
 from __future__ import annotations
