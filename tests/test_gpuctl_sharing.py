@@ -25,9 +25,9 @@ def test_gpus_option(text, want):
 
 
 @pytest.mark.parametrize("text, want", [
-    ("gpu:1g.10gb:2", {"gpus": 2, "mig_profile": "1g.10gb"}),
-    ("gpu:2g.20gb", {"gpus": 1, "mig_profile": "2g.20gb"}),
-    ("gpu:a100:3", {"gpus": 3, "gpu_type": "a100"}),
+    ("gpu:1g.10gb:2", {"gpus_per_node": 2, "mig_profile": "1g.10gb"}),   # --gres counts per node
+    ("gpu:2g.20gb", {"gpus_per_node": 1, "mig_profile": "2g.20gb"}),
+    ("gpu:a100:3", {"gpus_per_node": 3, "gpu_type": "a100"}),
 ])
 def test_gres_option(text, want):
     assert cli("--gres", text) == want

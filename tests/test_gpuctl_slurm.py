@@ -81,33 +81,31 @@ def test_export(head, monkeypatch):
 
 def test_unsupported_slurm_options_warn_or_fail_under_strict(head, tmp_path):
     path = tmp_path / "job.sh"
-    path.write_text("#!/bin/bash\n#SBATCH --exclusive --constraint=a100\nhostname\n")
-    r = run(head, "sbatch", "-w", "gpu01", "--reservation", "maint", "--gpus", "1", str(path), "--lr", "3")
+    path.write_text("#!/bin/bash\n#SBATCH --hint=nomultithread --gpu-bind=closest\nhostname\n")
+    r = run(head, "sbatch", "--tmp", "10G", "--reservation", "maint", "--gpus", "1", str(path), "--lr", "3")
     assert r.exit_code == 0
     assert r.stderr.splitlines() == [
-        "sbatch: warning: -w is not supported by gpud and was ignored"[:0]
-        + "sbatch: warning: --nodelist is not supported by gpud and was ignored",
+        "sbatch: warning: --tmp is not supported by gpud and was ignored",
         "sbatch: warning: --reservation is not supported by gpud and was ignored",
-        "sbatch: warning: line 2: --exclusive is not supported by gpud and was ignored "
-        "(a job gets exactly the GPUs, CPUs and memory it asks for)",
-        "sbatch: warning: line 2: --constraint is not supported by gpud and was ignored "
-        "(pick a GPU model with --gpus TYPE:N or --gres=gpu:TYPE:N)",
+        "sbatch: warning: line 2: --hint is not supported by gpud and was ignored",
+        "sbatch: warning: line 2: --gpu-bind is not supported by gpud and was ignored "
+        "(CUDA_VISIBLE_DEVICES lists exactly the job's GPUs)",
     ]
     spec = submitted(head)
     assert spec["gpus"] == 1 and "set -- --lr 3" in spec["script"]
     ops = len(head.ops())
     r = run(head, "sbatch", "--strict", str(path))
     assert r.exit_code == 2
-    assert r.stderr.startswith("sbatch: error: line 2: --exclusive is not supported by gpud and was ignored")
+    assert r.stderr.startswith("sbatch: error: line 2: --hint is not supported by gpud and was ignored")
     assert "(refused: --strict)" in r.stderr and len(head.ops()) == ops
     r = run(head, "sbatch", "-Q", str(path))
     assert (r.exit_code, r.stderr) == (0, "")
 
 
 @pytest.mark.parametrize("args, message", [
-    (["-N", "2"], "--nodes=2: multi-node jobs are not supported yet: every job runs on one node (use -N 1)"),
-    (["--nodes=1-4"], "multi-node jobs are not supported yet"),
-    (["--ntasks=8"], "--ntasks=8: gpud runs one task per job (the batch script)"),
+    (["-N", "2-4"], "--nodes=2-4: gpud does not take a range of node counts; give one number"),
+    (["--nodes=1-4"], "give one number, e.g. -N 4"),
+    (["-N", "2", "--ntasks=3"], "--ntasks=3 does not divide evenly among 2 nodes"),
     (["--gres=nvme:1"], "--gres=nvme:1: gpud schedules GPUs only"),
     (["--mem-per-gpu=4G"], "--mem-per-gpu needs GPUs: add --gpus N or --gres=gpu:N"),
     (["--array=5-1"], "invalid --array '5-1'"),
@@ -410,7 +408,7 @@ def test_scontrol_config_and_reconfigure(head):
 
 CRONTAB = """# nightly evaluation
 #SCRON -J eval --gres=gpu:1 -t 30
-#SCRON --exclusive
+#SCRON --hint=nomultithread
 30 2 * * * /data/bin/eval.sh --latest
 
 */5 * * * * python3 poll.py
@@ -423,8 +421,7 @@ def test_scrontab_install_builds_one_spec_per_entry(head, tmp_path):
     head.reply("scrontab_set", {"entries": 2})
     r = run(head, "scrontab", str(path))
     assert r.exit_code == 0
-    assert r.stderr == "scrontab: warning: line 4: --exclusive is not supported by gpud and was ignored " \
-                       "(a job gets exactly the GPUs, CPUs and memory it asks for)\n"
+    assert r.stderr == "scrontab: warning: line 4: --hint is not supported by gpud and was ignored\n"
     sent = head.last("scrontab_set")
     assert sent["text"] == CRONTAB
     first, second = sent["entries"]
