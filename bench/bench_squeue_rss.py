@@ -2,10 +2,14 @@
 
 A real head (own process, no workers) is filled with pending 1-GPU jobs through job
 arrays of up to 10,000 tasks, then measured at each size: ``gpuctl squeue`` as a user
-runs it (a new process each time; median of 5), ``squeue -r`` (one line per array task,
-so every job is formatted), and the head's resident memory (VmRSS).
+runs it (the console script, ``python -m gpuctl``, a new process each time; median of
+5), ``squeue -r`` (one line per array task, so every job is formatted), a bare
+``python -I -c pass`` measured in between (this machine is shared: the ratio carries
+over, the milliseconds do not), a ``ping`` on one open connection (how long the head's
+event loop takes to answer anything while scheduler passes over that queue run), and
+the head's resident memory (VmRSS).
 
-Targets (docs/benchmarks.md): ``squeue`` no slower than Slurm's at 1,000 jobs (32-45 ms
+Targets (docs/benchmarks.md): ``squeue`` no slower than Slurm's at 1,000 jobs (28-45 ms
 measured here) and under 200 ms at 100,000; head RSS under 500 MB with 100,000 pending.
 """
 
@@ -22,6 +26,7 @@ from common import head_cluster, stamp, table, write_section
 
 SPEC = {"script": "#!/bin/bash\ntrue\n", "name": "bench", "work_dir": "/tmp", "env": {}, "gpus": 1}
 ARRAY_MAX = 10_000
+RUNS = 5
 
 
 def rss_mb(pid: int) -> float:
@@ -31,24 +36,40 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def squeue_ms(c, *args: str, runs: int = 5) -> float:
-    """Median milliseconds of ``gpuctl squeue ARGS``; RuntimeError with its message if it fails."""
-    cmd = [sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "squeue", *args]
-    xs = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        r = subprocess.run(cmd, env=c.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        xs.append(time.perf_counter() - t)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr.decode(errors="replace").strip().splitlines()[-1][:200])
-    return statistics.median(xs) * 1000
+def run_ms(cmd: list[str], env: dict[str, str]) -> float:
+    """Milliseconds of one process; RuntimeError with its last error line if it fails."""
+    t = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ms = (time.perf_counter() - t) * 1000
+    if r.returncode != 0:
+        raise RuntimeError((r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1][:200])
+    return ms
 
 
-def squeue_cell(c, *args: str) -> str:
+def measure(c, *args: str) -> tuple[str, float | None, float]:
+    """(cell, median ms of ``gpuctl squeue ARGS`` or None, median ms of a bare python run
+    interleaved with them)."""
+    cmd = [sys.executable, "-m", "gpuctl", "--socket", c.socket, "squeue", *args]
+    bare_cmd = [sys.executable, "-I", "-c", "pass"]
+    xs, bare = [], []
     try:
-        return f"{squeue_ms(c, *args):.0f} ms"
+        for _ in range(RUNS):
+            bare.append(run_ms(bare_cmd, c.env))
+            xs.append(run_ms(cmd, c.env))
     except RuntimeError as e:
-        return f"fails: `{e}`"
+        return f"fails: `{e}`", None, statistics.median(bare)
+    ms = statistics.median(xs)
+    return f"{ms:.0f} ms", ms, statistics.median(bare)
+
+
+def ping_ms(client) -> float:
+    xs = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        client.ping()
+        xs.append((time.perf_counter() - t) * 1000)
+        time.sleep(0.2)
+    return statistics.median(xs)
 
 
 def main() -> None:
@@ -71,21 +92,28 @@ def main() -> None:
                     have += k
                 client.ping()
                 time.sleep(2)     # not a synchronisation: lets a scheduler pass or two run first
-                rows.append([f"{size:,}", squeue_cell(c), squeue_cell(c, "-r"),
-                             f"{rss_mb(c.head.pid):.0f} MB"])
+                cell, ms, bare = measure(c)
+                cell_r, _, bare_r = measure(c, "-r")
+                ratio = f"{ms / bare:.1f}x" if ms is not None and bare else "-"
+                rows.append([f"{size:,}", cell, cell_r, f"{statistics.median([bare, bare_r]):.0f} ms", ratio,
+                             f"{ping_ms(client):.0f} ms", f"{rss_mb(c.head.pid):.0f} MB"])
     md = "\n".join([
         "## squeue and head memory with many pending jobs",
         "",
         "`python bench/bench_squeue_rss.py`: a real head without workers holding N pending "
         "1-GPU jobs (submitted as arrays of up to 10,000 tasks). `squeue` prints a pending "
-        "array as one line, `squeue -r` one line per task; both are whole `gpuctl` processes "
-        f"(median of 5). The head's RSS before any job: {base:.0f} MB.",
+        "array as one line (the head folds it and sends only the table's fields), `squeue -r` "
+        "one line per task; both are whole `gpuctl` processes run as the console script "
+        f"(`python -m gpuctl`, median of {RUNS}). Bare python is `python -I -c pass` run between "
+        "them, for the ratio; head ping is a `ping` on an open connection while scheduler "
+        f"passes over that queue run. The head's RSS before any job: {base:.0f} MB.",
         "",
         stamp(),
         "",
-        table(["pending jobs", "`squeue`", "`squeue -r`", "head RSS"], rows),
+        table(["pending jobs", "`squeue`", "`squeue -r`", "bare python", "`squeue` / bare", "head ping",
+               "head RSS"], rows),
         "",
-        "Targets: `squeue` no slower than Slurm's at 1,000 jobs (32-45 ms measured on this "
+        "Targets: `squeue` no slower than Slurm's at 1,000 jobs (28-45 ms measured on this "
         "kind of machine) and under 200 ms at 100,000; head RSS under 500 MB at 100,000.",
     ])
     print(md)

@@ -25,6 +25,7 @@ from gpud.head.ops_jobs import fold_arrays, op_jobs
 from gpud.head.store import JobRecord
 from gpud.model import JobSpec, JobState
 from tests.fake_head import FakeHead
+from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
 from tests.telemetry_rig import rig
 
 T0 = 1_700_000_000.0
@@ -212,3 +213,28 @@ def test_the_fast_path_frames_a_closed_pipe_and_an_interrupt_as_click_does(head,
     with redirect_stderr(err):
         assert squeue.fast_main(["--socket", head.path, "squeue"]) == 130
     assert err.getvalue() == "\ngpuctl: interrupted\n"
+
+
+@pytest.mark.slow
+def test_a_real_head_folds_as_gpuctl_did(tmp_path, mosquitto) -> None:  # noqa: F811
+    """The console script against a real head prints what gpuctl printed from full records."""
+    from tests.cluster import Cluster, wait_for
+
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        with c.client() as client:
+            client.submit_spec({"script": "#!/bin/bash\ntrue\n", "name": "arr", "work_dir": "/tmp",
+                                "env": {}, "gpus": 1, "array": "0-49%5"})
+            client.submit_spec({"script": "#!/bin/bash\ntrue\n", "name": "one", "work_dir": "/tmp",
+                                "env": {}, "gpus": 2})
+            # after a scheduler pass has given every job its reason (stable: there are no nodes)
+            wait_for(lambda: all(j["reason"] for j in client.jobs()), timeout=30)
+            full = client.jobs()
+        # pending only (no workers): TIME is 0:00 whenever it is printed
+        expected = fmt.squeue_table(squeue._displayed(cols.collapse_arrays(fmt.squeue_order(full))), T0)
+        for verb in (["-m", "gpuctl"], ["-m", "gpuctl.main"]):   # fast path, click path
+            r = subprocess.run([sys.executable, *verb, "--socket", c.socket, "squeue"], capture_output=True,
+                               text=True, env=c.env, timeout=60)
+            assert (r.returncode, r.stderr) == (0, "")
+            assert r.stdout == expected + "\n"
+        assert "_[0-49%5]" in expected
