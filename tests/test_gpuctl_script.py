@@ -343,8 +343,11 @@ def test_nodelist_from_a_file_as_in_slurm(tmp_path):
 
 def test_a_higher_layer_replaces_gpu_and_task_counts_of_a_lower_one():
     text = "#!/bin/sh\n#SBATCH -N 2 --gpus-per-node 8 -n 16 --switches=1@10\ntrue\n"
-    build = lambda cli: {k: v for k, v in s.build_spec(text, cli, default_name="x", cwd="/", env={}).items()  # noqa: E731
-                         if k not in ("script", "name", "work_dir", "env")}
+
+    def build(cli: dict) -> dict:
+        spec = s.build_spec(text, cli, default_name="x", cwd="/", env={})
+        return {k: v for k, v in spec.items() if k not in ("script", "name", "work_dir", "env")}
+
     assert build({}) == {"nodes": 2, "gpus": 16, "ntasks_per_node": 8, "cpus": 8, "switches": 1,
                          "switches_wait": 600.0}
     assert build({"gpus": 4}) == {"nodes": 2, "gpus": 4, "ntasks_per_node": 8, "cpus": 8, "switches": 1,
