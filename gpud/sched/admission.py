@@ -27,9 +27,9 @@ request when no slice, share or GPU of the partition is that large.
 
 ``req`` is anything with the request's attributes (a JobSpec) or a dict with those keys:
 ``partition``, ``account``, ``qos``, ``time_limit``, ``mem_mb``, ``gpus``, ``cpus``,
-``gpu_type``, ``mig_profile``, ``gpu_mem_mb``, and optionally ``nodes``, ``nodelist``, ``exclude``,
-``constraint``, ``exclusive``.  ``nodes`` (the argument) are NodeInfo or NodeView objects (``name``, ``cpus``, ``mem_mb``,
-``gpus`` with ``model``).
+``gpu_type``, ``mig_profile``, ``gpu_mem_mb``, and optionally ``nodes``, ``nodelist``,
+``exclude``, ``constraint``, ``exclusive``.  The ``nodes`` argument holds NodeInfo or NodeView
+objects (``name``, ``cpus``, ``mem_mb``, ``labels``, ``gpus`` with ``model``).
 """
 
 from __future__ import annotations

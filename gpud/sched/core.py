@@ -223,8 +223,8 @@ class _Pass:
         members = self.sharing.members(job.partition)
 
         def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
-            return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus and c.mem[i] >= job.mem_mb
-                    and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
+            return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
+                    and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
 
         d = self.sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
         self.plan.relayouts.extend(d.relayouts)
