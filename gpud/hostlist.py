@@ -28,9 +28,10 @@ from typing import Iterable
 
 MAX_NAMES = 65536          # the most names one expression may expand to
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")   # what a worker may be called
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+_DIGITS = "0123456789"
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SEPARATORS = ", \t\r\n"
+_UNWRITABLE = re.compile(r"[\[\],\s]")
 
 
 def expand(text: str, *, limit: int = MAX_NAMES) -> list[str]:
@@ -55,23 +56,25 @@ def expand(text: str, *, limit: int = MAX_NAMES) -> list[str]:
 
 def compress(names: Iterable[str]) -> str:
     """The shortest Slurm hostlist for ``names``: ``gpu01,gpu02,gpu03,gpu07`` -> ``gpu[01-03,07]``."""
-    unique = sorted(set(names), key=_natural)
-    for name in unique:
-        if not name or any(c in name for c in "[]" + _SEPARATORS):
-            raise ValueError(f"{name!r} cannot be written in a hostlist")
+    unique = set(names)
+    bad = next((name for name in unique if not name or _UNWRITABLE.search(name)), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} cannot be written in a hostlist")
     padded: dict[tuple[str, int], list[int]] = {}   # zero-padded indices, by (prefix, width)
     plain: dict[str, list[int]] = {}                 # indices written without leading zeros
     singles: list[str] = []
     for name in unique:
-        m = _NUMBERED.match(name)
-        if not m:
+        prefix = name.rstrip(_DIGITS)
+        digits = name[len(prefix):]
+        if not digits:
             singles.append(name)
-        elif len(m.group(2)) > 1 and m.group(2).startswith("0"):
-            padded.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
+        elif len(digits) > 1 and digits[0] == "0":
+            padded.setdefault((prefix, len(digits)), []).append(int(digits))
         else:
-            plain.setdefault(m.group(1), []).append(int(m.group(2)))
+            plain.setdefault(prefix, []).append(int(digits))
     groups: list[tuple[str, int, list[int]]] = []
     for prefix, numbers in plain.items():
+        numbers.sort()
         rest = []
         for n in numbers:
             width = len(str(n))
@@ -106,8 +109,8 @@ def _group_text(prefix: str, width: int, numbers: list[int]) -> str:
 
 def _natural(name: str) -> tuple:
     """Sort key: ``gpu2`` before ``gpu10``; names of one prefix together."""
-    m = _NUMBERED.match(name)
-    return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)
+    prefix = name.rstrip(_DIGITS)
+    return (prefix, int(name[len(prefix):]), name) if len(prefix) < len(name) else (name, -1, name)
 
 
 def _split(text: str) -> list[str]:
