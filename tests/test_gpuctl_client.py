@@ -9,6 +9,7 @@ import pytest
 import gpuctl
 from gpuctl import Client, HeadUnavailable, ProtocolError, RemoteError
 from gpud.model import JobSpec
+from gpud.protocol import request
 from tests.fake_head import FakeHead, node
 
 
@@ -178,3 +179,112 @@ def test_submit_many_pipelines_and_keeps_order():
         assert len(ids) == 50 and len(set(ids)) == 50 and ids == sorted(ids)
         names = [args["spec"]["name"] for op, args, _ in head.requests if op == "submit"]
         assert names == [f"j{i}" for i in range(50)]
+
+
+# -- pipelining against the head's own socket server --------------------------------------------
+
+class _ServerThread:
+    """gpud.head.api.SocketServer on its own event loop in a thread, with the given handlers."""
+
+    def __init__(self, path: str, handlers: dict) -> None:
+        import asyncio
+        import threading
+
+        from gpud.head.api import SocketServer
+
+        self.loop = asyncio.new_event_loop()
+        self.server = SocketServer(path, handlers)
+        self.loop.run_until_complete(self.server.start())
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def stop(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def test_head_answers_pipelined_submissions_in_order_and_together(tmp_path, monkeypatch):
+    import asyncio
+
+    n, waiting, writes = 60, [], []
+    original_write = asyncio.StreamWriter.write
+    monkeypatch.setattr(asyncio.StreamWriter, "write", lambda self, data: (writes.append(data),
+                                                                           original_write(self, data))[1])
+
+    async def submit(caller, args):
+        done = asyncio.get_running_loop().create_future()
+        waiting.append(done)
+        if len(waiting) == n:               # all in flight: finish them last first
+            for f in reversed(waiting):
+                f.set_result(None)
+        await done
+        return {"job_id": int(args["spec"]["name"])}
+
+    server = _ServerThread(str(tmp_path / "head.sock"), {"submit": submit})
+    try:
+        with Client(server.server.path) as c:
+            assert c.submit_many([{"name": str(i)} for i in range(n)], window=n) == list(range(n))
+    finally:
+        server.stop()
+    assert len(writes) == 1                 # made together, written together
+
+
+def test_a_ready_answer_never_waits_for_a_later_one(tmp_path):
+    import asyncio
+    import socket
+
+    gate: list = []
+
+    async def submit(caller, args):
+        if args["spec"]["name"] == "last":
+            gate.append(asyncio.get_running_loop().create_future())
+            await gate[0]
+        return {"job_id": 1}
+
+    server = _ServerThread(str(tmp_path / "head.sock"), {"submit": submit})
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(20)
+        s.connect(server.server.path)
+        s.sendall(b"".join(request("submit", spec={"name": name}) for name in ["a", "b", "c", "last"]))
+        f = s.makefile("rb")
+        assert [f.readline() for _ in range(3)] == [b'{"ok":true,"result":{"job_id":1}}\n'] * 3
+        server.call(lambda: gate[0].set_result(None))
+        assert f.readline() == b'{"ok":true,"result":{"job_id":1}}\n'
+        s.close()
+    finally:
+        server.stop()
+
+
+def test_submit_many_refills_the_window_and_stops_at_a_refusal(head):
+    seen = []
+
+    def submit(args, uid):
+        seen.append(args["spec"]["name"])
+        if args["spec"]["name"] == "j5":
+            raise RuntimeError("no")   # the fake head answers an error line
+        return {"job_id": len(seen)}
+    head.handle("submit", submit)
+    with Client(head.path) as c:
+        with pytest.raises(RemoteError, match="no"):
+            c.submit_many([{"name": f"j{i}"} for i in range(20)], window=3)
+        assert seen[:6] == [f"j{i}" for i in range(6)] and len(seen) <= 8   # at most a window past it
+        assert c.ping()["uid"] == os.getuid()   # a fresh connection
+    assert head.connections == 2
+
+
+def test_answers_split_across_reads_and_many_in_one_read(head):
+    big = {"nodes": [node(f"gpu{i:03d}", gpus=8) for i in range(400)]}   # well over one read
+    head.reply("nodes", big)
+    with Client(head.path) as c:
+        assert len(c.nodes()) == 400
+        assert c.submit_many([{"script": "#!/bin/sh\n", "name": f"j{i}"} for i in range(300)], window=100) \
+            == list(range(1, 301))
+        assert c.ping()["uid"] == os.getuid()

@@ -4,6 +4,11 @@ The caller's uid and gid come from SO_PEERCRED, never from the request.  Every r
 gets exactly one response line; a malformed one gets an error line and the connection
 stays usable (a garbage line that cannot even be framed closes it).  No request can
 crash the head: handler exceptions become one-line errors and are logged.
+
+Requests on one connection may be pipelined: each is dispatched as soon as it is read (so
+a client's submissions share group commits) and answered in request order.  Answers that
+are ready together, as a group commit makes them, leave in one write: one system call and
+one wake-up of the client for the batch, not one per answer.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import pwd
 import socket
 import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -46,10 +52,41 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 MAX_IN_FLIGHT = 1024   # pipelined requests per connection awaiting their answers
 
 
-def _done(answer: bytes) -> "asyncio.Task[bytes]":
+def _done(answer: bytes) -> "asyncio.Future[bytes]":
     async def ready() -> bytes:
         return answer
     return asyncio.ensure_future(ready())
+
+
+class _InOrder:
+    """One connection's answers in request order; ``put`` waits while ``limit`` are waiting
+    to be written, so a client that reads no answers is read no further."""
+
+    def __init__(self, limit: int) -> None:
+        self._items: deque[asyncio.Future[bytes] | None] = deque()   # None: the end
+        self._room = asyncio.Semaphore(limit)
+        self._more = asyncio.Event()
+
+    async def put(self, item: "asyncio.Future[bytes]") -> None:
+        await self._room.acquire()
+        self._items.append(item)
+        self._more.set()
+
+    def end(self) -> None:
+        """No more requests: the writer stops after the answers already in line."""
+        self._items.append(None)
+        self._more.set()
+
+    async def take(self) -> "asyncio.Future[bytes] | None":
+        while not self._items:
+            self._more.clear()
+            await self._more.wait()
+        self._room.release()
+        return self._items.popleft()
+
+    def next_is_ready(self) -> bool:
+        """Whether the next answer in line is already made (or the end of the connection)."""
+        return bool(self._items) and (self._items[0] is None or self._items[0].done())
 
 
 class RequestError(Exception):
@@ -103,7 +140,7 @@ class SocketServer:
         task = asyncio.current_task()
         if task is not None:
             self._conns.add(task)
-        answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        answers = _InOrder(MAX_IN_FLIGHT)
         writing = asyncio.create_task(self._write_answers(answers, writer))
         try:
             sock = writer.get_extra_info("socket")
@@ -118,7 +155,7 @@ class SocketServer:
                 if not line:
                     break
                 await answers.put(asyncio.create_task(self.dispatch(caller, line)))
-            await answers.put(None)
+            answers.end()
             await writing
         except (ConnectionError, BrokenPipeError):
             pass
@@ -131,10 +168,22 @@ class SocketServer:
             writer.close()
 
     @staticmethod
-    async def _write_answers(answers: "asyncio.Queue[asyncio.Task | None]", writer: asyncio.StreamWriter) -> None:
+    async def _write_answers(answers: _InOrder, writer: asyncio.StreamWriter) -> None:
+        """Write answers in request order, each as soon as it and those before it are made;
+        the ones made at the same moment go out in one write."""
+        ready: list[bytes] = []
         try:
-            while (pending := await answers.get()) is not None:
-                writer.write(await pending)
+            while True:
+                if ready and not answers.next_is_ready():
+                    writer.write(b"".join(ready))
+                    ready.clear()
+                    await writer.drain()
+                pending = await answers.take()
+                if pending is None:
+                    break
+                ready.append(pending.result() if pending.done() else await pending)
+            if ready:
+                writer.write(b"".join(ready))
                 await writer.drain()
         except (ConnectionError, BrokenPipeError):
             pass
