@@ -233,24 +233,11 @@ def _natural(name: str) -> tuple:
 
 
 def compress_hostlist(names: Iterable[str]) -> str:
-    """``gpu01,gpu02,gpu03,gpu07`` -> ``gpu[01-03,07]`` (same prefix and digit width)."""
-    singles: list[str] = []
-    numbered: dict[tuple[str, int], list[int]] = {}
-    for name in sorted(set(names), key=_natural):
-        m = _NUMBERED.match(name)
-        if m:
-            numbered.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
-        else:
-            singles.append(name)
-    parts = list(singles)
-    for (prefix, width), nums in numbered.items():
-        if len(nums) == 1:
-            parts.append(f"{prefix}{nums[0]:0{width}d}")
-            continue
-        ranges, start = [], nums[0]
-        for prev, cur in zip(nums, nums[1:] + [None]):
-            if cur is None or cur != prev + 1:
-                ranges.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
-                start = cur
-        parts.append(f"{prefix}[{','.join(ranges)}]")
-    return ",".join(parts)
+    """``gpu01,gpu02,gpu03,gpu07`` -> ``gpu[01-03,07]``; names a hostlist cannot hold are listed."""
+    from gpud.hostlist import compress
+
+    names = sorted(set(names), key=_natural)
+    try:
+        return compress(names)
+    except ValueError:
+        return ",".join(names)

@@ -24,6 +24,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import hostlist
 from ..model import JobState
 from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
@@ -317,27 +318,12 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
 
 # -- nodes ----------------------------------------------------------------------------------------
 
-_HOSTLIST = re.compile(r"^([^\[\]]*)\[([^\]]+)\](.*)$")
-
-
 def expand_hostlist(text: str) -> list[str]:
     """``gpu[01-03,07],cpu1`` -> gpu01, gpu02, gpu03, gpu07, cpu1."""
-    out: list[str] = []
-    for part in re.split(r",(?![^\[]*\])", text):
-        part = part.strip()
-        m = _HOSTLIST.match(part)
-        if not m:
-            if part:
-                out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            a, _, b = r.partition("-")
-            if not a.isdigit() or (b and not b.isdigit()):
-                raise RequestError(f"invalid node list {text!r}")
-            for n in range(int(a), int(b or a) + 1):
-                out.append(f"{prefix}{n:0{len(a)}d}{suffix}")
-    return out
+    try:
+        return hostlist.expand(text)
+    except ValueError as e:
+        raise RequestError(f"invalid node list: {e}") from None
 
 
 async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
