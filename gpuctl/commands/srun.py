@@ -47,9 +47,7 @@ def command(ctx: click.Context, ntasks_per_node: int | None, label: bool, comman
             if answer.get("dropped"):
                 click.echo(f"srun: warning: {answer['dropped']} line(s) of output were dropped "
                            "(the head keeps 4 MiB per step)", err=True)
-            for rank, stream, text in answer["lines"]:
-                out = sys.stdout if stream == 1 else sys.stderr
-                out.write(f"{rank}: {text}" if label else text)
+            _write(answer["lines"], label)
             sys.stdout.flush()
             sys.stderr.flush()
             offset = answer["offset"]
@@ -62,3 +60,17 @@ def command(ctx: click.Context, ntasks_per_node: int | None, label: bool, comman
     if code:
         print(f"srun: error: {answer.get('message') or f'step {job_id}.{step} failed'}", file=sys.stderr)
     return int(code)
+
+
+def _write(lines: list, label: bool) -> None:
+    """Lines in order, each run of one stream in one write."""
+    run: list[str] = []
+    stream = 1
+    for rank, fd, text in lines:
+        if fd != stream and run:
+            (sys.stdout if stream == 1 else sys.stderr).write("".join(run))
+            run = []
+        stream = fd
+        run.append(f"{rank}: {text}" if label else text)
+    if run:
+        (sys.stdout if stream == 1 else sys.stderr).write("".join(run))

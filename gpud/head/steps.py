@@ -27,6 +27,7 @@ the job at the latest.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections import deque
@@ -46,12 +47,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpud.steps")
 
 MAX_STEP_OUTPUT = 4 << 20     # bytes of output kept per step; older lines are dropped
+LINE_OVERHEAD = 64            # bytes a kept line costs beside its text (the cap counts it)
 MAX_STEPS = 1024              # steps remembered at once, all jobs together
 MAX_STEPS_PER_JOB = 128
 MAX_TASKS_PER_NODE = 256
 MAX_ARGV_BYTES = 128 << 10
 MAX_ENV_BYTES = 1 << 20
-MAX_LINES_PER_POLL = 5000
+MAX_POLL_BYTES = 1 << 20      # text per step_poll answer
 POLL_WAIT = 10.0              # seconds step_poll waits for news (below gpuctl's 30 s timeout)
 KEEP_DONE = 120.0             # seconds a done step stays readable
 
@@ -86,9 +88,9 @@ class Step:
     def add(self, rank: int, stream: int, text: str) -> None:
         self.lines.append((self.next_offset, rank, stream, text))
         self.next_offset += 1
-        self.size += len(text)
+        self.size += len(text) + LINE_OVERHEAD
         while self.size > MAX_STEP_OUTPUT and self.lines:
-            self.size -= len(self.lines.popleft()[3])
+            self.size -= len(self.lines.popleft()[3]) + LINE_OVERHEAD
 
     def poke(self) -> None:
         self.changed.set()
@@ -168,8 +170,13 @@ class Steps:
             except asyncio.TimeoutError:
                 pass
         first = step.lines[0][0] if step.lines else step.next_offset
-        out = [[rank, stream, text] for off, rank, stream, text in step.lines if off >= offset][:MAX_LINES_PER_POLL]
         start = max(offset, first)
+        out, size = [], 0
+        for _, rank, stream, text in itertools.islice(step.lines, start - first, None):  # offsets are contiguous
+            if out and size + len(text) > MAX_POLL_BYTES:
+                break
+            out.append([rank, stream, text])
+            size += len(text)
         more = start + len(out) < step.next_offset
         return {"lines": out, "offset": start + len(out), "dropped": max(0, first - offset),
                 "done": step.done and not more, "exit_code": step.exit_code, "message": step.message,

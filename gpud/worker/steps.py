@@ -182,7 +182,7 @@ class StepTasks:
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
             code = 127 if isinstance(e, FileNotFoundError) else 126
-            await self._add(step, task.rank, 2, f"srun: error: {message}\n")
+            await self._add(step, task.rank, 2, [f"srun: error: {message}\n"])
         else:
             if step.killed:
                 _killpg(task.proc.pid, signals.SIGKILL)
@@ -211,24 +211,23 @@ class StepTasks:
             chunk = await stream.read(READ_CHUNK)
             if not chunk:
                 break
-            partial += chunk
-            *lines, partial = partial.split(b"\n")
-            for line in lines:
-                for i in range(0, max(1, len(line)), MAX_LINE):
-                    await self._add(step, task.rank, fd, line[i:i + MAX_LINE].decode(errors="replace") + "\n")
+            *lines, partial = (partial + chunk).split(b"\n")
             while len(partial) >= MAX_LINE:
-                await self._add(step, task.rank, fd, partial[:MAX_LINE].decode(errors="replace") + "\n")
+                lines.append(partial[:MAX_LINE])
                 partial = partial[MAX_LINE:]
+            texts = [piece for line in lines for piece in _pieces(line)]
+            if texts:
+                await self._add(step, task.rank, fd, texts)
         if partial:
-            await self._add(step, task.rank, fd, partial.decode(errors="replace") + "\n")
+            await self._add(step, task.rank, fd, [partial.decode(errors="replace") + "\n"])
 
     # -- output ---------------------------------------------------------------------------------
 
-    async def _add(self, step: _Step, rank: int, fd: int, text: str) -> None:
+    async def _add(self, step: _Step, rank: int, fd: int, texts: list[str]) -> None:
         await step.room.wait()
         first = not step.pending
-        step.pending.append([rank, fd, text])
-        step.pending_bytes += len(text)
+        step.pending.extend([rank, fd, text] for text in texts)
+        step.pending_bytes += sum(len(t) for t in texts)
         if step.pending_bytes >= MAX_PENDING:
             step.room.clear()
         if step.pending_bytes >= BATCH_BYTES:
@@ -240,11 +239,11 @@ class StepTasks:
     async def _flush(self, step: _Step) -> None:
         async with step.send_lock:   # batches go out in order, each numbered once
             while step.pending:
-                batch, size = [], 0
-                while step.pending and (not batch or size + len(step.pending[0][2]) <= BATCH_BYTES):
-                    item = step.pending.pop(0)
-                    batch.append(item)
-                    size += len(item[2])
+                n, size = 0, 0
+                while n < len(step.pending) and (n == 0 or size + len(step.pending[n][2]) <= BATCH_BYTES):
+                    size += len(step.pending[n][2])
+                    n += 1
+                batch, step.pending = step.pending[:n], step.pending[n:]
                 step.pending_bytes -= size
                 step.seq += 1
                 await self._emit("step_output", {"job": step.job, "attempt": step.attempt, "step": step.step,
@@ -257,6 +256,13 @@ class StepTasks:
                 _killpg(t.proc.pid, sig)
                 if sig not in (signals.SIGKILL, signals.SIGCONT):
                     _killpg(t.proc.pid, signals.SIGCONT)
+
+
+def _pieces(line: bytes) -> list[str]:
+    """One line of output as text, cut into MAX_LINE pieces, each ending in a newline."""
+    if len(line) <= MAX_LINE:
+        return [line.decode(errors="replace") + "\n"]
+    return [line[i:i + MAX_LINE].decode(errors="replace") + "\n" for i in range(0, len(line), MAX_LINE)]
 
 
 def _killpg(pgid: int, sig: int) -> None:
