@@ -243,3 +243,35 @@ def test_a_gang_is_billed_for_all_its_gpus():
     from gpud.sched.usage import billing_rate
     g = running(1, "n001", range(8), parts=(Part("n002", tuple(range(8)), 1, 1024),))
     assert billing_rate(g, node("n001"), config()) == 16.0 and billing_rate(g, None, config()) == 16.0
+
+
+def test_batched_reservation_search_finds_what_a_full_sweep_finds():
+    """Gangs.earliest takes nodes in batches by bound; the answer must equal sweeping them all."""
+    from gpud.sched.backfill import Timeline
+    from gpud.sched.gang import Gangs, Request
+    from gpud.sched.placement import Cluster
+
+    rng = random.Random(11)
+    for trial in range(30):
+        ns = tuple(labelled(f"n{i:03d}", f"s{i // 6}", f"r{i // 3}") for i in range(40))
+        run, job_id = [], 1
+        for n in ns:
+            free = list(range(8))
+            while free and rng.random() < 0.8:
+                size = rng.choice([1, 2, 4, 8])
+                take, free = free[:size], free[size:]
+                if take:
+                    run.append(running(job_id, n.name, take, time_limit=rng.choice([600.0, 1800.0, HOUR, 4 * HOUR]),
+                                       start_time=-rng.uniform(0, 500)))
+                    job_id += 1
+        c = Cluster(ns, run, config())
+        tl = Timeline(c, run, 0.0)
+        gangs = Gangs(c, tl, 0.0)
+        for n_nodes, per in ((2, 8), (4, 4), (8, 2), (3, 8)):
+            req = Request.of(pending(999, n_nodes * per, nodes=n_nodes, time_limit=rng.choice([600.0, HOUR])))
+            limit = rng.choice([None, 1, 2])
+            full = gangs._sweep(gangs.fit(req).nodes, req, "binpack", limit, float("inf"))
+            assert gangs.earliest(req, "binpack", limit) == full, (trial, n_nodes, per, limit)
+            if full is not None:    # later searches see it, as in a pass
+                for i in full[1]:
+                    tl.reserve(999, i, full[0], req.time_limit, per, 1, 1024, None)

@@ -334,6 +334,29 @@ class Timeline:
                 return t
         return INF
 
+    def by_bound(self, partition: str, model: str | None, gpus: int) -> Iterator[tuple[float, int]]:
+        """(bound, node) for the nodes that could ever have ``gpus`` GPUs free, in increasing
+        order of the first instant they do (a lower bound on any start there); shares the
+        pruning state of ``earliest``, so close it (or run it out) before changing the timeline."""
+        key = (partition, model, gpus)
+        state = self._bounds.get(key)
+        if state is None:
+            state = self._bounds[key] = _Candidates([], self._stream(partition, model, gpus))
+        seen: list[tuple[float, int]] = []
+        try:
+            while state.smallest() is not None:
+                bound, i = state.take()
+                tighter = self._first_instant(i, model, gpus)
+                if tighter > bound:
+                    if tighter < INF:
+                        heapq.heappush(state.heap, (tighter, i))
+                    continue
+                seen.append((bound, i))
+                yield bound, i
+        finally:
+            for entry in seen:
+                heapq.heappush(state.heap, entry)
+
     def earliest(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None,
                  time_limit: float | None) -> tuple[float, int] | None:
         """(time, node) of the earliest start for the job anywhere in its partition."""

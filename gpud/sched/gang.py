@@ -26,7 +26,9 @@ none was given, as Slurm's ``max_switch_wait``); the job waits with reason ``Res
 each hold their share for the whole time limit.  ``Timeline.windows`` gives each node's
 possible start times as intervals; a sweep over their ends finds the first instant with N
 nodes open (the named ones among them, within the switch limit when it still applies).
-The cost is the size of those nodes' timelines, never nodes squared.  The job then holds a
+Nodes enter the sweep in order of when they could first have the GPUs at all, in doubling
+batches, and the search stops at the first answer no node left out could improve: a few
+times N nodes' timelines on a busy cluster, never nodes squared.  The job then holds a
 reservation on each chosen node, and lower jobs may backfill on any of them only without
 delaying it, so a stream of small jobs cannot starve a big gang.
 
@@ -36,7 +38,8 @@ or reserves (simplest correct rule; the victim search is per node).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import closing
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .backfill import Timeline
@@ -120,13 +123,15 @@ class Gangs:
         self.rack = [lb.get("rack", "") for lb in labels]
         self.features = [node_features(lb) for lb in labels]
         self._fits: dict[Request, _Fit] = {}
+        self._short: set[Request] = set()        # requests too few nodes have free now, this pass
 
     # -- can it ever run -------------------------------------------------------------------------
 
     def fit(self, req: Request) -> _Fit:
-        hit = self._fits.get(req)
+        key = replace(req, time_limit=None)       # what could ever run does not depend on it
+        hit = self._fits.get(key)
         if hit is None:
-            hit = self._fits[req] = self._fit(req)
+            hit = self._fits[key] = self._fit(req)
         return hit
 
     def _fit(self, req: Request) -> _Fit:
@@ -183,22 +188,25 @@ class Gangs:
     def place_now(self, req: Request, policy: str, limit: int | None,
                   veto: Callable[[int], bool]) -> tuple[list[int] | None, bool]:
         """(the nodes in rank order, or None; whether a reservation kept a node out)."""
+        short = replace(req, time_limit=None)     # too few nodes free is so for any time limit
+        if short in self._short:
+            return None, False
         fit = self.fit(req)
         c, reserved = self.c, self.tl.reserved
-        blocked = False
-        eligible = []
+        free = []
         for i in fit.nodes:
             if req.exclusive:
                 if not c.idle(i):
                     continue
             elif c.free_count(i, req.model) < req.gpus or c.cpus[i] < req.cpus or c.mem[i] < req.mem:
                 continue
-            if i in c.exclusive:
-                continue
-            if i in reserved and veto(i):
-                blocked = True
-                continue
-            eligible.append(i)
+            if i not in c.exclusive:
+                free.append(i)
+        if len(free) < req.nodes or not fit.required <= set(free):
+            self._short.add(short)                # resources only shrink during a pass
+            return None, False
+        eligible = [i for i in free if i not in reserved or not veto(i)]
+        blocked = len(eligible) < len(free)
         if len(eligible) < req.nodes or not fit.required <= set(eligible):
             return None, blocked
         chosen = self._choose(self._order(eligible, req, policy), req, fit.required)
@@ -209,16 +217,51 @@ class Gangs:
     # -- later ---------------------------------------------------------------------------------
 
     def earliest(self, req: Request, policy: str, limit: int | None) -> tuple[float, list[int]] | None:
-        """(time, nodes in rank order) of the earliest start of the whole gang, or None."""
+        """(time, nodes in rank order) of the earliest start of the whole gang, or None.
+
+        Nodes are taken in order of the first instant they could have the GPUs at all
+        (``Timeline.by_bound``), in batches that double: a start found before the next
+        node's bound is final, since no node left could be open by then.  On a busy cluster
+        this looks at a few times N nodes instead of all of them."""
         fit = self.fit(req)
+        if req.exclusive:               # whole nodes: shares differ per node, sweep them all
+            return self._sweep(fit.nodes, req, policy, limit, INF)
+        allowed = set(fit.nodes)
+        taken: list[int] = []
+        seen: set[int] = set()
+        batch = max(16, 2 * req.nodes)
+        with closing(self.tl.by_bound(req.partition, req.model, req.gpus)) as ordered:
+            horizon = -INF
+            while horizon < INF:
+                goal = len(taken) + batch
+                horizon = INF
+                for bound, i in ordered:
+                    if i in allowed and i not in seen:
+                        seen.add(i)
+                        taken.append(i)
+                        if len(taken) >= goal:
+                            horizon = bound      # every node not taken opens at or after this
+                            break
+                found = self._sweep(sorted(taken), req, policy, limit, horizon)
+                if found is not None:
+                    return found
+                batch *= 2
+        return None
+
+    def _sweep(self, nodes: Sequence[int], req: Request, policy: str, limit: int | None,
+               horizon: float) -> tuple[float, list[int]] | None:
+        """The first instant before ``horizon`` at which N of ``nodes`` are open together."""
         events: list[tuple[float, int, int]] = []
-        for i in fit.nodes:
+        for i in nodes:
             g, cpus, mem, model = self.share(i, req)
             for a, b in self.tl.windows(i, g, cpus, mem, model, req.time_limit):
+                if a >= horizon:
+                    break
                 events.append((a, 0, i))
                 if b < INF:
                     events.append((b, 1, i))
         events.sort()
+        required = self.fit(req).required
         open_: set[int] = set()
         tries = 0
         k, n = 0, len(events)
@@ -227,8 +270,8 @@ class Gangs:
             while k < n and events[k][0] == t and events[k][1] == 0:
                 open_.add(events[k][2])
                 k += 1
-            if len(open_) >= req.nodes and fit.required <= open_:
-                chosen = self._choose(self._order(sorted(open_), req, policy), req, fit.required)
+            if len(open_) >= req.nodes and required <= open_:
+                chosen = self._choose(self._order(sorted(open_), req, policy), req, required)
                 if limit is None or spans(chosen, self.switch.__getitem__) <= limit:
                     return t, chosen
                 tries += 1
@@ -238,3 +281,4 @@ class Gangs:
                 open_.discard(events[k][2])
                 k += 1
         return None
+
