@@ -36,6 +36,8 @@ ROWS: list[tuple[str, Callable[[dict], Any], Callable[[Any], str]]] = [
     ("GPU-hours lost to preemption", lambda r: r["preempted_gpu_hours"], _hours),
     ("idle GPU-hours, job waiting (Resources)", lambda r: r["fragmentation"]["idle_gpu_hours"], _hours),
     ("  of which scattered over nodes", lambda r: r["fragmentation"]["scattered_gpu_hours"], _hours),
+    ("fragmentation index while jobs waited", lambda r: r["fragmentation"]["index"], lambda v: num(v, ".3f")),
+    ("  free GPUs stranded (mean)", lambda r: r["fragmentation"]["stranded_gpus"], lambda v: num(v, ".1f")),
     ("Jain's index (share / fair share)", lambda r: r["fairness"]["jain"], lambda v: num(v, ".3f")),
     ("makespan", lambda r: r["makespan_s"], dur),
     ("scheduler passes", lambda r: r["scheduler_passes"], lambda v: f"{v:,}"),

@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..sched import usage as sched_usage
 from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
+from ..sched.fragmentation import DEFAULT_SIZE
 from ..sched.plan import Plan, Preemption, Start
 from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
 from . import sharing as _sharing
@@ -96,37 +97,39 @@ class _Job:
 
 
 class _Usage:
-    """Decayed, billed GPU-seconds per (account, user), advanced with the virtual clock.
+    """Decayed, billed GPU-seconds per (account, user), on the virtual clock.
 
-    Running jobs add a billing rate per key (billed GPUs, fractions for shares); advancing
-    by ``dt`` decays every value and adds each rate's decayed integral, with the core's own
-    ``gpud.sched.usage`` arithmetic.  O(keys) per advance, however many jobs run.
+    Each key keeps its value as of its last change and its billing rate since (billed GPUs,
+    fractions for shares).  A key is brought up to date only when its rate changes or a
+    snapshot reads it, with the core's own ``gpud.sched.usage`` arithmetic (decay plus the
+    decayed integral of the rate, exact for any step), so time passing costs nothing.
     """
 
     def __init__(self, config: SchedConfig) -> None:
-        self.values: dict[tuple[str, str], float] = {}
-        self.rates: dict[tuple[str, str], float] = {}
+        self._keys: dict[tuple[str, str], list[float]] = {}    # key -> [value, as of, rate]
         self.half_life = config.fairshare_half_life
 
-    def add_rate(self, key: tuple[str, str], rate: float) -> None:
-        r = self.rates.get(key, 0.0) + rate
-        if abs(r) < 1e-9:
-            self.rates.pop(key, None)
-        else:
-            self.rates[key] = r
+    def _settle(self, cell: list[float], t: float) -> None:
+        value, t0, rate = cell
+        if t > t0:
+            hl = self.half_life
+            cell[0] = sched_usage.decay(value, t - t0, hl) + (
+                sched_usage.decayed_integral(rate, t0, t, t, hl) if rate else 0.0)
+            cell[1] = t
 
-    def advance(self, dt: float) -> None:
-        if dt <= 0:
-            return
-        values, hl = self.values, self.half_life
-        if hl:
-            factor = sched_usage.decay(1.0, dt, hl)
-            for key in values:
-                values[key] *= factor
-        # the integral is linear in the rate: compute it once per step
-        unit = sched_usage.decayed_integral(1.0, 0.0, dt, dt, hl)
-        for key, rate in self.rates.items():
-            values[key] = values.get(key, 0.0) + rate * unit
+    def add_rate(self, key: tuple[str, str], rate: float, t: float) -> None:
+        cell = self._keys.get(key)
+        if cell is None:
+            cell = self._keys[key] = [0.0, t, 0.0]
+        self._settle(cell, t)
+        r = cell[2] + rate
+        cell[2] = 0.0 if abs(r) < 1e-9 else r
+
+    def values(self, t: float) -> dict[tuple[str, str], float]:
+        """Every key's usage as of ``t``."""
+        for cell in self._keys.values():
+            self._settle(cell, t)
+        return {k: cell[0] for k, cell in self._keys.items()}
 
 
 class Simulation:
@@ -192,7 +195,8 @@ class Simulation:
         self.total_gpus = sum(len(n.gpus) for n in self.nodes)
         self._node_by_name = {n.name: n for n in self.nodes}
         self.allocated = 0.0               # GPUs occupied: whole ones, plus slices and shares by fraction
-        self.tally = Tally(total_gpus=self.total_gpus, period=period, series_step=series_step)
+        self.tally = Tally(total_gpus=self.total_gpus, period=period, series_step=series_step,
+                           frag_size=max(1, min(DEFAULT_SIZE, self._max_gpus[None])))
         # the fewest GPUs a job waiting for Resources wants, as of the last pass
         self._resources_need: int | None = None
         # (time, trace job id, node, GPU indices) of every start, when asked for
@@ -255,9 +259,14 @@ class Simulation:
     def _advance(self, t: float) -> None:
         dt = t - self.clock
         if dt > 0:
+            free = stranded = 0
+            if self.pending:       # gpud.sched.fragmentation's numbers, from the count of nodes by free GPUs
+                size = self.tally.frag_size
+                for k, n in enumerate(self._free_hist.get(None, ())):
+                    free += k * n
+                    stranded += (k % size) * n
             self.tally.advance(self.clock, t, self.allocated, len(self.pending),
-                               self._resources_need if self.pending else None)
-            self.usage.advance(dt)
+                               self._resources_need if self.pending else None, free, stranded)
             self.clock = t
 
     def _apply_events(self, t: float) -> bool:
@@ -427,7 +436,7 @@ class Simulation:
             self.allocated = 0.0           # no float residue once nothing runs
         if job.shared:
             self._shared_dirty = True
-        self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight)
+        self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight, t)
         self.tally.run_stopped(job.account, job.trace.share, job.amount, t - job.start,
                                preempted=job.stop_mode is not None)
         if job.stop_mode == "requeue":
@@ -451,7 +460,7 @@ class Simulation:
             recent.popleft()
         return Snapshot(nodes=self.nodes, pending=tuple(self.pending.values()),
                         running=tuple(self.running.values()), config=self.config,
-                        usage=dict(self.usage.values), recent_preemptions=tuple(recent))
+                        usage=self.usage.values(self.clock), recent_preemptions=tuple(recent))
 
     def _pass(self, t: float) -> None:
         plan = self._schedule(self.snapshot(), t)
@@ -514,7 +523,7 @@ class Simulation:
         job.attempt += 1
         job.node, job.gpu_indices, job.start = s.node, tuple(s.gpu_indices), t
         job.weight = self._weight(models, want or {d.index for d in s.devices})
-        self.usage.add_rate((job.account, job.user), job.trace.share * job.weight)
+        self.usage.add_rate((job.account, job.user), job.trace.share * job.weight, t)
         wait = None
         if job.first_start is None:
             job.first_start = t

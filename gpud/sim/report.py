@@ -23,7 +23,11 @@ side).  Definitions:
   over, so all of it is lost work.
 * ``fragmentation``: GPU-time left idle while some job waited for ``Resources`` (as the
   last scheduler pass said); ``scattered_gpu_hours`` is the part of it during which that
-  job's GPU count was free in total, but not on one node.
+  job's GPU count was free in total, but not on one node.  ``index``, ``free_gpus`` and
+  ``stranded_gpus`` are gpud.sched.fragmentation's measures for ``size``-GPU requests
+  (8, or the most whole GPUs a node has when that is fewer), averaged over the time jobs
+  waited: free whole GPUs, those no such request could use, and their ratio (0 while
+  nothing is free).
 * Per account: ``configured_share`` is its share of the configured ``shares`` among the
   accounts that submitted jobs (product down the account tree).  Its demand is the
   GPU-time it wanted: GPUs held plus GPUs its waiting jobs asked for, over time.  Its
@@ -77,6 +81,7 @@ class AccountTally:
     rate_allocated: float = 0.0       # GPUs held now (a slice or share: its fraction)
     queued: float = 0.0               # GPUs (share-weighted) its waiting jobs ask for
     wanted: float = 0.0               # GPU-seconds held or asked for
+    since: float | None = None        # the sums above run up to this time (settled lazily)
 
 
 @dataclass
@@ -103,24 +108,47 @@ class Tally:
     waiting_total_seconds: float = 0.0
     idle_for_resources: float = 0.0   # idle GPU-seconds while a job waited for Resources
     idle_scattered: float = 0.0       # ... while its GPU count was free, though not on one node
+    frag_size: int = 8                # the request size fragmentation is measured against
+    frag_waiting_s: float = 0.0       # seconds with jobs waiting
+    frag_index_s: float = 0.0         # integrals over those seconds: fragmentation index,
+    frag_free_s: float = 0.0          # free whole GPUs,
+    frag_stranded_s: float = 0.0      # and free GPUs no ``frag_size`` request could use
     passes: int = 0
     accounts_added: list[str] = field(default_factory=list)   # trace accounts not configured
     periods: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # [used, wanted]
     series: dict[str, Any] = field(default_factory=dict)
     _next_sample: float | None = None
+    now: float = 0.0                  # how far ``advance`` has run
 
     def account(self, name: str) -> AccountTally:
+        """The account's tally, its sums settled up to now (its rates are about to change)."""
         acct = self.accounts.get(name)
         if acct is None:
-            acct = self.accounts[name] = AccountTally()
+            acct = self.accounts[name] = AccountTally(since=self.now)
+        elif acct.since != self.now:
+            self._settle(name, acct, self.now)
         return acct
+
+    def _settle(self, name: str, a: AccountTally, t: float) -> None:
+        """Add what the account used and wanted from ``a.since`` to ``t`` at its current rates:
+        an account's sums change only when its rates do, so time passing costs nothing."""
+        t0 = a.since if a.since is not None else t
+        if t > t0 and (a.rate_allocated or a.queued):
+            dt = t - t0
+            a.gpu_seconds += a.rate * dt
+            a.gpu_seconds_allocated += a.rate_allocated * dt
+            a.wanted += (a.rate + a.queued) * dt
+            self._into_periods(t0, t, name, a)
+        a.since = t
 
     # -- time passing ------------------------------------------------------------------
 
     def advance(self, t0: float, t1: float, allocated: float, pending: int,
-                resources_need: int | None) -> None:
+                resources_need: int | None, free: int = 0, stranded: int = 0) -> None:
         """Time ran from ``t0`` to ``t1`` with ``allocated`` GPUs busy and ``pending`` jobs
-        waiting; ``resources_need``: the fewest GPUs a job waiting for Resources wants."""
+        waiting; ``resources_need``: the fewest GPUs a job waiting for Resources wants;
+        ``free`` whole GPUs were free, ``stranded`` of them unusable by a ``frag_size`` request
+        (gpud.sched.fragmentation's terms)."""
         dt = t1 - t0
         if dt <= 0:
             return
@@ -129,33 +157,31 @@ class Tally:
         if pending:
             self.waiting_alloc_seconds += busy
             self.waiting_total_seconds += self.total_gpus * dt
+            self.frag_waiting_s += dt
+            if free:
+                self.frag_index_s += stranded / free * dt
+                self.frag_free_s += free * dt
+                self.frag_stranded_s += stranded * dt
             if resources_need is not None:
                 idle = (self.total_gpus - allocated) * dt
                 self.idle_for_resources += idle
                 if resources_need <= self.total_gpus - allocated:
                     self.idle_scattered += idle
-        active = [(name, a) for name, a in self.accounts.items() if a.rate_allocated or a.queued]
-        for _, a in active:
-            a.gpu_seconds += a.rate * dt
-            a.gpu_seconds_allocated += a.rate_allocated * dt
-            a.wanted += (a.rate + a.queued) * dt
-        if active:
-            self._into_periods(t0, t1, active)
+        self.now = t1
         if self.series_step:
             self._sample(t1, allocated, pending)
 
-    def _into_periods(self, t0: float, t1: float, running: list[tuple[str, AccountTally]]) -> None:
+    def _into_periods(self, t0: float, t1: float, name: str, a: AccountTally) -> None:
         p = self.period
         while t0 < t1:
             k = int(t0 // p)
             end = min(t1, (k + 1) * p)
             bucket = self.periods.setdefault(k, {})
-            for name, a in running:
-                cell = bucket.get(name)
-                if cell is None:
-                    cell = bucket[name] = [0.0, 0.0]
-                cell[0] += a.rate * (end - t0)
-                cell[1] += (a.rate + a.queued) * (end - t0)
+            cell = bucket.get(name)
+            if cell is None:
+                cell = bucket[name] = [0.0, 0.0]
+            cell[0] += a.rate * (end - t0)
+            cell[1] += (a.rate + a.queued) * (end - t0)
             t0 = end
 
     def _sample(self, t1: float, allocated: int, pending: int) -> None:
@@ -239,6 +265,8 @@ class Tally:
 
     def report(self, *, end: float, pending: int, running: int, trace: dict[str, Any],
                nodes: int, config: SchedConfig | None = None) -> dict[str, Any]:
+        for name, a in self.accounts.items():
+            self._settle(name, a, max(end, self.now))
         total_gpu_s = sum(a.gpu_seconds for a in self.accounts.values())
         start = self.first_submit if self.first_submit is not None else end
         span = max(0.0, end - start)
@@ -300,6 +328,7 @@ class Tally:
                 "fraction": (_round(self.idle_for_resources / self.waiting_total_seconds)
                              if self.waiting_total_seconds > 0 else None),
                 "scattered_gpu_hours": _round(self.idle_scattered / 3600),
+                **self._fragmentation(),
             },
             "makespan_s": _round(self.last_end - start) if finished else None,
             "jobs": {
@@ -323,6 +352,15 @@ class Tally:
         if self.series_step:
             report["series"] = self.series or {"t": [], "allocated": [], "pending": [], "accounts": {}}
         return report
+
+
+    def _fragmentation(self) -> dict[str, Any]:
+        """gpud.sched.fragmentation's measures, averaged over the time jobs waited."""
+        w = self.frag_waiting_s
+        return {"size": self.frag_size,
+                "index": _round(self.frag_index_s / w) if w > 0 else None,
+                "free_gpus": _round(self.frag_free_s / w) if w > 0 else None,
+                "stranded_gpus": _round(self.frag_stranded_s / w) if w > 0 else None}
 
 
 # -- fairness arithmetic -------------------------------------------------------------------
@@ -453,6 +491,9 @@ def format_text(r: dict[str, Any]) -> str:
         f"{pct(r['utilization'])} overall; {r['gpu_seconds'] / 3600:.1f} GPU-hours used",
         f"Idle GPUs    {frag['idle_gpu_hours']:.1f} GPU-hours while a job waited for Resources "
         f"({pct(frag['fraction'])}), {frag['scattered_gpu_hours']:.1f} of them scattered",
+        f"Fragments    index {num(frag.get('index'), '.3f')} for {frag.get('size', 8)}-GPU requests "
+        f"while jobs waited: {num(frag.get('stranded_gpus'), '.1f')} of "
+        f"{num(frag.get('free_gpus'), '.1f')} free GPUs stranded on average",
         f"Fairness     Jain's index {num(r['fairness']['jain'], '.3f')} (GPU-time against "
         f"fair share, per {dur(r['fairness']['period_s'])} period)",
         "",
