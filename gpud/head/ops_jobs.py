@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from itertools import groupby
 from operator import attrgetter, itemgetter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -131,23 +132,41 @@ def fold_arrays(jobs: list[JobRecord], fields: list[str] | None = None) -> list[
     so squeue over 100,000 pending tasks receives a few records instead of all of them."""
     pending = JobState.PENDING
     others: list[JobRecord] = []
-    groups: dict[int, list[JobRecord]] = defaultdict(list)
-    for j in jobs:   # the hot loop: one test per record
-        if j.array_task_id is not None and j.array_job_id is not None and j.state is pending:
-            groups[j.array_job_id].append(j)
+    by_array: dict[int, list[JobRecord]] = defaultdict(list)
+    # The hot part (100,000 records): an array's tasks are mostly neighbours in the store's
+    # order, so grouping runs of one array id keeps the per-record work in C.
+    for array, run in groupby(jobs, key=_ARRAY_ID):
+        if array is None:
+            others.extend(run)
         else:
-            others.append(j)
-    items: list[tuple[tuple, JobRecord, str | None]] = [(_squeue_key(j), j, None) for j in others]
-    for tasks in groups.values():
-        prios = [t.priority or 0 for t in tasks]
+            by_array[array].extend(run)
+    items: list[tuple[tuple, JobRecord, str | None]] = []
+    for members in by_array.values():
+        task_ids = list(map(_TASK_ID, members))
+        states = list(map(_STATE, members))
+        if None in task_ids or states.count(pending) != len(members):   # running tasks stay apart
+            tasks = [m for m, t, st in zip(members, task_ids, states) if t is not None and st is pending]
+            others += [m for m, t, st in zip(members, task_ids, states) if t is None or st is not pending]
+            if not tasks:
+                continue
+            task_ids = list(map(_TASK_ID, tasks))
+        else:
+            tasks = members
+        prios = list(map(_PRIORITY, tasks))
+        if None in prios:
+            prios = [p or 0 for p in prios]
         top = max(prios)
-        key = (True, -top, min(t.job_id for t, p in zip(tasks, prios) if p == top))
-        first = min(tasks, key=_TASK_ID)
+        if prios.count(top) == len(prios):
+            first_id = min(map(_JOB_ID, tasks))
+        else:
+            first_id = min(t.job_id for t, p in zip(tasks, prios) if p == top)
+        first = tasks[task_ids.index(min(task_ids))]
         shown = None
         if len(tasks) > 1:
             limit = f"%{first.array_throttle}" if first.array_throttle else ""
-            shown = f"{first.array_job_id}_[{_task_ranges([t.array_task_id for t in tasks])}{limit}]"
-        items.append((key, first, shown))
+            shown = f"{first.array_job_id}_[{_task_ranges(task_ids)}{limit}]"
+        items.append(((True, -top, first_id), first, shown))
+    items += [(_squeue_key(j), j, None) for j in others]
     items.sort(key=_KEY)
     out = []
     for _, j, shown in items:
@@ -159,7 +178,11 @@ def fold_arrays(jobs: list[JobRecord], fields: list[str] | None = None) -> list[
 
 
 _KEY = itemgetter(0)
+_ARRAY_ID = attrgetter("array_job_id")
 _TASK_ID = attrgetter("array_task_id")
+_STATE = attrgetter("state")
+_PRIORITY = attrgetter("priority")
+_JOB_ID = attrgetter("job_id")
 
 
 def _squeue_key(j: JobRecord) -> tuple:
