@@ -154,4 +154,10 @@ async def test_kill_step_and_missing_allocation(tmp_path):
 async def test_a_command_that_does_not_exist_exits_127(tmp_path):
     sent, _ = await run_step(tmp_path, step_body(["no-such-command-here"]), until=lambda s, t: len(exits(s)) == 2)
     assert exits(sent) == {2: (127, None), 3: (127, None)}
-    assert any("cannot run no-such-command-here" in text for _, _, text in lines(sent))
+    assert any("no-such-command-here" in text and fd == 2 for _, fd, text in lines(sent))
+
+
+async def test_a_working_directory_the_task_cannot_enter_is_an_error(tmp_path):
+    body = step_body(["true"])
+    sent, _ = await run_step(tmp_path / "missing", body, until=lambda s, t: len(exits(s)) == 2)
+    assert exits(sent) == {2: (126, None), 3: (126, None)}

@@ -43,6 +43,7 @@ BATCH_BYTES = 64 << 10        # at most this much text per step_output message
 MAX_PENDING = 1 << 20         # readers pause while this much output waits to be sent
 FLUSH_EVERY = 0.05            # seconds output may wait to share a message with more
 MAX_TASKS_PER_NODE = 256
+SHELL = "/bin/sh"
 
 Emit = Callable[[str, dict], Awaitable[None]]
 
@@ -175,9 +176,12 @@ class StepTasks:
             extra: dict[str, Any] = {}
             if setup.switch_user:
                 extra = {"user": setup.uid, "group": setup.gid, "extra_groups": setup.groups}
+            # The shell changes directory as the user (subprocess's cwd= would do it as root,
+            # before the switch), then becomes the command.
             task.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=setup.work_dir, env=env, start_new_session=True,
+                SHELL, "-c", 'cd -- "$0" || exit 126; exec "$@"', setup.work_dir, *argv,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd="/", env=env, start_new_session=True,
                 limit=READ_CHUNK, **extra)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
