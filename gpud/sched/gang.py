@@ -38,7 +38,6 @@ or reserves (simplest correct rule; the victim search is per node).
 
 from __future__ import annotations
 
-from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -230,7 +229,8 @@ class Gangs:
         taken: list[int] = []
         seen: set[int] = set()
         batch = max(16, 2 * req.nodes)
-        with closing(self.tl.by_bound(req.partition, req.model, req.gpus)) as ordered:
+        ordered = self.tl.by_bound(req.partition, req.model, req.gpus)
+        try:
             horizon = -INF
             while horizon < INF:
                 goal = len(taken) + batch
@@ -246,6 +246,8 @@ class Gangs:
                 if found is not None:
                     return found
                 batch *= 2
+        finally:
+            ordered.close()                      # hands the bounds back for the next search
         return None
 
     def _sweep(self, nodes: Sequence[int], req: Request, policy: str, limit: int | None,
