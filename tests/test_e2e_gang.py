@@ -145,3 +145,35 @@ def test_gang_job_starts_whole_under_one_switch_and_dies_whole(tmp_path, mosquit
                 wait_for(lambda: not Path(f"/proc/{pid}").exists()
                          or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), 30,
                          f"the part on {name} to be gone")
+
+
+def test_srun_kills_the_step_when_one_task_fails_and_tasks_die_with_the_job(tmp_path, mosquitto):  # noqa: F811
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    with GangCluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        c.start_worker("w1", "2xH100-80GB")
+        c.start_worker("w5", "2xH100-80GB")
+        script = (
+            "#!/bin/bash\n"
+            f"{_gpuctl(c)} srun --label sh -c 'if [ $RANK = 1 ]; then echo bad; exit 3; fi; exec sleep 600' "
+            f"> {work}/bad.out 2> {work}/bad.err\n"
+            f"echo $? > {work}/bad.rc\n"
+            f"{_gpuctl(c)} srun sh -c 'echo $$ > {work}/task.$RANK; exec sleep 600'\n"
+        )
+        with c.client() as client:
+            job = client.submit(script, nodes=2, gpus=4, stdout=f"{work}/job.out", work_dir=str(work))
+        wait_for(lambda: (work / "bad.rc").exists(), 90, "the failing step to end")
+        assert (work / "bad.rc").read_text().strip() == "3", (work / "bad.err").read_text()
+        assert "1: bad" in (work / "bad.out").read_text()
+        assert "task 1 on w5" in (work / "bad.err").read_text()
+        # The second step runs until the job is cancelled; its tasks die with the job.
+        wait_for(lambda: (work / "task.0").exists() and (work / "task.1").exists(), 60, "the second step's tasks")
+        pids = [int((work / f"task.{r}").read_text()) for r in (0, 1)]
+        assert all(Path(f"/proc/{p}").exists() for p in pids)
+        c.gpuctl("scancel", str(job))
+        c.wait_job_state(job, "CANCELLED", 60)
+        for p in pids:
+            wait_for(lambda: not Path(f"/proc/{p}").exists()
+                     or "zombie" in Path(f"/proc/{p}/status").read_text().lower(), 30, f"task pid {p} to die")
