@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import Cluster, wait_for
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
+from tests.users import gpuctl_as, needs_root, temp_users
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +180,44 @@ def test_srun_kills_the_step_when_one_task_fails_and_tasks_die_with_the_job(tmp_
         for p in pids:
             wait_for(lambda: not Path(f"/proc/{p}").exists()
                      or "zombie" in Path(f"/proc/{p}/status").read_text().lower(), 30, f"task pid {p} to die")
+
+
+@needs_root
+def test_srun_tasks_run_as_the_jobs_user_and_only_owners_or_admins_may_start_them(mosquitto):  # noqa: F811
+    world = tempfile.mkdtemp(prefix="gpud-gang-", dir="/tmp")   # users must reach it; tmp_path is root's
+    os.chmod(world, 0o755)
+    try:
+        with temp_users(2) as (alice, bob), GangCluster(Path(world) / "c", mosquitto.url) as c:
+            c.start_head()
+            c.start_worker("w1", "2xH100-80GB")
+            c.start_worker("w2", "2xH100-80GB")
+            home = os.path.join(world, alice.name)
+            os.mkdir(home)
+            os.chown(home, alice.uid, alice.gid)
+            rc, out, err = gpuctl_as(alice, ["sbatch", "--parsable", "-N", "2", "--gpus", "2", "--wrap",
+                                             "sleep 300"], c.socket, cwd=home)
+            assert rc == 0, err
+            job = int(out.strip())
+            c.wait_job_state(job, "RUNNING")
+            os.environ["GPUD_JOB_ID"] = str(job)
+            try:
+                rc, out, err = gpuctl_as(bob, ["srun", "id", "-u"], c.socket)
+            finally:
+                del os.environ["GPUD_JOB_ID"]
+            assert rc == 1 and f"belongs to {alice.name}" in err and len(err.strip().splitlines()) == 1
+            env = dict(c.env, GPUD_JOB_ID=str(job))
+            r = subprocess.run([sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "srun", "--label",
+                                "sh", "-c", 'echo "$(id -u) $(id -G) $(pwd)"'],
+                               env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            groups = " ".join(str(g) for g in sorted(alice.groups))
+            got = sorted(r.stdout.splitlines())
+            assert len(got) == 2
+            for rank, line in enumerate(got):
+                label, uid, *rest = line.split()
+                assert label == f"{rank}:" and int(uid) == alice.uid and rest[-1] == home
+                assert " ".join(str(g) for g in sorted(int(x) for x in rest[:-1])) == groups
+            c.gpuctl("scancel", str(job))
+            c.wait_job_state(job, "CANCELLED")
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
