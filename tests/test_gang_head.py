@@ -159,6 +159,8 @@ async def test_step_refusals(kit):
     assert "not RUNNING" in await kit.refused("step_launch", ALICE, job_id=pending, argv=["true"])
     assert "not running" in await kit.refused("step_launch", ALICE, job_id=999, argv=["true"])
     assert "argv" in await kit.refused("step_launch", ALICE, job_id=job.job_id, argv=[])
+    big = {"X": "y" * (300 << 10)}
+    assert "larger than 256 KiB" in await kit.refused("step_launch", ALICE, job_id=job.job_id, argv=["true"], env=big)
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["true"])
     assert "not yours" in await kit.refused("step_poll", BOB, job_id=job.job_id, step=step["step"], offset=0)
 

@@ -52,7 +52,7 @@ MAX_STEPS = 1024              # steps remembered at once, all jobs together
 MAX_STEPS_PER_JOB = 128
 MAX_TASKS_PER_NODE = 256
 MAX_ARGV_BYTES = 128 << 10
-MAX_ENV_BYTES = 1 << 20
+MAX_ENV_BYTES = 256 << 10     # with argv, one signed message (the envelope takes 1 MiB)
 MAX_POLL_BYTES = 1 << 20      # text per step_poll answer
 POLL_WAIT = 10.0              # seconds step_poll waits for news (below gpuctl's 30 s timeout)
 KEEP_DONE = 120.0             # seconds a done step stays readable
@@ -130,9 +130,11 @@ class Steps:
             raise RequestError(f"srun: --ntasks-per-node must be from 1 to {MAX_TASKS_PER_NODE}")
         env = args.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
-                                                and "\x00" not in k + v for k, v in env.items()) \
-                or sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
-            raise RequestError("srun: env must map variable names to strings (at most 1 MiB)")
+                                                and "\x00" not in k + v for k, v in env.items()):
+            raise RequestError("srun: env must map variable names to strings")
+        if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+            raise RequestError(f"srun: the environment is larger than {MAX_ENV_BYTES >> 10} KiB; "
+                               "unset what the tasks do not need")
         self._forget_old()
         if len(self.steps) >= MAX_STEPS or sum(1 for k in self.steps if k[0] == job.job_id) >= MAX_STEPS_PER_JOB:
             raise RequestError("srun: too many steps running at once; wait for some to end")
@@ -144,12 +146,19 @@ class Steps:
         log.info("job %d step %d (user %s): %d task(s) on %s: %s", job.job_id, step_id, caller.user,
                  step.ntasks, gang.nodelist_text(nodes), " ".join(argv)[:200])
         for rank, node in enumerate(nodes):
-            await self.head.bus.publish(node_cmd(node), "step", {
-                "job": job.job_id, "attempt": job.attempt, "step": step_id, "argv": argv, "env": env,
-                "ntasks_per_node": per_node, "node_rank": rank, "nnodes": len(nodes),
-                "nodelist": gang.nodelist_text(nodes), "master_addr": addr,
-                "master_port": gang.master_port(job.job_id),
-            })
+            try:
+                await self.head.bus.publish(node_cmd(node), "step", {
+                    "job": job.job_id, "attempt": job.attempt, "step": step_id, "argv": argv, "env": env,
+                    "ntasks_per_node": per_node, "node_rank": rank, "nnodes": len(nodes),
+                    "nodelist": gang.nodelist_text(nodes), "master_addr": addr,
+                    "master_port": gang.master_port(job.job_id),
+                })
+            except Exception as e:   # too large for one message, or the bus refused it
+                log.warning("job %d step %d: cannot send it to %s: %s", job.job_id, step_id, node, e)
+                step.exit_code, step.message = 1, f"could not send the step to node {node}: {e}"
+                await self._kill(step)
+                self._finish(step)
+                raise RequestError(f"srun: could not send the step to node {node}: {e}") from None
         return {"job_id": job.job_id, "step": step_id, "ntasks": step.ntasks, "nodes": len(nodes),
                 "nodelist": gang.nodelist_text(nodes)}
 
@@ -255,8 +264,11 @@ class Steps:
 
     async def _kill(self, step: Step) -> None:
         for node in step.nodes:
-            await self.head.bus.publish(node_cmd(node), "step_kill", {
-                "job": step.job_id, "attempt": step.attempt, "step": step.step_id})
+            try:
+                await self.head.bus.publish(node_cmd(node), "step_kill", {
+                    "job": step.job_id, "attempt": step.attempt, "step": step.step_id})
+            except Exception as e:   # the job's end kills the tasks in any case
+                log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
 
     def _finish(self, step: Step) -> None:
         step.done_at = self.head.clock()
