@@ -82,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--lines", type=int, default=100_000, help="lines of seq output per node")
+    ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
     r = run(args.nodes, args.lines)
     rows = [["gang start (submit to the script's first line)", f"{r['start'] * 1000:.0f} ms"],
@@ -94,7 +95,8 @@ def main() -> None:
     text = (f"### Multi-node jobs and srun ({args.nodes} sim workers x 8 GPUs, Mosquitto)\n\n"
             f"{stamp()}\n\n" + table(["measure", "result"], rows))
     print(text)
-    write_section("srun", text)
+    if not args.no_doc:
+        write_section("srun", text)
 
 
 if __name__ == "__main__":

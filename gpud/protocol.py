@@ -93,7 +93,8 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       "gpu_util_mean" (% over its sampled GPU-time|null), "gpu_util_max" (%|null),
       "gpu_mem_max_mb" (most memory used on one of its GPUs|null), "energy_j" (null until
       sampled), "nodes" (count), "nodelist" (compressed hostlist of its nodes, rank 0
-      first in ``node``; null while pending)}  A running job whose GPUs sit idle has reason "GpuIdle".
+      first in ``node``; null while pending), "ntasks_per_node" (srun tasks per node)}
+      A running job whose GPUs sit idle has reason "GpuIdle".
       Slurm features: "display_id" ("123" or "<array id>_<task>"), "array_job_id",
       "array_task_id", "array_throttle", "dependency", "begin_time", "deadline",
       "hold" ("user"|"admin"|null), "nice", "cron_entry" (null unless scrontab submitted it)

@@ -195,7 +195,8 @@ def test_the_worker_registers_its_rack_and_switch(tmp_path):
     cfg = config.from_text(f'state_dir = "{tmp_path}"\n[worker]\nname = "gpu01"\n'
                            'labels = { rack = "r1", switch = "s1" }\n')
     info = build_node_info(cfg, SimBackend("8xH100-80GB@islands4", "gpu01"))
-    assert info.labels == {"rack": "r1", "switch": "s1"}
+    assert (info.labels["rack"], info.labels["switch"]) == ("r1", "s1")
+    assert info.labels["addr"]   # where MASTER_ADDR points for multi-node jobs
     assert NodeInfo.from_dict(info.to_dict()) == info
 
 

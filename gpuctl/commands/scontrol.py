@@ -191,7 +191,8 @@ def job_record(j: dict[str, Any]) -> list[str]:
     state = str(j.get("state"))
     runtime = fmt.elapsed(j, _now())
     gpus = int(j.get("gpus") or 0)
-    tres = f"cpu={j.get('cpus')},mem={format_size_mb(j.get('mem_mb'))},node=1" + (f",gres/gpu={gpus}" if gpus else "")
+    nodes, tasks = int(j.get("nodes") or 1), max(1, int(j.get("ntasks_per_node") or 1))
+    tres = f"cpu={j.get('cpus')},mem={format_size_mb(j.get('mem_mb'))},node={nodes}" + (f",gres/gpu={gpus}" if gpus else "")
     hold = j.get("hold")
     return [
         f"{ident} JobName={j.get('name')}",
@@ -206,7 +207,7 @@ def job_record(j: dict[str, Any]) -> list[str]:
         f"StartTime={_t(j.get('start_time') or j.get('expected_start'))} EndTime={_t(j.get('end_time'))} "
         f"Deadline={_t(j.get('deadline'))}",
         f"Partition={j.get('partition')} NodeList={_v(j.get('nodelist') or j.get('node'))}",
-        f"NumNodes={j.get('nodes') or 1} NumCPUs={j.get('cpus')} NumTasks=1 CPUs/Task={j.get('cpus')} "
+        f"NumNodes={nodes} NumCPUs={j.get('cpus')} NumTasks={nodes * tasks} CPUs/Task={(j.get('cpus') or 0) // tasks} "
         f"Gres={'gpu' + (':' + j['gpu_type'] if j.get('gpu_type') else '') + f':{gpus}' if gpus else '(null)'}",
         f"TRES={tres}",
         f"MinMemoryNode={format_size_mb(j.get('mem_mb'))} GPUs={','.join(map(str, j.get('gpu_indices') or [])) or '(null)'}",

@@ -276,6 +276,7 @@ class JobRecord:
             "mig_profile": self.spec.mig_profile, "gpu_mem_mb": self.spec.gpu_mem_mb,
             "nodes": self.spec.nodes if self.node is None else 1 + len(self.parts),
             "nodelist": self._nodelist() if self.parts else self.node,
+            "ntasks_per_node": self.spec.ntasks_per_node,
         }
 
     def _nodelist(self) -> str:
