@@ -160,6 +160,20 @@ def test_a_gang_is_never_a_victim():
     assert [p.job_id for p in plan.preemptions] == [1]
 
 
+def test_a_job_with_node_filters_preempts_only_on_its_nodes():
+    cfg = config(qos={"normal": {}, "low": {}, "high": {"preempt": ["low"]}})
+    ns = (labelled("a", features="ib"), labelled("b"), labelled("c", features="ib"))
+    run = [running(1, "a", range(8), qos="low", time_limit=None, start_time=100.0),   # the youngest
+           running(2, "b", range(8), qos="low", time_limit=None, start_time=200.0),
+           running(3, "c", range(8), qos="low", time_limit=None, start_time=0.0)]
+    plan = schedule(snapshot(ns, [pending(9, 8, qos="high", constraint="ib")], run, cfg=cfg), HOUR)
+    assert [p.job_id for p in plan.preemptions] == [1] and plan.reserved_nodes[9] == "a"
+    plan = schedule(snapshot(ns, [pending(9, 8, qos="high", exclude=("a",))], run, cfg=cfg), HOUR)
+    assert [p.job_id for p in plan.preemptions] == [2]
+    plan = schedule(snapshot(ns, [pending(9, 8, qos="high", exclusive=True)], run, cfg=cfg), HOUR)
+    assert plan.preemptions == []
+
+
 # -- backfill around a gang reservation ------------------------------------------------------------
 
 def test_4x8_gang_on_a_busy_cluster_starts_by_its_reservation_while_small_jobs_backfill():

@@ -28,7 +28,8 @@ It reads as numbered steps:
    A job that asks for several nodes (a gang), names nodes or features, or wants its nodes
    exclusively takes steps a-c, then goes to ``gang.Gangs``: N nodes at once now (fewest
    switches, then racks, then binpack order), else a reservation on N nodes at the earliest
-   time they are all free together.  It neither preempts nor is ever preempted.
+   time they are all free together.  A gang is never preempted and, like an exclusive job,
+   does not preempt; a single-node job with node filters preempts on its candidates only.
 
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
    ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
@@ -279,23 +280,56 @@ class _Pass:
                 self.start_gang(job, req, chosen, borrowed=not within)
                 return True
             self.failed_shapes.add(shape)
-        if self.depth_left > 0:
+        may_preempt = req.nodes == 1 and not req.exclusive and self.may_preempt.get(job.qos, True)
+        found = None
+        if self.depth_left > 0 or may_preempt:
             found = self.gangs().earliest(req, self.cfg.placement_for(job.partition), switches)
-            if found is not None:
-                t, chosen = found
-                if t > self.now:
-                    self.depth_left -= 1
-                for i in chosen:
-                    g, cpus, mem, model = self.gangs().share(i, req)
-                    self.timeline.reserve(job.job_id, i, t, job.time_limit, g, cpus, mem, model)
-                self.plan.expected_starts[job.job_id] = t
-                self.plan.reserved_nodes[job.job_id] = self.cluster.nodes[chosen[0]].name
-                if t <= self.now and within:
-                    book.on_claim(job.account, job.gpus)
+        if found is not None and found[0] <= self.now:            # e. resources on their way back
+            self.reserve_gang(job, req, *found, within=within)
+        elif may_preempt and self.preempt_on(job, req, within):   # f. preempt, on its candidates only
+            pass
+        elif found is not None and self.depth_left > 0:           # g. reserve
+            self.depth_left -= 1
+            self.reserve_gang(job, req, *found, within=False)
         if job.job_id not in reasons:
             first = not blocked and job.partition not in self.waiting
             reasons[job.job_id] = "Resources" if first else "Priority"
         self.waiting.add(job.partition)
+        return True
+
+    def reserve_gang(self, job: PendingJob, req: Request, t: float, chosen: list[int], within: bool) -> None:
+        for i in chosen:
+            g, cpus, mem, model = self.gangs().share(i, req)
+            self.timeline.reserve(job.job_id, i, t, job.time_limit, g, cpus, mem, model)
+        self.plan.expected_starts[job.job_id] = t
+        self.plan.reserved_nodes[job.job_id] = self.cluster.nodes[chosen[0]].name
+        if t <= self.now and within:
+            self.book.on_claim(job.account, job.gpus)
+
+    def preempt_on(self, job: PendingJob, req: Request, within: bool) -> bool:
+        """Step f for a single-node job that names nodes or features: victims on its candidates."""
+        targets = self.targets.get(job.qos, frozenset())
+        reclaim = within and job.gpus > 0 and self.book.enabled
+        if not targets and not reclaim:
+            return False
+        pool = self.book.pool(job.account)
+        pkey = ("filtered", req, targets, reclaim, pool)
+        if pkey in self.failed_preempts or (targets, reclaim, pool) in self.failed_preempts:
+            return False
+        if not self.preemptor().worth_trying(targets, reclaim, pool):
+            self.failed_preempts.add((targets, reclaim, pool))
+            if not reclaim:
+                self.may_preempt[job.qos] = False
+            return False
+        choice = self.preemptor().select(job.partition, req.gpus, req.cpus, req.mem, req.model, job.time_limit,
+                                         targets=targets, reclaim=reclaim, for_pool=pool,
+                                         allowed=self.gangs().allowed(req))
+        if choice is None:
+            self.failed_preempts.add(pkey)
+            return False
+        self.preempt(job, choice, targets, pool)
+        self.reserve(job, choice.node, within)
+        self.reasons[job.job_id] = "Resources"
         return True
 
     def gang_delays(self, i: int, req: Request, job: PendingJob) -> bool:

@@ -32,8 +32,9 @@ times N nodes' timelines on a busy cluster, never nodes squared.  The job then h
 reservation on each chosen node, and lower jobs may backfill on any of them only without
 delaying it, so a stream of small jobs cannot starve a big gang.
 
-A gang job is never a preemption victim, and a job on this path does not preempt: it waits
-or reserves (simplest correct rule; the victim search is per node).
+A gang job is never a preemption victim, and neither a gang nor an exclusive job preempts:
+it waits or reserves (simplest correct rule; the victim search is per node).  A single-node
+job that names nodes or features may preempt, on its candidates only (core.py).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class _Fit:
     verdict: str | None            # None, "BadConstraints" or "ReqNodeNotAvail"
     nodes: list[int]               # up candidates that could ever hold a share, by index
     required: frozenset[int]
+    allowed: frozenset[int] | None = None
 
 
 class Gangs:
@@ -160,6 +162,13 @@ class Gangs:
         if len(required) < len(req.nodelist) or len(up) < req.nodes or not all(c.up[i] for i in required):
             return _Fit("ReqNodeNotAvail", [], required)   # an unknown name may yet register
         return _Fit(None, up, required)
+
+    def allowed(self, req: Request) -> frozenset[int]:
+        """The nodes the request may ever use (up ones), as a set."""
+        fit = self.fit(req)
+        if fit.allowed is None:
+            fit.allowed = frozenset(fit.nodes)
+        return fit.allowed
 
     # -- what one node gives -----------------------------------------------------------------------
 

@@ -24,14 +24,15 @@ remaining node can beat the best set found.  A node that carries reservations mu
 with the job placed at ``now``.
 
 *Gangs.*  A multi-node job (``RunningJob.parts``) is never a victim: its ranks stop and start
-together, and freeing one node would not free the others.  A gang, or any job that names
-nodes or features, does not preempt either; it waits or reserves (gang.py).
+together, and freeing one node would not free the others.  A gang, or an exclusive job, does
+not preempt either; it waits or reserves (gang.py).  A single-node job that names nodes or
+features preempts only on those (``allowed``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from .backfill import Release, Timeline
 from .config import SchedConfig
@@ -139,12 +140,13 @@ class Preemptor:
 
     def select(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None,
                time_limit: float | None, targets: frozenset[str], reclaim: bool,
-               for_pool: Pool) -> Choice | None:
+               for_pool: Pool, allowed: Collection[int] | None = None) -> Choice | None:
+        """The cheapest victim set on one node (of ``allowed``, when given), or None."""
         best: Choice | None = None
         for bound, i, most in self._order(partition, targets, reclaim):
             if best is not None and bound > best.cost[:3]:
                 break
-            if most < gpus:
+            if most < gpus or (allowed is not None and i not in allowed):
                 continue
             choice = self._on_node(i, self.candidates[i], gpus, cpus, mem, model, time_limit, targets,
                                    reclaim, for_pool)
