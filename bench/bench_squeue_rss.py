@@ -5,9 +5,10 @@ arrays of up to 10,000 tasks, then measured at each size: ``gpuctl squeue`` as a
 runs it (the console script, ``python -m gpuctl``, a new process each time; median of
 5), ``squeue -r`` (one line per array task, so every job is formatted), a bare
 ``python -I -c pass`` measured in between (this machine is shared: the ratio carries
-over, the milliseconds do not), a ``ping`` on one open connection (how long the head's
-event loop takes to answer anything while scheduler passes over that queue run), and
-the head's resident memory (VmRSS).
+over, the milliseconds do not), the ``jobs`` request squeue sends and a ``ping``, each
+on one open connection (the head's side of squeue, and how long its event loop takes to
+answer anything while scheduler passes over that queue run), and the head's resident
+memory (VmRSS).
 
 Targets (docs/benchmarks.md): ``squeue`` no slower than Slurm's at 1,000 jobs (28-45 ms
 measured here) and under 200 ms at 100,000; head RSS under 500 MB with 100,000 pending.
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 from common import head_cluster, stamp, table, write_section
+
+from gpuctl.commands.squeue import Query
 
 SPEC = {"script": "#!/bin/bash\ntrue\n", "name": "bench", "work_dir": "/tmp", "env": {}, "gpus": 1}
 ARRAY_MAX = 10_000
@@ -62,11 +65,12 @@ def measure(c, *args: str) -> tuple[str, float | None, float]:
     return f"{ms:.0f} ms", ms, statistics.median(bare)
 
 
-def ping_ms(client) -> float:
+def call_ms(client, op: str, **args) -> float:
+    """Median milliseconds of one request on an open connection."""
     xs = []
     for _ in range(RUNS):
         t = time.perf_counter()
-        client.ping()
+        client.call(op, **args)
         xs.append((time.perf_counter() - t) * 1000)
         time.sleep(0.2)
     return statistics.median(xs)
@@ -95,8 +99,10 @@ def main() -> None:
                 cell, ms, bare = measure(c)
                 cell_r, _, bare_r = measure(c, "-r")
                 ratio = f"{ms / bare:.1f}x" if ms is not None and bare else "-"
+                asked = Query(refs=[], states=[], users=[], partitions=[], accounts=[]).request()
                 rows.append([f"{size:,}", cell, cell_r, f"{statistics.median([bare, bare_r]):.0f} ms", ratio,
-                             f"{ping_ms(client):.0f} ms", f"{rss_mb(c.head.pid):.0f} MB"])
+                             f"{call_ms(client, 'jobs', **asked):.0f} ms", f"{call_ms(client, 'ping'):.0f} ms",
+                             f"{rss_mb(c.head.pid):.0f} MB"])
     md = "\n".join([
         "## squeue and head memory with many pending jobs",
         "",
@@ -105,13 +111,14 @@ def main() -> None:
         "array as one line (the head folds it and sends only the table's fields), `squeue -r` "
         "one line per task; both are whole `gpuctl` processes run as the console script "
         f"(`python -m gpuctl`, median of {RUNS}). Bare python is `python -I -c pass` run between "
-        "them, for the ratio; head ping is a `ping` on an open connection while scheduler "
-        f"passes over that queue run. The head's RSS before any job: {base:.0f} MB.",
+        "them, for the ratio. Head `jobs` is the request squeue sends, and head ping a `ping`, "
+        "each on an open connection while scheduler passes over that queue run (median of "
+        f"{RUNS}): what the head's side of squeue costs. The head's RSS before any job: {base:.0f} MB.",
         "",
         stamp(),
         "",
-        table(["pending jobs", "`squeue`", "`squeue -r`", "bare python", "`squeue` / bare", "head ping",
-               "head RSS"], rows),
+        table(["pending jobs", "`squeue`", "`squeue -r`", "bare python", "`squeue` / bare", "head `jobs`",
+               "head ping", "head RSS"], rows),
         "",
         "Targets: `squeue` no slower than Slurm's at 1,000 jobs (28-45 ms measured on this "
         "kind of machine) and under 200 ms at 100,000; head RSS under 500 MB at 100,000.",
