@@ -71,6 +71,8 @@ HEAD_SENDER = "head"
 LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
+MAX_REASON = 64                 # characters of a worker's end reason kept ("exited", "timeout"...)
+MAX_STATUS = 2 ** 31 - 1        # larger exit codes or signals in a report are not real ones
 
 
 class Head:
@@ -400,9 +402,12 @@ class Head:
 
     async def _on_started(self, node: str, body: dict) -> None:
         jid, attempt = body.get("job"), body.get("attempt")
-        job = self.store.active.get(jid) if isinstance(jid, int) else None
-        if job is None or job.attempt != attempt or job.node != node:
+        if not _is_int(jid) or not _is_int(attempt):
+            log.warning("dropped started from %s: job and attempt must be integers", node)
             return
+        job = self.store.active.get(jid)
+        if job is None or job.attempt != attempt or job.node != node:
+            return   # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
         async with self.lock:
             txn = Txn(self.store)
             txn.event(job, self.clock(), "started", f"pid {body.get('pid')}")
@@ -410,12 +415,14 @@ class Head:
 
     async def _on_finished(self, node: str, body: dict) -> None:
         jid, attempt = body.get("job"), body.get("attempt")
-        if not isinstance(jid, int) or not isinstance(attempt, int):
-            log.warning("dropped finished from %s: malformed", node)
+        if not _is_int(jid) or not _is_int(attempt):
+            log.warning("dropped finished from %s: job and attempt must be integers", node)
             return
-        reason = str(body.get("reason", "exited"))
-        exit_code = body.get("exit_code") if isinstance(body.get("exit_code"), int) else None
-        sig = body.get("signal") if isinstance(body.get("signal"), int) else None
+        # Whatever else it says is kept within what SQLite and a one-line detail hold: a
+        # report that cannot be committed would be repeated, and the job never end.
+        reason = str(body.get("reason", "exited"))[:MAX_REASON]
+        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
+        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
         end = self.clock()
         ended_gang: JobRecord | None = None
         async with self.lock:
@@ -455,19 +462,21 @@ class Head:
 
     async def _part_failed(self, job: JobRecord, node: str, rank: int, reason: str, exit_code: int | None,
                            sig: int | None, body: dict, end: float) -> JobRecord:
-        """A gang job's rank>0 part ended on its own: the job ends FAILED (under the lock)."""
+        """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
+        holder reached its own limit first (rank 0's report was lost or late), under the lock."""
         detail = f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}"
         if body.get("message"):
             detail += f": {str(body['message'])[:500]}"
+        new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
         txn = Txn(self.store)
         txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
                     (end, "part_failed", job.job_id, job.attempt))
-        txn.transition(job, JobState.FAILED, now=end, event="finished", detail=detail, end_time=end,
+        txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
                        exit_code=exit_code, signal=sig)
         await self.store.commit(txn)
         self._charge(job, end)
         self._stop_sent.pop((job.job_id, job.attempt), None)
-        log.warning("job %d (user %s) FAILED: %s; killing its other parts", job.job_id, job.user, detail)
+        log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
         self.kick()
         return job
 
@@ -505,6 +514,7 @@ class Head:
             await self.store.commit(txn)
             for job in lost:
                 self._charge(job, now)
+                self._stop_sent.pop((job.job_id, job.attempt), None)
         for job in lost:   # a gang job's other parts hold nothing now
             if job.parts:
                 await self.kill_parts(job, "node_fail", besides=rec.name)
@@ -522,6 +532,11 @@ def _stop_kind(job: JobRecord) -> str:
 
 
 
+
+
+def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:
+    """An integer SQLite can hold (not a bool), from -most to most."""
+    return isinstance(v, int) and not isinstance(v, bool) and -most <= v <= most
 
 
 def _pairs(v: Any) -> list[tuple[int, int]] | None:
