@@ -16,12 +16,22 @@ reader's offset, the step is done, or ``POLL_WAIT`` passes.
 
 A step is done when every task has exited.  The first task to exit non-zero (or be
 killed) decides its exit code, and the head sends ``step_kill`` to every node at once,
-as Slurm's ``--kill-on-bad-exit`` does.  A job that ends (cancel, time limit, a lost
-node, rank 0's script returning) ends its steps too: the workers kill their tasks with
-the job's part, and the head marks the steps done so srun never waits on a dead job.
-Steps are forgotten ``KEEP_DONE`` seconds after they are done.  Nothing here is durable:
-after a head restart srun reports its step as lost (exit 1), and the step's tasks end with
-the job at the latest.
+as Slurm's ``--kill-on-bad-exit`` does; tasks killed because the job itself is stopping
+(cancel, preemption, time limit) end the step with status 1 and the job's reason instead.
+A job that ends (cancel, time limit, a lost node, rank 0's script returning) ends its
+steps too: the workers kill their tasks with the job's part, and the head marks the
+steps done so srun never waits on a dead job.
+Steps are forgotten ``KEEP_DONE`` seconds after they are done.
+
+Only the numbering is durable: each launch is a ``step`` event in the job's log, and a
+restarted head numbers on from the count there, because workers ignore a step command
+they have already seen (same job, attempt and step).  The steps themselves live in
+memory: after a head restart srun reports its step as lost (exit 1), and the head tells
+the nodes to kill the tasks of a step it does not know as soon as one of them sends
+output (or srun asks for it).
+
+Worker messages are checked field by field; anything malformed, from a node outside the
+step, of another attempt or for an unknown step is dropped with one log line.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from ..model import JobState
 from . import gang
 from .api import Caller, RequestError
 from .jobs import may_modify
+from .store import Txn
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -56,6 +67,11 @@ MAX_ENV_BYTES = 256 << 10     # with argv, one signed message (the envelope take
 MAX_POLL_BYTES = 1 << 20      # text per step_poll answer
 POLL_WAIT = 10.0              # seconds step_poll waits for news (below gpuctl's 30 s timeout)
 KEEP_DONE = 120.0             # seconds a done step stays readable
+MAX_ORPHAN_KILLS = 4096       # (job, attempt, step, node) already told to kill an unknown step
+MAX_STATUS = 255              # a task's exit code as a shell sees it
+MAX_SIGNAL = 127
+STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit", "requeue": "was requeued",
+              "preempted": "was preempted", "idle": "was stopped for idle GPUs"}
 
 
 @dataclass
@@ -111,6 +127,8 @@ class Steps:
         self.head = head
         self.steps: dict[tuple[int, int], Step] = {}
         self._next: dict[int, int] = {}        # job id -> next step id
+        self._numbering = asyncio.Lock()       # one step number read and recorded at a time
+        self._orphans: dict[tuple[int, int, int, str], None] = {}   # insertion-ordered set
 
     # -- from gpuctl -------------------------------------------------------------------------
 
@@ -121,8 +139,9 @@ class Steps:
                                "srun runs tasks only inside a running job")
         argv = args.get("argv")
         if (not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv)
-                or sum(len(a) + 1 for a in argv) > MAX_ARGV_BYTES):
-            raise RequestError("srun: argv must be a non-empty list of strings without NUL (at most 128 KiB)")
+                or not argv[0] or sum(len(a) + 1 for a in argv) > MAX_ARGV_BYTES):
+            raise RequestError("srun: argv must be a non-empty list of strings without NUL, the first not empty "
+                               "(at most 128 KiB)")
         per_node = args.get("ntasks_per_node")
         if per_node is None:
             per_node = gang.ntasks_per_node(job)
@@ -138,9 +157,12 @@ class Steps:
         self._forget_old()
         if len(self.steps) >= MAX_STEPS or sum(1 for k in self.steps if k[0] == job.job_id) >= MAX_STEPS_PER_JOB:
             raise RequestError("srun: too many steps running at once; wait for some to end")
-        step_id = self._next.get(job.job_id, 0)
-        self._next[job.job_id] = step_id + 1
         nodes = gang.job_nodes(job)
+        step_id = await self._number(job, caller, per_node * len(nodes), argv)
+        job = self.head.store.active.get(job.job_id) or job
+        if job.state is not JobState.RUNNING or gang.job_nodes(job) != nodes:   # it ended meanwhile
+            raise RequestError(f"srun: job {job.job_id} is {job.state.value}, not RUNNING; "
+                               "srun runs tasks only inside a running job")
         step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node)
         addr = gang.master_addr(self.head.store, job)
         log.info("job %d step %d (user %s): %d task(s) on %s: %s", job.job_id, step_id, caller.user,
@@ -169,8 +191,13 @@ class Steps:
                 raise RequestError(f"srun: {name} must be a non-negative integer")
         step = self.steps.get((job_id, step_id))
         if step is None:
+            job = self.head.store.active.get(job_id)
+            if job is not None and job.state.active and self._issued(job_id, step_id) and may_modify(
+                    job.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+                for node in gang.job_nodes(job):   # tasks left from before a restart: nobody reads them
+                    await self._kill_orphan(job_id, job.attempt, step_id, node)
             raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
-                               "or the head restarted)")
+                               "or the head restarted; its tasks are killed)")
         if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
             raise RequestError(f"srun: step {job_id}.{step_id} is not yours")
         if step.next_offset <= offset and not step.done:
@@ -211,10 +238,29 @@ class Steps:
         if not isinstance(body, dict):
             log.warning("dropped %s from %s: body is not an object", kind, node)
             return
-        key = (body.get("job"), body.get("step"))
-        step = self.steps.get(key)  # type: ignore[arg-type]
-        if step is None or body.get("attempt") != step.attempt or node not in step.nodes:
-            return   # a step already forgotten, or a stale attempt: nothing waits for it
+        job_id, attempt, step_id = body.get("job"), body.get("attempt"), body.get("step")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (job_id, attempt, step_id)):
+            log.warning("dropped %s from %s: job, attempt and step must be non-negative integers", kind, node)
+            return
+        step = self.steps.get((job_id, step_id))
+        if step is None:
+            job = self.head.store.active.get(job_id)
+            if (job is not None and job.state.active and job.attempt == attempt and node in gang.job_nodes(job)
+                    and self._issued(job_id, step_id)):
+                # A step this head does not know (it restarted) whose tasks still run there.
+                log.info("dropped %s from %s: job %d has no step %d here; telling the node to kill it",
+                         kind, node, job_id, step_id)
+                await self._kill_orphan(job_id, attempt, step_id, node)
+            else:
+                log.debug("dropped %s from %s: step %d.%d is over or unknown", kind, node, job_id, step_id)
+            return
+        if attempt != step.attempt:
+            log.info("dropped %s from %s: attempt %d of job %d, the step runs in attempt %d",
+                     kind, node, attempt, job_id, step.attempt)
+            return
+        if node not in step.nodes:
+            log.warning("dropped %s from %s: the node has no part in step %d.%d", kind, node, job_id, step_id)
+            return
         if kind == "step_output":
             self._output(step, node, body)
         else:
@@ -229,29 +275,40 @@ class Steps:
             return   # a repeat
         step.seqs[node] = seq
         lo = step.nodes.index(node) * step.ntasks_per_node
+        bad = 0
         for item in lines:
-            if (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int) and item[1] in (1, 2)
-                    and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
+            if (isinstance(item, list) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int
+                    and item[1] in (1, 2) and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
                 step.add(item[0], item[1], item[2])
+            else:
+                bad += 1
+        if bad:
+            log.warning("dropped %d of %d line(s) of step_output from %s: malformed, or not its tasks'",
+                        bad, len(lines), node)
         step.poke()
 
     async def _exit(self, step: Step, node: str, body: dict) -> None:
         rank, code, sig = body.get("rank"), body.get("exit_code"), body.get("signal")
         lo = step.nodes.index(node) * step.ntasks_per_node
         ranks = list(range(lo, lo + step.ntasks_per_node)) if rank is None else [rank]
-        if not all(isinstance(r, int) and lo <= r < lo + step.ntasks_per_node for r in ranks) \
-                or not (code is None or isinstance(code, int)) or not (sig is None or isinstance(sig, int)):
-            log.warning("dropped step_exit from %s: malformed", node)
+        if not all(type(r) is int and lo <= r < lo + step.ntasks_per_node for r in ranks) \
+                or not (code is None or (type(code) is int and 0 <= code <= MAX_STATUS)) \
+                or not (sig is None or (type(sig) is int and 0 <= sig <= MAX_SIGNAL)):
+            log.warning("dropped step_exit from %s: malformed (rank, exit_code or signal)", node)
             return
         for r in ranks:
             if r in step.exits:
                 continue
             step.exits[r] = (code, sig)
             if (code != 0 or sig) and step.exit_code is None:
-                step.bad_rank, step.exit_code = r, task_exit_code(code, sig)
+                stopping = self._stopping(step)
                 why = body.get("message") if isinstance(body.get("message"), str) else None
-                step.message = (f"task {r} on {node}: " + (why[:300] if why else
-                                (f"killed by signal {sig}" if sig else f"exited with code {code}")))
+                if stopping:   # the job's own stop killed it: not the step's failure
+                    step.exit_code, step.message = 1, f"job {step.job_id} {stopping}; its tasks were killed"
+                else:
+                    step.bad_rank, step.exit_code = r, task_exit_code(code, sig)
+                    step.message = (f"task {r} on {node}: " + (why[:300] if why else
+                                    (f"killed by signal {sig}" if sig else f"exited with code {code}")))
                 log.info("job %d step %d: %s; killing the other tasks", step.job_id, step.step_id, step.message)
                 await self._kill(step)
         if len(step.exits) >= step.ntasks and not step.done:
@@ -269,6 +326,53 @@ class Steps:
                     "job": step.job_id, "attempt": step.attempt, "step": step.step_id})
             except Exception as e:   # the job's end kills the tasks in any case
                 log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
+
+    async def _kill_orphan(self, job_id: int, attempt: int, step_id: int, node: str) -> None:
+        """``step_kill`` for a step this head does not know, once per node."""
+        key = (job_id, attempt, step_id, node)
+        if key in self._orphans:
+            return
+        self._orphans[key] = None
+        while len(self._orphans) > MAX_ORPHAN_KILLS:
+            del self._orphans[next(iter(self._orphans))]
+        try:
+            await self.head.bus.publish(node_cmd(node), "step_kill", {"job": job_id, "attempt": attempt,
+                                                                      "step": step_id})
+        except Exception as e:   # the job's end kills them in any case
+            log.warning("job %d step %d: cannot send step_kill to %s: %s", job_id, step_id, node, e)
+
+    def _issued(self, job_id: int, step_id: int) -> bool:
+        """Could ``step_id`` have been given out (by this head, or before it started)?"""
+        nxt = self._next.get(job_id)
+        return nxt is None or step_id < nxt
+
+    def _stopping(self, step: Step) -> str | None:
+        """Why the step's job is stopping or gone ("was cancelled"...), None while it runs."""
+        job = self.head.store.active.get(step.job_id)
+        if job is None or job.attempt != step.attempt:
+            return "ended"
+        if job.state is JobState.RUNNING:
+            return None
+        stop = (job.stop_reason or "").split(":")[0]
+        return STOP_WORDS.get(stop, "is stopping")
+
+    async def _number(self, job: "JobRecord", caller: Caller, ntasks: int, argv: list[str]) -> int:
+        """The job's next step number, recorded in its event log before anything starts."""
+        async with self._numbering:
+            if job.job_id not in self._next:   # first step since this head started
+                events = await self.head.store.job_events(job.job_id)
+                self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
+            step_id = self._next[job.job_id]
+            txn = Txn(self.head.store)
+            txn.event(job, self.head.clock(), "step",
+                      f"{step_id}: {ntasks} task(s) by {caller.user}: {' '.join(argv)}"[:300])
+            try:
+                await self.head.store.commit(txn)
+            except Exception as e:   # the disk said no: nothing was started
+                log.exception("job %d: cannot record step %d", job.job_id, step_id)
+                raise RequestError(f"srun: cannot record the step: database error: {e}") from None
+            self._next[job.job_id] = step_id + 1
+            return step_id
 
     def _finish(self, step: Step) -> None:
         step.done_at = self.head.clock()
