@@ -33,7 +33,8 @@ Multi-node jobs: the node reports ``labels["addr"]`` (``[worker] address``, else
 IPv4 address) for MASTER_ADDR; ranks after the first arrive as ordinary launches of a
 holder script.  ``step`` and ``step_kill`` start and end ``gpuctl srun`` tasks
 (gpud.worker.steps); a job's stop signals reach its tasks too, and the end of its
-allocation here kills them.
+allocation here kills them.  A step this node refuses is answered with a ``step_exit``
+(srun waits for one), and tasks a previous worker left are killed at start.
 
 Every message is at-least-once, so every handler tolerates repeats, and nothing in a
 message body is trusted: a body of the wrong shape is logged in one line and dropped.
@@ -174,7 +175,9 @@ class Worker:
         from .steps import StepTasks
 
         self.steps = StepTasks(self.name, getattr(self.executor, "task_setup", lambda job, attempt: None),
-                               lambda kind, body: self._publish(HEAD_EVENTS, kind, body))
+                               lambda kind, body: self._publish(HEAD_EVENTS, kind, body),
+                               state_dir=os.path.join(self.state_dir, "steps"))
+        await self.steps.recover()   # a previous worker's srun tasks: killed, reported (queued until connected)
         await self._apply_gpu_modes()
         # The bus calls this after every (re)connect; it only wakes the connection task.
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
@@ -467,6 +470,11 @@ class Worker:
         try:
             step = parse_step(body)
         except ValueError as e:
+            ids = [body.get(k) for k in ("job", "attempt", "step")]
+            if all(type(v) is int and v >= 0 for v in ids):   # srun waits for it: say no
+                await self._publish(HEAD_EVENTS, "step_exit", {
+                    "job": ids[0], "attempt": ids[1], "step": ids[2], "rank": None, "exit_code": None,
+                    "signal": None, "message": f"node {self.name} refused the step: {e}"[:300]})
             raise BadMessage(f"malformed step: {e}") from None
         if self.steps is not None:
             await self.steps.start(step)

@@ -20,13 +20,19 @@ go out, then its ``step_exit``: the head never sees an exit before the output be
 
 ``step_kill`` (a task of the step failed somewhere), a stop of the job (``signal``,
 forwarded to the tasks) and the end of the allocation on this node (every task
-SIGKILLed) end tasks.  Tasks are children of the worker: a worker restart leaves them
-running without their output, and they end with the job.
+SIGKILLed) end tasks.
+
+Tasks are children of the worker, each in a session of its own, so they are outside the
+job's process group: the executor's end of the allocation would not reach them.  A file
+per task under ``state_dir`` (pid and process start time) outlives the worker; a
+restarted worker (``recover``) kills what is left of those tasks, whose output nobody can
+read any more, and reports each as ended with the reason, so srun ends too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal as signals
@@ -34,6 +40,8 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
+
+import psutil
 
 log = logging.getLogger("gpud.worker.steps")
 
@@ -72,6 +80,7 @@ def task_env(base: dict[str, str], *, rank: int, local: int, per_node: int, node
 class _Task:
     rank: int
     proc: asyncio.subprocess.Process | None = None
+    record: str | None = None     # its file under state_dir while it runs
 
 
 @dataclass(eq=False)
@@ -96,10 +105,13 @@ class _Step:
 class StepTasks:
     """This node's srun tasks; ``setup(job, attempt)`` is Executor.task_setup."""
 
-    def __init__(self, node: str, setup: Callable[[int, int], Any], emit: Emit) -> None:
+    def __init__(self, node: str, setup: Callable[[int, int], Any], emit: Emit, *,
+                 state_dir: str | None = None) -> None:
+        """``state_dir``: where running tasks are recorded for ``recover`` (None: nowhere)."""
         self.node = node
         self._setup = setup
         self._emit = emit
+        self._dir = state_dir
         self._steps: dict[tuple[int, int, int], _Step] = {}
         self._runs: set[asyncio.Task] = set()
         self._done: deque = deque(maxlen=4096)   # steps that ended: a repeated command is ignored
@@ -117,8 +129,8 @@ class StepTasks:
         first = node_rank * per_node
         try:
             setup = await asyncio.to_thread(self._setup, key[0], key[1])
-        except ValueError as e:
-            setup, why = None, str(e)
+        except Exception as e:   # noqa: BLE001 - the step is refused, the worker goes on
+            setup, why = None, str(e) or type(e).__name__
         else:
             why = f"job {key[0]} does not run on node {self.node} (ended, or not started yet)"
         if setup is None:
@@ -162,6 +174,31 @@ class StepTasks:
     def running(self) -> int:
         return sum(1 for s in self._steps.values() for t in s.tasks if t.proc and t.proc.returncode is None)
 
+    async def recover(self) -> int:
+        """At start: kill the tasks a previous worker left (their pipes died with it) and
+        report each as ended; how many records were found."""
+        if self._dir is None:
+            return 0
+        try:
+            names = sorted(os.listdir(self._dir))
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            path = os.path.join(self._dir, name)
+            rec = _read_record(path)
+            if rec is None:
+                log.warning("removing unreadable srun task record %s", path)
+            else:
+                killed = await asyncio.to_thread(_kill_left, rec["pid"], rec["create_time"])
+                why = (f"the worker on {self.node} restarted while the task ran; "
+                       + ("it was killed (its output could not be read any more)" if killed else "its status is lost"))
+                log.warning("job %d step %d task %d: %s", rec["job"], rec["step"], rec["rank"], why)
+                await self._emit("step_exit", {"job": rec["job"], "attempt": rec["attempt"], "step": rec["step"],
+                                               "rank": rec["rank"], "exit_code": None,
+                                               "signal": signals.SIGKILL if killed else None, "message": why})
+            _remove(path)
+        return len(names)
+
     async def close(self) -> None:
         """Stop reading (the worker is stopping); tasks keep running and end with their job."""
         for run in list(self._runs):
@@ -188,12 +225,15 @@ class StepTasks:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             await self._add(step, task.rank, 2, [f"srun: error: {message}\n"])
         else:
+            task.record = self._save(step, task)
             if step.killed:
                 _killpg(task.proc.pid, signals.SIGKILL)
             await asyncio.gather(self._read(step, task, task.proc.stdout, 1),
                                  self._read(step, task, task.proc.stderr, 2), self._reap(task))
             rc = task.proc.returncode
             code, sig = (0, -rc) if rc is not None and rc < 0 else (rc, None)
+            if task.record is not None:
+                _remove(task.record)
         await self._flush(step)
         await self._emit("step_exit", {"job": step.job, "attempt": step.attempt, "step": step.step,
                                        "rank": task.rank, "exit_code": code, "signal": sig, "message": message})
@@ -254,6 +294,23 @@ class StepTasks:
                                                  "seq": step.seq, "lines": batch})
             step.room.set()
 
+    def _save(self, step: _Step, task: _Task) -> str | None:
+        """Record a started task for a worker that may come after this one."""
+        if self._dir is None or task.proc is None:
+            return None
+        path = os.path.join(self._dir, f"{step.job}.{step.attempt}.{step.step}.{task.rank}")
+        rec = {"job": step.job, "attempt": step.attempt, "step": step.step, "rank": task.rank,
+               "pid": task.proc.pid, "create_time": _create_time(task.proc.pid)}
+        try:
+            os.makedirs(self._dir, mode=0o700, exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(rec, f)
+            os.replace(path + ".tmp", path)
+        except OSError as e:   # the task runs; only a worker restart would miss it
+            log.warning("job %d step %d: cannot record task %d: %s", step.job, step.step, task.rank, e)
+            return None
+        return path
+
     def _signal(self, step: _Step, sig: int) -> None:
         for t in step.tasks:
             if t.proc is not None and t.proc.returncode is None:
@@ -267,6 +324,60 @@ def _pieces(line: bytes) -> list[str]:
     if len(line) <= MAX_LINE:
         return [line.decode(errors="replace") + "\n"]
     return [line[i:i + MAX_LINE].decode(errors="replace") + "\n" for i in range(0, len(line), MAX_LINE)]
+
+
+def _read_record(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or not all(type(rec.get(k)) is int and rec[k] >= 0
+                                            for k in ("job", "attempt", "step", "rank", "pid")):
+        return None
+    if not isinstance(rec.get("create_time"), (int, float)):
+        rec["create_time"] = None
+    return rec
+
+
+def _kill_left(pid: int, create_time: float | None) -> bool:
+    """SIGKILL a recorded task's process group, if it is still that task's (same start
+    time, or younger members of the group when the leader is gone); True when any died."""
+    killed = False
+    try:
+        leader = psutil.Process(pid)
+        if create_time is not None and abs(leader.create_time() - create_time) < 0.1 \
+                and leader.status() != psutil.STATUS_ZOMBIE:
+            os.killpg(pid, signals.SIGKILL)
+            return True
+    except (psutil.Error, OSError):
+        pass
+    if create_time is None:
+        return False
+    for p in psutil.process_iter(["create_time"]):   # the leader exited; what it left behind
+        try:
+            if p.pid != pid and os.getpgid(p.pid) == pid and p.info["create_time"] >= create_time - 0.1:
+                p.kill()
+                killed = True
+        except (OSError, psutil.Error):
+            pass
+    return killed
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
 
 
 def _killpg(pgid: int, sig: int) -> None:
