@@ -138,9 +138,8 @@ def listing(client: Any, q: Query) -> str:
         records = fmt.squeue_order(records)
     if q.start:
         records = sorted(records, key=lambda j: (j.get("expected_start") or float("inf"), j.get("job_id") or 0))
-    if q.sort or q.layout is not None or (not q.expand_arrays and not folded):
-        from .. import columns as cols
     if q.sort:
+        cols = _columns()
         try:
             records = cols.sort_records(records, q.sort, now)
         except cols.FormatError as e:
@@ -148,13 +147,20 @@ def listing(client: Any, q: Query) -> str:
     if q.as_json:
         return fmt.to_json("jobs", records)
     if not q.expand_arrays and not folded:
-        records = cols.collapse_arrays(records)
+        records = _columns().collapse_arrays(records)
     if q.layout is None:
         return fmt.squeue_table(_displayed(records), now, header=not q.noheader)
-    out = cols.render(q.layout, records, now, header=not q.noheader)
+    out = _columns().render(q.layout, records, now, header=not q.noheader)
     if q.long_ and not q.noheader:
         out = time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)) + "\n" + out
     return out
+
+
+def _columns() -> Any:
+    """gpuctl.columns (the format tables), loaded only when a listing needs it."""
+    from .. import columns
+
+    return columns
 
 
 def _displayed(records: list[dict]) -> list[dict]:
