@@ -54,6 +54,9 @@ def command(ctx: click.Context, ntasks_per_node: int | None, label: bool, comman
             if answer["done"]:
                 break
     except KeyboardInterrupt:
+        # The interrupted poll's answer is still owed on this connection; a new one gets
+        # the cancel's answer at once instead of after the long poll.
+        client.close()
         client.call("step_cancel", job_id=job_id, step=step)
         raise CommandFailed(f"interrupted; the tasks of step {job_id}.{step} were killed") from None
     code = answer.get("exit_code") or 0
