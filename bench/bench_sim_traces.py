@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -25,10 +26,11 @@ RUNS = [
      "40 nodes of 8 GPUs (320 GPUs); jobs over 8 GPUs are refused (a job runs on one node)",
      ["--cluster", "40x8xH100-80GB", "--until", "3d", "--drain", "--pass-interval", "1m"]),
     ("alibaba_openb_2023", "Alibaba openb 2023: the busiest ten days (days 139-149), pods that "
-     "never ran (status Pending) skipped, on 2 nodes of 8 GPUs; a fractional request holds a "
-     "whole GPU and is billed its fraction; one account (the trace names none)",
-     ["--cluster", "2x8xV100-32GB", "--since", "139d", "--until", "149d", "--drain",
-      "--skip-status", "Pending"]),
+     "never ran (status Pending) skipped, on 2 nodes of 8 whole GPUs and a node of 2 MPS GPUs; "
+     "a fractional pod (`gpu_milli` / 1000) asks for that fraction of a GPU's memory and shares "
+     "an MPS GPU (docs/simulation.md, Fractions of a GPU); one account (the trace names none)",
+     ["--cluster", "2x8xV100-32GB,1x2xV100-32GB", "--gpu-modes", "n0003:*=mps",
+      "--since", "139d", "--until", "149d", "--drain", "--skip-status", "Pending"]),
     ("alibaba_dlrm_2025", "Alibaba DLRM 2025: the month of serving instances (CPU-only ones "
      "skipped; instances alive at the start all arrive at 0) on 400 nodes of 8 GPUs, about "
      "the peak demand, `--ignore-gpu-type` (its gpu_type is a node class)",
@@ -56,7 +58,7 @@ def main() -> None:
         if r.returncode != 0:
             raise SystemExit(f"{name}: {r.stderr.strip()}")
         reports = json.loads(r.stdout)["policies"]
-        shown = " ".join(a for a in args)
+        shown = " ".join(shlex.quote(a) for a in args)
         text = format_compare(reports)
         print(f"== {name} ({time.perf_counter() - t:.0f} s)\n{text}", flush=True)
         parts += ["", f"### {name}", "", what + ".", "",

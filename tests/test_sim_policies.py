@@ -227,6 +227,27 @@ def test_openb_busiest_days_full_waits_least():
     assert r["full"]["gpu_allocation"] > r["priority"]["gpu_allocation"] > r["fifo"]["gpu_allocation"]
 
 
+@pytest.mark.skipif(not OPENB.exists(), reason=f"trace {OPENB} not present")
+def test_openb_fractions_share_mps_gpus_and_count_their_fraction():
+    # the pods' gpu_milli on an MPS node as memory shares, beside two nodes of whole GPUs
+    args = ["--trace", str(OPENB), "--since", "144d", "--until", "146d", "--drain",
+            "--skip-status", "Pending", "--cluster", "2x8xV100-32GB,1x2xV100-32GB"]
+    shared = compare(*args, "--gpu-modes", "n0003:*=mps")
+    whole = compare(*args)
+    for name in POLICIES:
+        s, w = shared[name], whole[name]
+        assert s["jobs"]["completed"] == w["jobs"]["completed"] == s["jobs"]["submitted"]
+        assert s["gpu_seconds"] == pytest.approx(w["gpu_seconds"])          # the same work
+        # a share holds its fraction of a GPU, not the whole GPU
+        held = s["accounts"]["default"]["gpu_seconds_allocated"]
+        assert held < w["accounts"]["default"]["gpu_seconds_allocated"]
+        # (a share finding the MPS GPUs full may take a free whole GPU: the core's least waste)
+        assert held == pytest.approx(s["gpu_seconds"], rel=0.05)
+    assert shared["full"]["wait_s"]["mean"] < shared["priority"]["wait_s"]["mean"]
+    assert shared["full"]["wait_s"]["mean"] < shared["fifo"]["wait_s"]["mean"]
+    assert shared["full"]["by_size"]["<1"]["jobs_started"] > 0
+
+
 @pytest.mark.skipif(not DLRM.exists(), reason=f"trace {DLRM} not present")
 def test_dlrm_serving_load_is_the_same_under_every_policy():
     # month-long 1-GPU instances: any free GPU serves whoever waits first, so no policy can
