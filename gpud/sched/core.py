@@ -115,15 +115,17 @@ class _Pass:
         if job.held or job.blocked_reason:
             reasons[job.job_id] = job.blocked_reason or "Held"
             return True
-        if job.shared:
+        if job.mig_profile is not None or job.gpu_mem_mb is not None:      # job.shared, inlined: hot
             self.consider_shared(job)
             return True
         if job.nodes != 1 or job.nodelist or job.exclude or job.constraint or job.exclusive:
-            return self.consider_gang(job, may_borrow)      # gang.takes_gang_path, inlined: hot
+            return self.consider_gang(job, may_borrow)      # gang.takes_gang_path, inlined
         # b. cannot run as configured
         shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
         key = (shape, job.qos, job.account)
-        refusal = self.misfits[key] if key in self.misfits else self.misfits.setdefault(key, self.misfit(job))
+        refusal = self.misfits.get(key, "")
+        if refusal == "":                   # not asked yet this pass (None: it fits)
+            refusal = self.misfits[key] = self.misfit(job)
         if refusal:
             reasons[job.job_id] = refusal
             return True
