@@ -210,15 +210,30 @@ class Cluster:
         ks = range(gpus, idx.maxk + 1) if policy == "binpack" else range(idx.maxk, gpus - 1, -1)
         blocked = False
         free_cpus, free_mem = self.cpus, self.mem
-        prefer = self.any_topology and gpus > 1
+        if self.any_topology and gpus > 1:
+            return self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, veto)
         for k in ks:
-            fallback = None        # topology: a node of this bucket where the job spans islands
             for i in idx.buckets[k]:
                 if free_cpus[i] >= cpus and free_mem[i] >= mem:
                     if i in vetoed and veto(i):
                         blocked = True
                         continue
-                    if prefer and not self.fits_one_island(i, gpus, model):
+                    return i, blocked
+        return None, blocked
+
+    def _find_by_island(self, idx: FreeIndex, ks: range, gpus: int, cpus: int, mem: int, model: str | None,
+                        vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
+        """``find`` where nodes report topology: within a bucket, a node where the job fits
+        in one NVLink island comes before one where it would span islands."""
+        blocked = False
+        for k in ks:
+            fallback = None
+            for i in idx.buckets[k]:
+                if self.cpus[i] >= cpus and self.mem[i] >= mem:
+                    if i in vetoed and veto(i):
+                        blocked = True
+                        continue
+                    if not self.fits_one_island(i, gpus, model):
                         if fallback is None:
                             fallback = i
                         continue
