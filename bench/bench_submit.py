@@ -1,11 +1,17 @@
 """Submission throughput through the real socket and SQLite path:
-``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--no-doc]``.
+``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--no-install] [--no-doc]``.
 
 Against a real head (its own process, SQLite in WAL with synchronous=FULL, Mosquitto on
 loopback, no workers so nothing starts):
 
-* ``gpuctl sbatch`` processes one after another, as a shell loop runs them, next to the
-  start of a bare ``python -I -c pass`` and of ``gpuctl --version`` (the start-up floor);
+* ``gpuctl sbatch`` processes one after another, as a shell loop runs them, each next to
+  the start of a bare ``python -I -c pass`` of the same environment (the two alternate, so
+  both see the same load), and ``gpuctl --help`` (the click group, which every other verb
+  starts through).  Twice: in this development environment (an editable install, whose
+  ``site`` start-up loads setuptools' path finder), and in a fresh virtual environment with
+  ``pip install .`` as ``scripts/install`` makes it (byte-compiled; ``--no-install`` skips
+  it).  The source tree is byte-compiled first, since ``PYTHONDONTWRITEBYTECODE`` would
+  otherwise make every start compile gpuctl again;
 * one ``gpuctl.Client`` connection submitting in a loop, each acknowledged before the next;
 * the same connection pipelining (``Client.submit_many``): many requests in flight, each
   still acknowledged only after its commit, so the head's group commit can share fsyncs;
@@ -18,37 +24,73 @@ start; at least 2,000 acknowledged submissions/s on one connection.
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Iterator
 
-from common import head_cluster, stamp, table, write_section
+from common import ROOT, head_cluster, stamp, table, write_section
 
 SPEC = {"script": "#!/bin/bash\ntrue\n", "name": "bench", "work_dir": "/tmp", "env": {}, "gpus": 1}
 
 
-def proc_times(cmd: list[str], n: int, env: dict) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        out.append(time.perf_counter() - t)
-    return out
+def timed(cmd: list[str], env: dict) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd="/tmp")
+    return time.perf_counter() - t
 
 
-def measure(n_sbatch: int, n_loop: int, n_array: int) -> dict:
+def starts(python: str, gpuctl: list[str], socket: str, n: int, env: dict) -> dict:
+    """Median seconds of a bare interpreter, ``gpuctl --help`` and ``gpuctl sbatch``, taken
+    in turn so that all three share the machine's load; and sbatch's rate."""
+    sbatch = [*gpuctl, "--socket", socket, "sbatch", "-G", "1", "--parsable", "-o", "/dev/null", "--wrap", "true"]
+    bare, helps, xs = [], [], []
+    for i in range(n):
+        bare.append(timed([python, "-I", "-c", "pass"], env))
+        xs.append(timed(sbatch, env))
+        if i % 4 == 0:
+            helps.append(timed([*gpuctl, "--help"], env))
+    return {"python": statistics.median(bare), "help": statistics.median(helps),
+            "sbatch": statistics.median(xs), "rate": n / sum(xs)}
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[tuple[str, list[str]]]:
+    """A throw-away virtual environment with gpud installed from this tree, not editable,
+    byte-compiled, as scripts/install makes it; (its python, its gpuctl)."""
+    with tempfile.TemporaryDirectory() as d:
+        venv = Path(d) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+                        str(ROOT)], check=True, stderr=subprocess.DEVNULL)
+        subprocess.run([python, "-m", "compileall", "-q", str(venv / "lib")], check=True,
+                       stdout=subprocess.DEVNULL)
+        yield python, [str(venv / "bin" / "gpuctl")]
+
+
+def console_script() -> list[str]:
+    """This environment's gpuctl (the console script), or ``python -m gpuctl``."""
+    script = Path(sys.executable).parent / "gpuctl"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuctl"]
+
+
+def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool) -> dict:
     r: dict = {}
+    for tree in ("gpud", "gpuctl"):
+        compileall.compile_dir(str(ROOT / tree), quiet=1)
     with head_cluster() as c:
-        env = c.env
-        r["python"] = statistics.median(proc_times([sys.executable, "-I", "-c", "pass"], 30, env))
-        r["version"] = statistics.median(proc_times([sys.executable, "-m", "gpuctl.main", "--version"], 30, env))
-        sbatch = [sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "sbatch", "-G", "1",
-                  "--parsable", "-o", "/dev/null", "--wrap", "true"]
-        t = time.perf_counter()
-        xs = proc_times(sbatch, n_sbatch, env)
-        r["sbatch_rate"] = n_sbatch / (time.perf_counter() - t)
-        r["sbatch_ms"] = statistics.median(xs)
+        env = {k: v for k, v in c.env.items() if k != "PYTHONPATH"}   # each environment its own gpud
+        r["dev"] = starts(sys.executable, console_script(), c.socket, n_sbatch, env)
+        if install:
+            with installed() as (python, gpuctl):
+                r["installed"] = starts(python, gpuctl, c.socket, n_sbatch, env)
         with c.client() as client:
             client.ping()
             lat = []
@@ -70,14 +112,21 @@ def measure(n_sbatch: int, n_loop: int, n_array: int) -> dict:
     return r
 
 
+def start_rows(label: str, s: dict, n: int) -> list[list[str]]:
+    return [
+        [f"{label}: `python -I -c pass` (bare interpreter start)", f"{s['python'] * 1000:.1f} ms", ""],
+        [f"{label}: `gpuctl --help` (the click group)", f"{s['help'] * 1000:.1f} ms",
+         f"{s['help'] / s['python']:.2f}x bare"],
+        [f"{label}: `gpuctl sbatch` processes in a loop ({n})", f"{s['sbatch'] * 1000:.1f} ms",
+         f"{s['rate']:.0f} jobs/s, **{s['sbatch'] / s['python']:.2f}x bare** (target 1.3x)"],
+    ]
+
+
 def markdown(r: dict) -> str:
-    ratio = r["sbatch_ms"] / r["python"]
-    rows = [
-        ["`python -I -c pass` (bare interpreter start)", f"{r['python'] * 1000:.1f} ms", ""],
-        ["`gpuctl --version` (start-up, no request)", f"{r['version'] * 1000:.1f} ms",
-         f"{r['version'] / r['python']:.2f}x bare"],
-        [f"`gpuctl sbatch` processes in a loop ({r['n_sbatch']})", f"{r['sbatch_ms'] * 1000:.1f} ms",
-         f"{r['sbatch_rate']:.0f} jobs/s, {ratio:.2f}x bare (target 1.3x)"],
+    rows = start_rows("development venv (editable)", r["dev"], r["n_sbatch"])
+    if "installed" in r:
+        rows += start_rows("`pip install .` venv", r["installed"], r["n_sbatch"])
+    rows += [
         [f"one connection, submit after submit ({r['n_loop']:,})",
          f"{r['loop_p50'] * 1000:.2f} ms (p99 {r['loop_p99'] * 1000:.2f})",
          f"{r['loop_rate']:,.0f} jobs/s"],
@@ -91,7 +140,11 @@ def markdown(r: dict) -> str:
         "",
         "`python bench/bench_submit.py`: a real head (own process, SQLite WAL with "
         "synchronous=FULL, Mosquitto on loopback) without workers, so nothing starts; every "
-        "submission is acknowledged only after its commit. Median time per call.",
+        "submission is acknowledged only after its commit. Median time per call. Process starts "
+        "alternate with a bare interpreter's of the same environment, so each ratio is taken under "
+        "one load; the development venv is an editable install (its `site` loads setuptools' "
+        "finder, in the bare start too), the other a fresh `pip install .` as `scripts/install` "
+        "makes, byte-compiled.",
         "",
         stamp(),
         "",
@@ -104,9 +157,10 @@ def main() -> None:
     ap.add_argument("--sbatch", type=int, default=200)
     ap.add_argument("--loop", type=int, default=5000)
     ap.add_argument("--array", type=int, default=10_000)
+    ap.add_argument("--no-install", action="store_true", help="skip the pip-installed environment")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    md = markdown(measure(a.sbatch, a.loop, a.array))
+    md = markdown(measure(a.sbatch, a.loop, a.array, not a.no_install))
     print(md)
     if not a.no_doc:
         write_section("submit", md)
