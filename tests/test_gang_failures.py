@@ -429,3 +429,20 @@ async def test_two_sruns_in_one_job_both_run(kit):
     assert {body["step"] for _, body in sent_to(kit, "step_kill")} == {b["step"]}
     got_a = await kit.call("step_poll", ALICE, job_id=job.job_id, step=a["step"], offset=0)
     assert [t for _, _, t in got_a["lines"]] == ["a\n", "a\n"] and not got_a["done"]
+
+
+async def test_oversized_output_is_bounded_and_cancel_checks_its_arguments(kit):
+    job = await start_gang(kit)
+    step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
+    base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
+    big = "y" * (900 << 10) + "\n"     # about what one signed message can carry
+    for seq in range(1, 7):
+        await kit.head.steps.handle(job.node, "step_output", {**base, "seq": seq, "lines": [[0, 1, big]]})
+    kept = kit.head.steps.steps[(job.job_id, step["step"])]
+    assert kept.size <= steps.MAX_STEP_OUTPUT
+    got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
+    assert got["dropped"] == 6 - len(kept.lines) > 0
+    assert len(got["lines"]) == 1, "a poll answer carries at most about 1 MiB"
+    for bad in (dict(job_id=[1], step=0), dict(job_id=job.job_id, step=None), dict(job_id=True, step=0)):
+        assert "must be a non-negative integer" in await kit.refused("step_cancel", ALICE, **bad)
+    assert (await kit.call("step_cancel", ALICE, job_id=job.job_id, step=step["step"]))["cancelled"]

@@ -220,7 +220,11 @@ class Steps:
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
         """srun was interrupted: kill the step's tasks everywhere."""
-        step = self.steps.get((args.get("job_id"), args.get("step")))  # type: ignore[arg-type]
+        job_id, step_id = args.get("job_id"), args.get("step")
+        for name, v in (("job_id", job_id), ("step", step_id)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise RequestError(f"srun: {name} must be a non-negative integer")
+        step = self.steps.get((job_id, step_id))
         if step is None:
             return {"cancelled": False}
         if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
