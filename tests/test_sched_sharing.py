@@ -315,7 +315,9 @@ def test_random_traffic_never_over_allocates(case):
             rig.submit(gpu_mem_mb=gib * GiB, user=user, duration=duration)
         else:
             rig.submit(gpus=n, user=user, duration=duration)
-    rig.run(3 * 3600, interval=10 * MIN)    # every pass: check_shares, and run twice for determinism
+    # every pass: check_shares, and run twice for determinism; long enough for the jobs to
+    # run one after another, so whoever still waits at the end can never run
+    rig.run(sum(job[-1] for job in jobs) + 3600, interval=10 * MIN)
     for job_id, p in rig.pending.items():    # whoever still waits can never run here
         assert rig.reason(job_id) == "BadConstraints", (job_id, p, rig.reason(job_id))
     for g in rig.nodes["n"].gpus:
