@@ -1,4 +1,6 @@
-"""gpuctl: the user's side of gpud, as a CLI (``gpuctl.main``) and a Python API.
+"""gpuctl: the user's side of gpud, as a CLI (the console script ``gpuctl.fastpath.main``,
+which leaves all but plain sbatch and squeue command lines to the click group in
+``gpuctl.main``) and a Python API.
 
     from gpuctl import Client
     with Client() as c:
