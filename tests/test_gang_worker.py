@@ -49,7 +49,8 @@ async def test_a_restarted_worker_readopts_the_holder_and_ends_the_orphaned_srun
         pids = await until(lambda: all((h.work_dir / f"task.{r}").exists() and (h.work_dir / f"task.{r}").read_text()
                                        for r in (2, 3)) and
                            [int((h.work_dir / f"task.{r}").read_text()) for r in (2, 3)], what="the tasks")
-        assert sorted(os.listdir(steps_dir)) == ["1.0.3.2", "1.0.3.3"]
+        await until(lambda: os.path.isdir(steps_dir) and sorted(os.listdir(steps_dir)) == ["1.0.3.2", "1.0.3.3"],
+                    what="a record of each task")
         # The worker stops (or dies): the holder and the tasks keep running, nobody reads the tasks.
         await tasks.close()
         await ex.close()
