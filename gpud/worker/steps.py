@@ -180,8 +180,11 @@ class StepTasks:
         if self._dir is None:
             return 0
         try:
-            names = sorted(os.listdir(self._dir))
+            names = sorted(os.listdir(self._dir))   # a .tmp left half-way is read too
         except FileNotFoundError:
+            return 0
+        except OSError as e:   # the worker runs on without them; say why once
+            log.error("cannot read srun task records in %s: %s", self._dir, e)
             return 0
         for name in names:
             path = os.path.join(self._dir, name)
