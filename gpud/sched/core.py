@@ -70,7 +70,7 @@ class _Pass:
         self.cluster = Cluster(snap.nodes, snap.running, self.cfg)
         self.timeline = Timeline(self.cluster, snap.running, now)
         self.book = QuotaBook(self.cfg, snap.running)
-        self.sharing = Sharing(snap, self.cluster, now)
+        self._sharing: Sharing | None = None     # built for the first fractional request
         self._gangs: Gangs | None = None
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
@@ -97,67 +97,81 @@ class _Pass:
             pending = tuple({j.job_id: j for j in reversed(pending)}.values())[::-1]
         # -- step 3: the ordered queue (priority, submit time, job id), built alongside
         plan.factors, plan.priorities, queue = self.prio.for_jobs(pending)
-        self.sharing.expect(queue)
-        borrowing: list[PendingJob] = []
-        may_borrow = not self.book.enabled
-        for job in queue:
-            if not self.consider(job, may_borrow):
-                borrowing.append(job)
-        for job in borrowing:
-            self.consider(job, True)
+        self.queue = queue
+        # -- step 4, each job in order; with quotas on, borrowers come back for a second round
+        borrowing = self.consider_all(queue, may_borrow=not self.book.enabled)
+        if borrowing:
+            self.consider_all(borrowing, may_borrow=True)
         return plan
 
-    # -- step 4: one job ----------------------------------------------------------------------------
-    def consider(self, job: PendingJob, may_borrow: bool) -> bool:
-        """Decide for ``job``; False when it would borrow and borrowing is not yet allowed."""
-        reasons = self.reasons
-        # a. not eligible now
-        if job.held or job.blocked_reason:
-            reasons[job.job_id] = job.blocked_reason or "Held"
-            return True
-        if job.mig_profile is not None or job.gpu_mem_mb is not None:      # job.shared, inlined: hot
-            self.consider_shared(job)
-            return True
-        if job.nodes != 1 or job.nodelist or job.exclude or job.constraint or job.exclusive:
-            return self.consider_gang(job, may_borrow)      # gang.takes_gang_path, inlined
-        # b. cannot run as configured
-        shape = (job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
-        key = (shape, job.qos, job.account)
-        refusal = self.misfits.get(key, "")
-        if refusal == "":                   # not asked yet this pass (None: it fits)
-            refusal = self.misfits[key] = self.misfit(job)
-        if refusal:
-            reasons[job.job_id] = refusal
-            return True
-        # c. limits
-        book = self.book
-        limit = book.limit_reason(job.qos, job.user, job.account, job.gpus)
-        if limit:
-            reasons[job.job_id] = limit
-            return True
-        within = not book.enabled or book.within(job.account, job.gpus)
-        if not within and not may_borrow:
-            return False
-        # d. place now
-        blocked = False
-        if job.partition in self.waiting and not self.cfg.backfill:
-            blocked = True   # strict priority order without backfill
-        elif shape not in self.failed_shapes:
-            node, blocked = self.find(job, shape)
-            if node is not None:
-                self.start(job, node, borrowed=not within)
-                return True
-            self.failed_shapes.add(shape)
-        # e-g. wait for stopping jobs, preempt, or reserve
-        if self.depth_left > 0 or self.may_preempt.get(job.qos, True):
-            self.wait(job, shape, within)
-        # h. why
-        if job.job_id not in reasons:
-            first = not blocked and job.partition not in self.waiting
-            reasons[job.job_id] = "Resources" if first else "Priority"
-        self.waiting.add(job.partition)
-        return True
+    def sharing(self) -> Sharing:
+        if self._sharing is None:     # the whole queue's slice demand, as the first fraction sees it
+            self._sharing = Sharing(self.snap, self.cluster, self.now)
+            self._sharing.expect(self.queue)
+        return self._sharing
 
+    def consider_all(self, jobs: list[PendingJob], may_borrow: bool) -> list[PendingJob]:
+        """``consider`` for each job, in order; the jobs that would borrow when it is not allowed.
+
+        A whole-GPU single-node job (nearly every job of a big queue) is decided here inline,
+        exactly as ``consider`` does, with the pass's state held in locals: this loop runs
+        once per pending job, and most of its jobs only find their shape already failed."""
+        reasons, misfits, failed, waiting = self.reasons, self.misfits, self.failed_shapes, self.waiting
+        book, may_preempt = self.book, self.may_preempt
+        quota_on, limits_on, strict = book.enabled, book.any_limits, not self.cfg.backfill
+        later: list[PendingJob] = []
+        for job in jobs:
+            # a. not eligible now
+            if job.held or job.blocked_reason:
+                reasons[job.job_id] = job.blocked_reason or "Held"
+                continue
+            if job.mig_profile is not None or job.gpu_mem_mb is not None:      # job.shared, inlined
+                self.consider_shared(job)
+                continue
+            if job.nodes != 1 or job.nodelist or job.exclude or job.constraint or job.exclusive:
+                if not self.consider_gang(job, may_borrow):        # gang.takes_gang_path, inlined
+                    later.append(job)
+                continue
+            # b. cannot run as configured
+            partition = job.partition
+            shape = (partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
+            key = (shape, job.qos, job.account)
+            refusal = misfits.get(key, "")
+            if refusal == "":               # not asked yet this pass (None: it fits)
+                refusal = misfits[key] = self.misfit(job)
+            if refusal:
+                reasons[job.job_id] = refusal
+                continue
+            # c. limits
+            if limits_on:
+                limit = book.limit_reason(job.qos, job.user, job.account, job.gpus)
+                if limit:
+                    reasons[job.job_id] = limit
+                    continue
+            within = not quota_on or book.within(job.account, job.gpus)
+            if not within and not may_borrow:
+                later.append(job)
+                continue
+            # d. place now
+            blocked = False
+            if strict and partition in waiting:
+                blocked = True   # strict priority order without backfill
+            elif shape not in failed:
+                node, blocked = self.find(job, shape)
+                if node is not None:
+                    self.start(job, node, borrowed=not within)
+                    continue
+                failed.add(shape)
+            # e-g. wait for stopping jobs, preempt, or reserve
+            if self.depth_left > 0 or may_preempt.get(job.qos, True):
+                self.wait(job, shape, within)
+            # h. why
+            if job.job_id not in reasons:
+                reasons[job.job_id] = "Priority" if blocked or partition in waiting else "Resources"
+            waiting.add(partition)
+        return later
+
+    # -- step 4: one job (the plain path is inline in consider_all) -------------------------------------
     def misfit(self, job: PendingJob) -> str | None:
         refusal = self.misconfigured(job)
         if refusal:
@@ -218,18 +232,19 @@ class _Pass:
                job.gpu_type, job.time_limit, job.qos, job.account)
         refusal = self.misfits.get(key, "")
         if refusal == "":
-            refusal = self.misfits[key] = self.misconfigured(job) or self.sharing.misfit(job)
+            refusal = self.misfits[key] = self.misconfigured(job) or self.sharing().misfit(job)
         if refusal:
             self.reasons[job.job_id] = refusal
             return
         c, tl, end = self.cluster, self.timeline, self.end_of(job)
-        members = self.sharing.members(job.partition)
+        sharing = self.sharing()
+        members = sharing.members(job.partition)
 
         def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
             return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
                     and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
 
-        d = self.sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
+        d = sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
         self.plan.relayouts.extend(d.relayouts)
         if d.node is not None:
             i = d.node

@@ -135,9 +135,29 @@ def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
 
 def fairshare_factors(cfg: SchedConfig, usage: Mapping[UsageKey, float],
                       members: Iterable[UsageKey] = ()) -> dict[UsageKey, float]:
-    """(account, user) -> Fair Tree factor in (0, 1]."""
-    return {(r.account, r.user): r.fairshare or 0.0
-            for r in fairshare_table(cfg, usage, members) if r.user is not None}
+    """(account, user) -> Fair Tree factor in (0, 1]: ``fairshare_table``'s users' column,
+    from the same walk without building its rows (every pass needs this)."""
+    roots = _build_tree(cfg, usage, members)
+    leaves: list[tuple[tuple[float, ...], int, UsageKey]] = []   # (path of -level_fs, walk order, key)
+
+    def walk(siblings: list[_Node], path: tuple[float, ...], account: str | None) -> None:
+        s_tot = sum(n.shares for n in siblings)
+        u_tot = sum(n.usage for n in siblings)
+        for n in siblings:
+            here = path + (-_level_fs(n.shares, s_tot, n.usage, u_tot),)
+            if n.user is not None:
+                leaves.append((here, len(leaves), (account or n.name, n.user)))
+            else:
+                walk(n.children or [], here, n.name)
+
+    walk(roots, (), None)
+    out: dict[UsageKey, float] = dict.fromkeys(key for _, _, key in leaves)
+    leaves.sort()
+    count = len(leaves)
+    rank_of_path: dict[tuple[float, ...], int] = {}
+    for pos, (path, _, key) in enumerate(leaves):
+        out[key] = rank_of_path.setdefault(path, count - pos) / count
+    return out
 
 
 class PriorityModel:
@@ -177,23 +197,34 @@ class PriorityModel:
         """(job -> weighted factors, job -> priority, the jobs in queue order) for pending jobs.
 
         Queue order: priority, then submit time, then job id.  This is the hot loop of a pass.
+        A job identical to the one before it in what its priority depends on (an array's
+        tasks: same account, user, QOS, partition, size, submit time and nice) shares that
+        job's factors dict: read-only, like the rest of the plan.
         """
         factors: dict[int, dict[str, float]] = {}
         priorities: dict[int, float] = {}
         order: list[tuple[float, float, int, object]] = []
         fixed_of, now, max_age, w_age = self._fixed, self.now, self.cfg.max_age, self.w.age
+        prev_fixed = prev_submit = prev_nice = prev_factors = None
+        p = 0.0
         for j in jobs:
-            fixed = fixed_of.get((j.account, j.user, j.qos, j.partition, j.gpus))
+            key = (j.account, j.user, j.qos, j.partition, j.gpus)
+            fixed = fixed_of.get(key)
             if fixed is None:
                 self.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
-                fixed = fixed_of[(j.account, j.user, j.qos, j.partition, j.gpus)]
-            age = (now - j.submit_time) / max_age
-            age = w_age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age))
-            nice = float(-j.nice)
-            factors[j.job_id] = {"age": age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
-                                 "partition": fixed[3], "nice": nice}
-            p = priorities[j.job_id] = age + fixed[4] + nice
-            order.append((-p, j.submit_time, j.job_id, j))
+                fixed = fixed_of[key]
+            submit, nice, job_id = j.submit_time, j.nice, j.job_id
+            if fixed is not prev_fixed or submit != prev_submit or nice != prev_nice:
+                age = (now - submit) / max_age
+                age = w_age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age))
+                n = float(-nice)
+                prev_factors = {"age": age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
+                                "partition": fixed[3], "nice": n}
+                p = age + fixed[4] + n
+                prev_fixed, prev_submit, prev_nice = fixed, submit, nice
+            factors[job_id] = prev_factors
+            priorities[job_id] = p
+            order.append((-p, submit, job_id, j))
         order.sort()           # job ids are unique: the job itself is never compared
         return factors, priorities, [t[3] for t in order]
 

@@ -60,10 +60,13 @@ class QuotaBook:
             for name in cfg.accounts}
         self._chains: dict[str, tuple[str, ...]] = {}
         self.qos_caps = {n: q.max_gpus_per_user for n, q in cfg.qos.items() if q.max_gpus_per_user is not None}
+        # False when no QOS cap and no account limit is configured: limit_reason is then None
+        self.any_limits = bool(self.qos_caps) or any(self.limits.values())
         self.used: dict[Pool, int] = defaultdict(int)            # pool -> GPUs in use (not stopping)
         self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
         self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
-        for r in running:
+        # With no quota and no limit nothing ever reads the counters: skip the per-job count
+        for r in running if self.enabled or self.any_limits else ():
             g = r.gpus if r.parts else len(r.gpu_indices)    # a gang's total over all its nodes
             if not r.stopping:
                 self.used[self.pool(r.account)] += g
