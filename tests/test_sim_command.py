@@ -80,6 +80,10 @@ def test_config_file_is_read(tmp_path):
     (["--cluster", "1x1xH100-80GB", "--trace", "bad.toml"], "missing column(s)"),
     (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--config", "bad.toml"], "bad.toml"),
     (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--bogus"], "No such option"),
+    (["--cluster", "1x2xV100-32GB", "--trace", "t.csv", "--gpu-modes", "mig:dynamic"],
+     "does not support MIG"),
+    (["--cluster", "1x2xH100-80GB", "--trace", "t.csv", "--gpu-modes", "0=shared"],
+     "unknown GPU mode"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
