@@ -116,36 +116,54 @@ class Timeline:
         self._by_job: dict[int, tuple[int, Release]] = {}
         self._profiles: dict[int, dict[str | None, Profile]] = {}
         self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
-        self._changes = 0                                  # releases added or moved
-        self._events: tuple[int, list[tuple[float, int, int]]] | None = None
+        # every finite release by end, for the streams; releases added since it was sorted are
+        # merged in, a moved one (a victim's) has it sorted again from scratch
+        self._events: list[tuple[float, int, int]] | None = None
+        self._added: list[tuple[float, int, int]] = []
+        self._moved = False
         self._version: dict[int, int] = {}                 # bumped on every change to a node
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
-        pos = cluster.pos
+        pos, releases, by_job = cluster.pos, self.releases, self._by_job
         for r in running:
-            end = now if r.stopping else max(now, r.end_time())
+            if r.stopping:
+                end = now
+            else:        # max(now, r.end_time()), inlined: a pass looks at every running job
+                end = INF if r.time_limit is None else r.start_time + r.time_limit
+                if not end > now:
+                    end = now
             if r.parts or r.exclusive:
                 for i, gpus, cpus, mem in cluster.held(r):     # every node of a gang, all of an exclusive node
                     self._add(i, Release(end, gpus, cpus, mem, r.job_id))
                 continue
             i = pos.get(r.node)
-            if i is not None:
-                self._add(i, Release(end, tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id))
+            if i is not None:           # _add, inlined
+                rel = Release(end, tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id)
+                releases[i].append(rel)
+                by_job[r.job_id] = (i, rel)
 
     def _add(self, i: int, rel: Release) -> None:
-        self._changes += 1
-        self.releases[i].append(rel)
+        rels = self.releases[i]
+        rels.append(rel)
         self._by_job[rel.job_id] = (i, rel)      # victims are single-node jobs
+        if rel.end < INF and self._events is not None:
+            self._added.append((rel.end, i, len(rels) - 1))
 
     def add_start(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float, job_id: int) -> None:
         """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""
         self._add(i, Release(end, gpus, cpus, mem, job_id))
-        self._shift(i, self.now, end, lambda m: self.cluster.count_matching(i, gpus, m), -cpus, -mem, -1)
+        # _shift, inlined: every start of a pass comes here
+        self._version[i] = self._version.get(i, 0) + 1
+        profiles = self._profiles.get(i)
+        if profiles:
+            c, now = self.cluster, self.now
+            for model, prof in profiles.items():
+                prof.add(now, end, -c.count_matching(i, gpus, model), -cpus, -mem)
 
     def stop(self, job_id: int) -> None:
         """A victim picked in this pass: its resources come back at ``now``."""
         i, rel = self._by_job[job_id]
         old, rel.end = rel.end, self.now
-        self._changes += 1
+        self._moved = True
         c = self.cluster
         for (partition, model, gpus), state in self._bounds.items():   # it may be ready earlier now
             if c.up[i] and c.capacity(i, model) >= gpus and _contains(c.members.get(partition, ()), i):
@@ -320,11 +338,18 @@ class Timeline:
 
     def _sorted_releases(self) -> list[tuple[float, int, int]]:
         """(end, node, index in its releases) of every finite release, by end; shared by streams."""
-        if self._events is None or self._events[0] != self._changes:
-            events = sorted((rel.end, i, k) for i, rels in enumerate(self.releases)
-                            for k, rel in enumerate(rels) if rel.end < INF)
-            self._events = (self._changes, events)
-        return self._events[1]
+        events = self._events
+        if events is None or self._moved:
+            events = [(rel.end, i, k) for i, rels in enumerate(self.releases)
+                      for k, rel in enumerate(rels) if rel.end < INF]
+            events.sort()
+        elif self._added:
+            events = events + self._added     # a new list: a stream already running keeps its own
+            events.sort()                     # two sorted runs and a few more: a merge
+        else:
+            return events
+        self._events, self._added, self._moved = events, [], False
+        return events
 
     def _first_instant(self, i: int, model: str | None, gpus: int) -> float:
         """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size."""

@@ -179,10 +179,15 @@ class Cluster:
         are down or drained could (or the partition has no nodes yet), "never" if none could."""
         shapes = self._shapes.get(partition)
         if shapes is None:
-            shapes = sorted({(self.up[i], self.total_cpus[i], self.total_mem[i],
-                              tuple(sorted((mo, self.capacity(i, mo)) for mo in self.model_set[i])))
-                             for i in self.members.get(partition, ())}, reverse=True)
-            self._shapes[partition] = shapes
+            models_of: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}   # nodes mostly look alike
+            found = set()
+            for i in self.members.get(partition, ()):
+                kinds = tuple(self.model_of[i].values())
+                models = models_of.get(kinds)
+                if models is None:
+                    models = models_of[kinds] = tuple(sorted((mo, self.capacity(i, mo)) for mo in self.model_set[i]))
+                found.add((self.up[i], self.total_cpus[i], self.total_mem[i], models))
+            shapes = self._shapes[partition] = sorted(found, reverse=True)
         verdict = "never" if shapes else "down"
         for up, c, m, models in shapes:
             have = sum(n for _, n in models) if model is None else dict(models).get(model, 0)

@@ -77,16 +77,21 @@ class Preemptor:
         self.priority: dict[int, float] = {}
         per_node: dict[int, list[tuple[tuple, RunningJob]]] = {}
         targets = {t for q in cfg.qos.values() for t in q.preempt}
+        reclaim, pos, up = book.enabled, cluster.pos, cluster.up
+        exempt, max_per_job = cfg.preemption.exempt_time, cfg.preemption.max_per_job
         for r in running:
-            i = cluster.pos.get(r.node)
-            if i is None or not cluster.up[i] or not preemptible(r, cfg, now):
+            if r.qos not in targets and not (r.borrowed and reclaim):
+                continue          # nothing may ever preempt it
+            # preemptible(), inlined: a pass looks at every running job
+            if r.stopping or not now - r.start_time >= exempt or r.preempt_count >= max_per_job:
+                continue
+            i = pos.get(r.node)
+            if i is None or not up[i]:
                 continue
             if r.devices and not r.gpu_indices:
                 continue          # holds a slice or share: stopping it frees no whole GPU
             if r.parts:
                 continue          # a gang job is never a victim: stopping one node would not free the rest
-            if r.qos not in targets and not (r.borrowed and book.enabled):
-                continue          # nothing may ever preempt it
             p = priority(r)
             self.priority[r.job_id] = p
             per_node.setdefault(i, []).append((victim_order(r, p), r))
@@ -169,15 +174,19 @@ class Preemptor:
         dg, dc, dm = gpus - fg, cpus - fc, mem - fm           # still missing
         excess: dict[Pool, int] = {}                          # reclaim must stay within each pool's excess
         chosen: list[tuple[RunningJob, int]] = []
+        taken, book = self.taken, self.book
         for v in cands:
             if dg <= 0 and dc <= 0 and dm <= 0:
                 break
-            if not self._allowed(v, targets, reclaim, for_pool):
+            if v.job_id in taken:      # _allowed, inlined
                 continue
-            vg = c.count_matching(i, v.gpu_indices, model)
+            targeted = v.qos in targets
+            if not targeted and not (reclaim and book.reclaimable(v, for_pool)):
+                continue
+            vg = len(v.gpu_indices) if model is None else c.count_matching(i, v.gpu_indices, model)
             if not ((dg > 0 and vg) or (dc > 0 and v.cpus) or (dm > 0 and v.mem_mb)):
                 continue
-            if v.qos not in targets:   # reclaim only
+            if not targeted:   # reclaim only
                 p = self.book.pool(v.account)
                 left = excess.get(p, self.book.excess(p))
                 if left < len(v.gpu_indices):

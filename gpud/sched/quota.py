@@ -65,8 +65,9 @@ class QuotaBook:
         self.used: dict[Pool, int] = defaultdict(int)            # pool -> GPUs in use (not stopping)
         self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
         self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
-        # With no quota and no limit nothing ever reads the counters: skip the per-job count
-        for r in running if self.enabled or self.any_limits else ():
+        # With no quota and no limit nothing ever reads the counters: they are not kept
+        self.counting = self.enabled or self.any_limits
+        for r in running if self.counting else ():
             g = r.gpus if r.parts else len(r.gpu_indices)    # a gang's total over all its nodes
             if not r.stopping:
                 self.used[self.pool(r.account)] += g
@@ -128,6 +129,8 @@ class QuotaBook:
     # -- bookkeeping as the pass decides -----------------------------------------------------------
 
     def on_start(self, account: str, qos: str, user: str, gpus: int) -> None:
+        if not self.counting:
+            return
         self.used[self.pool(account)] += gpus
         self._hold(account, qos, user, gpus)
 
