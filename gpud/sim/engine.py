@@ -31,9 +31,16 @@ unknown QOS, a time limit over the partition's) are refused at arrival and count
 the head refusing them at submit.  Trace accounts the config lacks join the account tree
 with one share each, so any trace runs under any config.
 
-Speed: nodes are built once; pending and running views are immutable and kept in dicts
-keyed by job id, so a snapshot is two ``tuple(dict.values())`` copies.  Usage accrues per
-(account, user) from running rates, not per job.
+Fractions of a GPU (trace ``gpus`` below one, ``mig_profile``, ``gpu_mem``) become requests
+for the core's GPU sharing (gpud/sim/sharing.py); the engine tracks whole GPUs itself and
+counts a slice or share by its fraction, and runs a pass for waiting fractional jobs when
+a slice or share may have come free.
+
+Speed: the core is most of the time, so the engine's own work per event is constant:
+nodes are built once; pending and running views are immutable and kept in dicts keyed by
+job id, so a snapshot is two ``tuple(dict.values())`` copies; usage per (account, user)
+and the report's per-account sums settle lazily, when their rates change.  Python's
+collector is off during a run and collects the passes' cycles every ``GC_EVERY`` passes.
 """
 
 from __future__ import annotations
