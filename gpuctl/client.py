@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import _socket
 import time
-from typing import Any, Iterable
 
 from gpud.protocol import MAX_RESPONSE, ProtocolError, RemoteError, decode_response, find_socket, request
+
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any, Iterable
 
 __all__ = ["Client", "HeadUnavailable", "RemoteError", "ProtocolError", "TERMINAL_STATES"]
 

@@ -25,7 +25,8 @@ The fast path only re-creates click's framing of failures: ``sbatch: error: ...`
 tests/test_gpuctl_fastpath.py runs a corpus of command lines through both and compares
 the request, stdout, stderr and exit code.
 
-Imports: the script table (``gpuctl.script``) and the client, nothing else at start-up.
+Imports: the client, nothing else at start-up; the script table (``gpuctl.script``) once
+the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.
 """
 
 from __future__ import annotations
@@ -33,19 +34,24 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
 
 from gpud.protocol import ProtocolError, RemoteError
 
-from . import script as scripts
 from . import unsupported
 from .client import Client, HeadUnavailable
+
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; the annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from . import script as scripts
+
+    Echo = Callable[..., None]   # click.echo's (message, err=False)
 
 PROG = "gpuctl"
 VERB = "sbatch"
 WAIT_POLL = (0.1, 2.0)  # --wait polls from every 0.1 s, backing off to every 2 s
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"})
-Echo = Callable[..., None]   # click.echo's (message, err=False)
 _GLOBAL_VALUES = {"--socket": "socket", "--config": "config"}   # gpuctl's options the fast path takes
 
 
@@ -122,6 +128,8 @@ class CommandLine:
 
 def _tables() -> tuple[dict[str, tuple[scripts.Option, bool]], dict[str, scripts.Option], set[str]]:
     """From the table as it is now: long names (and negations), short names, value options."""
+    from . import script as scripts   # here, not at start-up: only sbatch reads the table
+
     longs: dict[str, tuple[scripts.Option, bool]] = {}
     shorts: dict[str, scripts.Option] = {}
     for o in scripts.OPTIONS:
@@ -227,6 +235,8 @@ def _is_ascii(encoding: str) -> bool:
 
 def typed_settings(values: dict[str, Any]) -> dict[str, Any]:
     """Settings from the options the user typed (dest -> value), converted in table order."""
+    from . import script as scripts
+
     out: dict[str, Any] = {}
     for opt in scripts.OPTIONS:
         if opt.dest not in values:
@@ -259,6 +269,8 @@ class Prepared:
 def prepare(cli: dict[str, Any], script_path: str | None, args: list[str], warnings: list[str]) -> Prepared:
     """Read the script (file, stdin or --wrap), apply its directives under ``cli``: the spec.
     ``warnings``: the command line's unsupported options; the directives' are added."""
+    from . import script as scripts
+
     warnings = list(warnings)
     wrap = cli.pop("wrap", None)
     if wrap is not None:

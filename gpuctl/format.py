@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Sequence
 
 from gpud.units import format_duration, format_size_mb
+
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Sequence
 
 STATE_CODES = {
     "PENDING": "PD", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD", "FAILED": "F",

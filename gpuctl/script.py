@@ -46,14 +46,17 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from gpud.units import UnitError, parse_duration, parse_size_mb
 
 from . import unsupported
+
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; the annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    Converter = Callable[[str], dict[str, Any]]
 
 # Settings that are not JobSpec fields: they change what sbatch does, not the job, or are
 # resolved into other fields by build_spec.
@@ -77,19 +80,25 @@ class ScriptError(ValueError):
     """A bad option value, directive or script; the message is one line for the user."""
 
 
-Converter = Callable[[str], dict[str, Any]]
-
-
-@dataclass(frozen=True)
 class Option:
-    long: str                   # "--cpus-per-task"
-    short: str | None           # "-c"
-    metavar: str | None         # None: a flag that takes no value
-    convert: Converter          # text -> settings; a flag gets "" and returns its setting
-    help: str
-    directive: bool = True      # allowed in #SBATCH/#GPUD lines
-    negation: str | None = None  # "--no-requeue" for a boolean pair
-    negated: dict[str, Any] | None = None  # settings for the negation
+    """One sbatch option: a plain class, since ``dataclasses`` alone would double gpuctl's start."""
+
+    __slots__ = ("long", "short", "metavar", "convert", "help", "directive", "negation", "negated")
+
+    def __init__(self, long: str, short: str | None, metavar: str | None, convert: Converter, help: str,
+                 directive: bool = True, negation: str | None = None,
+                 negated: dict[str, Any] | None = None) -> None:
+        self.long = long                # "--cpus-per-task"
+        self.short = short              # "-c"
+        self.metavar = metavar          # None: a flag that takes no value
+        self.convert = convert          # text -> settings; a flag gets "" and returns its setting
+        self.help = help
+        self.directive = directive      # allowed in #SBATCH/#GPUD lines
+        self.negation = negation        # "--no-requeue" for a boolean pair
+        self.negated = negated          # settings for the negation
+
+    def __repr__(self) -> str:
+        return f"Option({self.long!r})"
 
     @property
     def dest(self) -> str:
@@ -484,11 +493,15 @@ def convert(option: Option, value: str | bool, negated: bool = False) -> dict[st
 
 # -- directives -------------------------------------------------------------------
 
-@dataclass
 class Directives:
-    settings: dict[str, Any]
-    body_line: int   # index of the first command line: where `set --` goes
-    warnings: list[str] = field(default_factory=list)   # Slurm options gpud ignores
+    """What a script's directive block says."""
+
+    __slots__ = ("settings", "body_line", "warnings")
+
+    def __init__(self, settings: dict[str, Any], body_line: int, warnings: list[str] | None = None) -> None:
+        self.settings = settings
+        self.body_line = body_line      # index of the first command line: where `set --` goes
+        self.warnings = [] if warnings is None else warnings   # Slurm options gpud ignores
 
 
 def parse_directives(text: str) -> Directives:
@@ -518,6 +531,8 @@ def parse_directives(text: str) -> Directives:
 
 
 def _parse_directive_line(rest: str) -> tuple[dict[str, Any], list[str]]:
+    import shlex   # only scripts with directives need it
+
     try:
         words = shlex.split(rest, comments=True)
     except ValueError as e:
@@ -589,6 +604,8 @@ def add_arguments(text: str, args: list[str], body_line: int) -> str:
     interpreter = _interpreter(text)
     if interpreter not in _SHELLS:
         raise ScriptError(f"script arguments need a shell script (#!/bin/sh, #!/bin/bash), not {interpreter}")
+    import shlex
+
     lines = text.split("\n")
     line = "set -- " + " ".join(shlex.quote(a) for a in args)
     return "\n".join(lines[:body_line] + [line] + lines[body_line:])

@@ -24,7 +24,9 @@ in one line, rather than by click's generic "does not take a value".
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Iterable
 
 # long option -> (short option, arity, hint)
 UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {

@@ -120,7 +120,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 MAX_LINE = 16 * 1024 * 1024            # a request (a script and its environment fit easily)

@@ -29,9 +29,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
 from .. import format as fmt
+
+TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any
 
 _STATES = {**{code: name for name, code in fmt.STATE_CODES.items()}, **{n: n for n in fmt.STATE_CODES}}
 clock = time.time  # replaceable in tests
