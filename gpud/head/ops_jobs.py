@@ -45,18 +45,23 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
     now = head.clock()
-    models = {g.model for n in node_infos(head) for g in n.gpus}
-    spec = replace(spec, gpu_type=slurm.resolve_gpu_type(spec.gpu_type, models))
+    infos = node_infos(head)
+    if spec.gpu_type is not None:   # the only field this may change: no copy of the spec otherwise
+        gpu_type = slurm.resolve_gpu_type(spec.gpu_type, {g.model for n in infos for g in n.gpus})
+        if gpu_type != spec.gpu_type:
+            spec = replace(spec, gpu_type=gpu_type)
     try:
-        resolved = admission.resolve(spec, caller.user, head.cfg.sched, node_infos(head))
+        resolved = admission.resolve(spec, caller.user, head.cfg.sched, infos)
     except admission.Refused as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
+    hold = "user" if spec.hold else None
     job = JobRecord(
         job_id=0, name=spec.name, user=caller.user, uid=caller.uid, gid=caller.gid,
         account=resolved.account, partition=resolved.partition, qos=resolved.qos,
         state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
         mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
-        reason="Held" if spec.hold else None,
+        reason=slurm.HELD_REASONS[hold] if hold else None, dependency=spec.dependency,
+        begin_time=spec.begin_time, deadline=spec.deadline, hold_kind=hold,
     )
     # arrays, dependencies, --skip-if-active, --test-only; the group commit as before
     return await slurm.submit(head, caller, job)
@@ -277,13 +282,24 @@ async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
 
 
 def node_infos(head: "Head") -> list[NodeInfo]:
+    """Every registered node's NodeInfo (malformed ones left out).  Parsed once per
+    registration: a node's ``info`` dict is replaced, never changed, when it registers again,
+    and parsing every node for every submission cost more than the rest of it."""
     out = []
     for rec in head.store.nodes.values():
-        try:
-            out.append(NodeInfo.from_dict(rec.info))
-        except (KeyError, TypeError, ValueError):
-            continue
+        cached = _PARSED.get(rec.name)
+        if cached is None or cached[0] is not rec.info:
+            try:
+                info: NodeInfo | None = NodeInfo.from_dict(rec.info)
+            except (KeyError, TypeError, ValueError):
+                info = None
+            cached = _PARSED[rec.name] = (rec.info, info)
+        if cached[1] is not None:
+            out.append(cached[1])
     return out
+
+
+_PARSED: dict[str, tuple[dict, NodeInfo | None]] = {}   # node name -> (its info dict, parsed)
 
 
 def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:

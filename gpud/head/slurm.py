@@ -169,8 +169,10 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
     if spec.mail_type and not getattr(head.cfg.head, "mail_command", None):
         warnings.append("--mail-type: this cluster sends no mail (no [head] mail_command); no notifications")
     hold = "user" if spec.hold else None
-    job = replace(job, dependency=spec.dependency, begin_time=spec.begin_time, deadline=spec.deadline,
-                  hold_kind=hold, reason=HELD_REASONS[hold] if hold else None)
+    wanted = {"dependency": spec.dependency, "begin_time": spec.begin_time, "deadline": spec.deadline,
+              "hold_kind": hold, "reason": HELD_REASONS[hold] if hold else None}
+    if any(getattr(job, k) != v for k, v in wanted.items()):   # op_submit sets them already
+        job = replace(job, **wanted)
     if spec.test_only:
         return await test_only(head, job, warnings)
     jobs = arrays.expand(job, parse_array(spec.array)) if spec.array else [job]
@@ -189,8 +191,9 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
         saved = await fut
     first = saved[0]
     job_id = first.array_job_id if first.array_job_id is not None else first.job_id
-    log.info("job %d submitted by %s (uid %d): %s gpus=%d%s", job_id, caller.user, caller.uid, first.name,
-             first.gpus, f" array of {len(saved)}" if len(saved) > 1 or spec.array else "")
+    if log.isEnabledFor(logging.DEBUG):   # Store.insert_jobs logs one info line per group commit
+        log.debug("job %d submitted by %s (uid %d): %s gpus=%d%s", job_id, caller.user, caller.uid, first.name,
+                  first.gpus, f" array of {len(saved)}" if len(saved) > 1 or spec.array else "")
     return {"job_id": job_id, "tasks": len(saved) if spec.array else 0, "warnings": warnings}
 
 

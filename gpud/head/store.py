@@ -27,6 +27,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator
 
 import aiosqlite
@@ -299,19 +300,29 @@ _JSON_COLS = {"spec", "gpu_indices", "gpu_uuids", "devices", "parts"}
 
 def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
     """The row of ``job``; ``spec_json``: its spec already encoded (an array's tasks share one)."""
-    row: dict[str, Any] = {}
-    for name in _PERSISTED:
-        v = getattr(job, name)
-        if name == "spec":
-            v = spec_json if spec_json is not None else json.dumps(v.to_dict(), separators=(",", ":"))
-        elif name in ("gpu_indices", "gpu_uuids", "devices", "parts"):
-            v = json.dumps(list(v))
-        elif name == "state":
-            v = v.value
-        elif name == "borrowed":
-            v = int(v)
-        row[name] = v
+    return dict(zip(_PERSISTED, _row_values(job, spec_json)))
+
+
+def _row_values(job: JobRecord, spec_json: str | None = None) -> list[Any]:
+    """The row of ``job`` as values in ``_PERSISTED`` order: the attributes read in one C call,
+    then the few columns stored differently converted in place."""
+    row = list(_persisted_values(job))
+    row[_SPEC] = spec_json if spec_json is not None else encode_spec(job.spec)
+    for i in _TUPLE_COLS:
+        v = row[i]
+        row[i] = json.dumps(list(v)) if v else "[]"   # a new job's are all empty
+    row[_STATE] = row[_STATE].value
+    row[_BORROWED] = int(row[_BORROWED])
     return row
+
+
+def encode_spec(spec: JobSpec) -> str:
+    return json.dumps(spec.to_dict(), separators=(",", ":"))
+
+
+_persisted_values = attrgetter(*_PERSISTED)
+_SPEC, _STATE, _BORROWED = (_PERSISTED.index(c) for c in ("spec", "state", "borrowed"))
+_TUPLE_COLS = tuple(_PERSISTED.index(c) for c in ("gpu_indices", "gpu_uuids", "devices", "parts"))
 
 
 def _from_row(row: aiosqlite.Row | tuple, cols: list[str]) -> JobRecord:
@@ -324,6 +335,15 @@ def _from_row(row: aiosqlite.Row | tuple, cols: list[str]) -> JobRecord:
     d["state"] = JobState(d["state"])
     d["borrowed"] = bool(d["borrowed"])
     return JobRecord(**{k: d[k] for k in _PERSISTED})
+
+
+def _with_id(job: JobRecord, job_id: int) -> JobRecord:
+    """A copy of a new job with its id: a shallow copy of its attributes, which is all that
+    ``dataclasses.replace`` would do here, without its per-field work."""
+    copy = object.__new__(JobRecord)
+    copy.__dict__.update(job.__dict__)
+    copy.job_id = job_id
+    return copy
 
 
 @dataclass
@@ -495,8 +515,7 @@ class Store:
         slot it fired together with the job it submitted).
         """
         assert self.db is not None
-        cols = list(_PERSISTED)
-        sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        sql = f"INSERT INTO jobs ({', '.join(_PERSISTED)}) VALUES ({', '.join('?' * len(_PERSISTED))})"
         await self.db.execute("BEGIN IMMEDIATE")
         try:
             async with self.db.execute(
@@ -506,18 +525,17 @@ class Store:
                 (last,) = await cur.fetchone()
             out: list[JobRecord] = []
             arrays: dict[int, int] = {}
-            specs: dict[int, str] = {}
+            specs: dict[int, str] = {}   # each spec encoded once: an array's tasks share theirs
             rows = []
             for n, job in enumerate(jobs, start=last + 1):
+                job = _with_id(job, n)
                 if job.array_job_id is not None and job.array_job_id < 0:
-                    job = replace(job, job_id=n, array_job_id=arrays.setdefault(job.array_job_id, n))
-                else:
-                    job = replace(job, job_id=n)
+                    job.array_job_id = arrays.setdefault(job.array_job_id, n)
                 out.append(job)
-                if id(job.spec) not in specs:
-                    specs[id(job.spec)] = json.dumps(job.spec.to_dict(), separators=(",", ":"))
-                row = _to_row(job, specs[id(job.spec)])
-                rows.append(tuple(row[c] for c in cols))
+                spec_json = specs.get(id(job.spec))
+                if spec_json is None:
+                    spec_json = specs[id(job.spec)] = encode_spec(job.spec)
+                rows.append(_row_values(job, spec_json))
             await self.db.executemany(sql, rows)
             await self.db.executemany(
                 "INSERT INTO job_events(job_id, time, attempt, event, state, detail) VALUES (?,?,?,?,?,?)",
@@ -531,6 +549,10 @@ class Store:
             raise
         for job in out:
             self.active[job.job_id] = job
+        if out:
+            users = sorted({j.user for j in out})
+            log.info("recorded %d submitted job(s), %d-%d, of %s", len(out), out[0].job_id, out[-1].job_id,
+                     ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else ""))
         return out
 
     @_one_writer
