@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
@@ -219,7 +219,14 @@ class JobSpec:
             kw[key] = v
         kw.update(_slurm_fields(d))
         kw.update(_layout_fields(d, kw))
-        return cls(**kw)
+        if cls is not JobSpec:
+            return cls(**kw)
+        # Every value is checked and of its final type (nodelist and exclude are tuples), so
+        # the frozen __init__'s forty guarded setattrs and __post_init__ have nothing to add.
+        spec = object.__new__(JobSpec)
+        spec.__dict__.update(_SPEC_DEFAULTS)
+        spec.__dict__.update(kw)
+        return spec
 
     def to_dict(self) -> dict[str, Any]:
         # A shallow walk (asdict deep-copies every value and was a quarter of a submission's
@@ -233,6 +240,8 @@ class JobSpec:
 _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
 _SPEC_FIELD_SET = frozenset(_SPEC_FIELDS)
 _spec_values = attrgetter(*_SPEC_FIELDS)
+# In field order; script and env, which have no plain default, are always in from_request's kw.
+_SPEC_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(JobSpec)}
 
 MAIL_TYPES = frozenset({"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
                         "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"})

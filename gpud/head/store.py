@@ -317,7 +317,10 @@ def _row_values(job: JobRecord, spec_json: str | None = None) -> list[Any]:
 
 
 def encode_spec(spec: JobSpec) -> str:
-    return json.dumps(spec.to_dict(), separators=(",", ":"))
+    return _compact_json(spec.to_dict())
+
+
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode   # one encoder, not one per call
 
 
 _persisted_values = attrgetter(*_PERSISTED)
