@@ -6,8 +6,9 @@ loopback, no workers so nothing starts):
 
 * ``gpuctl sbatch`` processes one after another, as a shell loop runs them, each next to
   the start of a bare ``python -I -c pass`` of the same environment (the two alternate, so
-  both see the same load), and ``gpuctl --help`` (the click group, which every other verb
-  starts through).  Twice: in this development environment (an editable install, whose
+  both see the same load), ``gpuctl squeue`` (its listing skips click too, and it does not
+  load the sbatch option table) and ``gpuctl --help`` (the click group, which every other
+  verb starts through).  Twice: in this development environment (an editable install, whose
   ``site`` start-up loads setuptools' path finder), and in a fresh virtual environment with
   ``pip install .`` as ``scripts/install`` makes it (byte-compiled; ``--no-install`` skips
   it).  The source tree is byte-compiled first, since ``PYTHONDONTWRITEBYTECODE`` would
@@ -50,14 +51,16 @@ def starts(python: str, gpuctl: list[str], socket: str, n: int, env: dict) -> di
     """Median seconds of a bare interpreter, ``gpuctl --help`` and ``gpuctl sbatch``, taken
     in turn so that all three share the machine's load; and sbatch's rate."""
     sbatch = [*gpuctl, "--socket", socket, "sbatch", "-G", "1", "--parsable", "-o", "/dev/null", "--wrap", "true"]
-    bare, helps, xs = [], [], []
+    squeue = [*gpuctl, "--socket", socket, "squeue", "-u", "nobody"]   # the request, not a long table
+    bare, helps, xs, queues = [], [], [], []
     for i in range(n):
         bare.append(timed([python, "-I", "-c", "pass"], env))
         xs.append(timed(sbatch, env))
         if i % 4 == 0:
             helps.append(timed([*gpuctl, "--help"], env))
+            queues.append(timed(squeue, env))
     return {"python": statistics.median(bare), "help": statistics.median(helps),
-            "sbatch": statistics.median(xs), "rate": n / sum(xs)}
+            "sbatch": statistics.median(xs), "rate": n / sum(xs), "squeue": statistics.median(queues)}
 
 
 @contextlib.contextmanager
@@ -119,6 +122,8 @@ def start_rows(label: str, s: dict, n: int) -> list[list[str]]:
          f"{s['help'] / s['python']:.2f}x bare"],
         [f"{label}: `gpuctl sbatch` processes in a loop ({n})", f"{s['sbatch'] * 1000:.1f} ms",
          f"{s['rate']:.0f} jobs/s, **{s['sbatch'] / s['python']:.2f}x bare** (target 1.3x)"],
+        [f"{label}: `gpuctl squeue -u nobody` (the fast path's listing, no rows)", f"{s['squeue'] * 1000:.1f} ms",
+         f"{s['squeue'] / s['python']:.2f}x bare"],
     ]
 
 

@@ -169,10 +169,11 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
     if spec.mail_type and not getattr(head.cfg.head, "mail_command", None):
         warnings.append("--mail-type: this cluster sends no mail (no [head] mail_command); no notifications")
     hold = "user" if spec.hold else None
-    wanted = {"dependency": spec.dependency, "begin_time": spec.begin_time, "deadline": spec.deadline,
-              "hold_kind": hold, "reason": HELD_REASONS[hold] if hold else None}
-    if any(getattr(job, k) != v for k, v in wanted.items()):   # op_submit sets them already
-        job = replace(job, **wanted)
+    reason = HELD_REASONS[hold] if hold else None
+    if (job.dependency, job.begin_time, job.deadline, job.hold_kind, job.reason) != (
+            spec.dependency, spec.begin_time, spec.deadline, hold, reason):   # op_submit sets them already
+        job = replace(job, dependency=spec.dependency, begin_time=spec.begin_time, deadline=spec.deadline,
+                      hold_kind=hold, reason=reason)
     if spec.test_only:
         return await test_only(head, job, warnings)
     jobs = arrays.expand(job, parse_array(spec.array)) if spec.array else [job]
