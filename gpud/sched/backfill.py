@@ -121,7 +121,7 @@ class Timeline:
         self._events: list[tuple[float, int, int]] | None = None
         self._added: list[tuple[float, int, int]] = []
         self._moved = False
-        self._version: dict[int, int] = {}                 # bumped on every change to a node
+        self.versions: dict[int, int] = {}                 # node -> bumped on every change to it (see version)
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         pos, releases, by_job = cluster.pos, self.releases, self._by_job
         for r in running:
@@ -152,7 +152,7 @@ class Timeline:
         """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""
         self._add(i, Release(end, gpus, cpus, mem, job_id))
         # _shift, inlined: every start of a pass comes here
-        self._version[i] = self._version.get(i, 0) + 1
+        self.versions[i] = self.versions.get(i, 0) + 1
         profiles = self._profiles.get(i)
         if profiles:
             c, now = self.cluster, self.now
@@ -182,12 +182,12 @@ class Timeline:
 
     def version(self, i: int) -> int:
         """A number that changes whenever anything on node ``i`` does."""
-        return self._version.get(i, 0)
+        return self.versions.get(i, 0)
 
     def _shift(self, i: int, t0: float, t1: float, gpus_for: Callable[[str | None], int],
                cpus: int, mem: int, sign: int) -> None:
         """Keep the node's cached profiles current: add a change over ``[t0, t1)``."""
-        self._version[i] = self._version.get(i, 0) + 1
+        self.versions[i] = self.versions.get(i, 0) + 1
         for model, prof in self._profiles.get(i, {}).items():
             prof.add(t0, t1, sign * gpus_for(model), cpus, mem)
 
@@ -293,7 +293,7 @@ class Timeline:
                          time_limit: float | None) -> float | None:
         """earliest_on_node, remembered until the node changes (requests repeat a lot)."""
         key = (i, gpus, cpus, mem, model, time_limit)
-        version = self._version.get(i, 0)
+        version = self.versions.get(i, 0)
         hit = self._exact.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]

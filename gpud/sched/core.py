@@ -85,7 +85,11 @@ class _Pass:
         self.failed_shapes: set[tuple] = set()        # placements that cannot succeed this pass
         self.failed_preempts: set[tuple] = set()      # victim searches that found nothing
         self.misfits: dict[tuple, str | None] = {}
-        self.vetoes: dict[tuple, tuple[int, bool]] = {}  # (node, request) -> (node version, vetoed)
+        # a plain job's (partition, size, time limit, QOS, account) -> (misfit verdict, request
+        # shape, [placement failed for that shape]): one lookup per job instead of three
+        self.verdicts: dict[tuple, tuple[str | None, tuple, list[bool]]] = {}
+        self.shape_failed: dict[tuple, list[bool]] = {}
+        self.vetoes: dict[tuple, dict[int, tuple[int, bool]]] = {}  # request -> node -> (node version, vetoed)
         self.waiting: set[str] = set()                # partitions with a higher job waiting
         self.depth_left = self.cfg.backfill_depth if self.cfg.backfill else 0
 
@@ -116,7 +120,7 @@ class _Pass:
         A whole-GPU single-node job (nearly every job of a big queue) is decided here inline,
         exactly as ``consider`` does, with the pass's state held in locals: this loop runs
         once per pending job, and most of its jobs only find their shape already failed."""
-        reasons, misfits, failed, waiting = self.reasons, self.misfits, self.failed_shapes, self.waiting
+        reasons, verdicts, waiting = self.reasons, self.verdicts, self.waiting
         book, may_preempt = self.book, self.may_preempt
         quota_on, limits_on, strict = book.enabled, book.any_limits, not self.cfg.backfill
         later: list[PendingJob] = []
@@ -134,11 +138,11 @@ class _Pass:
                 continue
             # b. cannot run as configured
             partition = job.partition
-            shape = (partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit)
-            key = (shape, job.qos, job.account)
-            refusal = misfits.get(key, "")
-            if refusal == "":               # not asked yet this pass (None: it fits)
-                refusal = misfits[key] = self.misfit(job)
+            key = (partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit, job.qos, job.account)
+            verdict = verdicts.get(key)
+            if verdict is None:             # not asked yet this pass
+                verdict = verdicts[key] = self.verdict(job, key)
+            refusal, shape, failed = verdict
             if refusal:
                 reasons[job.job_id] = refusal
                 continue
@@ -156,12 +160,12 @@ class _Pass:
             blocked = False
             if strict and partition in waiting:
                 blocked = True   # strict priority order without backfill
-            elif shape not in failed:
+            elif not failed[0]:
                 node, blocked = self.find(job, shape)
                 if node is not None:
                     self.start(job, node, borrowed=not within)
                     continue
-                failed.add(shape)
+                failed[0] = True
             # e-g. wait for stopping jobs, preempt, or reserve
             if self.depth_left > 0 or may_preempt.get(job.qos, True):
                 self.wait(job, shape, within)
@@ -172,6 +176,13 @@ class _Pass:
         return later
 
     # -- step 4: one job (the plain path is inline in consider_all) -------------------------------------
+    def verdict(self, job: PendingJob, key: tuple) -> tuple[str | None, tuple, list[bool]]:
+        shape = key[:6]
+        failed = self.shape_failed.get(shape)
+        if failed is None:
+            failed = self.shape_failed[shape] = [False]
+        return self.misfit(job), shape, failed
+
     def misfit(self, job: PendingJob) -> str | None:
         refusal = self.misconfigured(job)
         if refusal:
@@ -203,14 +214,17 @@ class _Pass:
 
     def find(self, job: PendingJob, shape: tuple) -> tuple[int | None, bool]:
         c, tl, end = self.cluster, self.timeline, self.end_of(job)
-        vetoes = self.vetoes
+        vetoes = self.vetoes.get(shape)
+        if vetoes is None:
+            vetoes = self.vetoes[shape] = {}
+        versions = tl.versions
 
         def delays_reservation(i: int) -> bool:
             # remembered per (node, request) until the node changes: a busy queue asks often
-            version = tl.version(i)
-            hit = vetoes.get((i, shape))
+            version = versions.get(i, 0)
+            hit = vetoes.get(i)
             if hit is None or hit[0] != version:
-                hit = vetoes[(i, shape)] = (version, not tl.no_delay(
+                hit = vetoes[i] = (version, not tl.no_delay(
                     i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end))
             return hit[1]
 

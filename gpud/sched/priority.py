@@ -203,7 +203,8 @@ class PriorityModel:
         """
         factors: dict[int, dict[str, float]] = {}
         priorities: dict[int, float] = {}
-        order: list[tuple[float, float, int, object]] = []
+        listed: list = []
+        neg: list[float] = []          # -priority, by position in ``listed``
         fixed_of, now, max_age, w_age = self._fixed, self.now, self.cfg.max_age, self.w.age
         prev_fixed = prev_submit = prev_nice = prev_factors = None
         p = 0.0
@@ -224,9 +225,10 @@ class PriorityModel:
                 prev_fixed, prev_submit, prev_nice = fixed, submit, nice
             factors[job_id] = prev_factors
             priorities[job_id] = p
-            order.append((-p, submit, job_id, j))
-        order.sort()           # job ids are unique: the job itself is never compared
-        return factors, priorities, [t[3] for t in order]
+            listed.append(j)
+            neg.append(-p)
+        return factors, priorities, _queue_order(listed, neg)
+
 
     def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
                  submit_time: float, nice: int) -> float:
@@ -235,3 +237,22 @@ class PriorityModel:
             return sum(self.factors(account, user, qos, partition, gpus, submit_time, nice).values())
         age = (self.now - submit_time) / self.cfg.max_age
         return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
+
+
+def _queue_order(jobs: list, neg: list[float]) -> list:
+    """``jobs`` sorted by (-priority, submit time, job id), ``neg[k]`` being job k's -priority.
+
+    One sort on a plain float key (much cheaper than sorting tuples), then each run of equal
+    priorities (an array's tasks, say) sorted by submit time and job id."""
+    order = sorted(range(len(jobs)), key=neg.__getitem__)
+    keys = [neg[k] for k in order]
+    ties = [k for k, (a, b) in enumerate(zip(keys, keys[1:])) if a == b]   # keys[k] == keys[k + 1]
+    t = 0
+    while t < len(ties):
+        first = ties[t]
+        while t + 1 < len(ties) and ties[t + 1] == ties[t] + 1:
+            t += 1
+        last = ties[t] + 1
+        order[first:last + 1] = sorted(order[first:last + 1], key=lambda k: (jobs[k].submit_time, jobs[k].job_id))
+        t += 1
+    return [jobs[k] for k in order]
