@@ -4,10 +4,14 @@
 GPUs.  Two measures:
 
 * throughput: N trivial 1-GPU jobs (``true``) submitted through one connection as fast as
-  the head acknowledges them; jobs/s from the first submission to the last job's end;
+  the head acknowledges them, one request at a time (each waits for its commit, so the
+  submission round trip bounds the rate) and then pipelined (``Client.submit_many``: what
+  the cluster itself sustains); jobs/s from the first submission to the last job's end;
 * submit-to-running latency: jobs submitted one at a time to an idle cluster, each
   writing the time it began; the latency is that time minus the moment before the
-  submission request (same clock).
+  submission request (same clock); the head's job event log splits it into stages.
+
+``--profile FILE`` writes a cProfile of the standalone process's event loop.
 
 Targets (docs/benchmarks.md): at least 100 trivial jobs/s end to end on 8 GPUs;
 submit-to-running p50 under 50 ms.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -29,17 +34,20 @@ from typing import Iterator
 from common import ROOT, stamp, table, write_section
 
 from gpuctl import Client  # noqa: E402
+from gpuctl.script import api_settings, build_spec, wrap_script  # noqa: E402
 from tests.cluster import env_for_children, wait_for  # noqa: E402
 
 
 @contextlib.contextmanager
-def standalone(d: Path, gpus: int = 8) -> Iterator[str]:
+def standalone(d: Path, gpus: int = 8, profile: str | None = None) -> Iterator[str]:
     sock = str(d / "gpud.sock")
     key = str(d / "cluster.key")
     env = env_for_children()
     subprocess.run([sys.executable, "-m", "gpud.cli", "keygen", key], env=env, check=True,
                    capture_output=True)
     log = open(d / "standalone.log", "ab")
+    if profile:  # cProfile of the event loop, written when it stops (gpud.standalone)
+        env["GPUD_PROFILE"] = profile
     p = subprocess.Popen([sys.executable, "-m", "gpud.cli", "standalone", "--state-dir", str(d / "state"),
                           "--key-file", key, "--socket", sock, "--name", "bench",
                           "--sim", f"{gpus}xH100-80GB", "--log-level", "warning"],
@@ -64,26 +72,54 @@ def standalone(d: Path, gpus: int = 8) -> Iterator[str]:
         log.close()
 
 
-def throughput(sock: str, n: int, work: Path) -> float:
+def throughput(sock: str, n: int, work: Path, pipelined: bool) -> float:
+    opts = dict(gpus=1, stdout="/dev/null", work_dir=str(work))
     with Client(sock) as c:
         t0 = time.time()
-        ids = [c.submit(wrap="true", gpus=1, stdout="/dev/null", work_dir=str(work)) for _ in range(n)]
+        if pipelined:  # the head's job throughput, not one client's request round trip
+            spec = build_spec(wrap_script("true"), api_settings(opts), default_name="wrap", args=[],
+                              directives=False)
+            ids = c.submit_many([spec] * n)
+        else:
+            ids = [c.submit(wrap="true", **opts) for _ in range(n)]
         wait_for(lambda: not c.jobs(), 600, "every job to end", interval=0.2)
         done = {j["job_id"]: j for j in c.jobs(job_ids=ids, all=True)}
     assert all(done[i]["state"] == "COMPLETED" for i in ids), "some bench job did not complete"
     return n / (max(done[i]["end_time"] for i in ids) - t0)
 
 
-def latency(sock: str, n: int, work: Path) -> list[float]:
+def latency(sock: str, n: int, work: Path, ids: list[int]) -> list[float]:
     out = []
     with Client(sock) as c:
         for k in range(n):
             f = work / f"lat-{k}.out"
             t0 = time.time()
             jid = c.submit(wrap="date +%s.%N", gpus=1, stdout=str(f), work_dir=str(work))
+            ids.append(jid)
             wait_for(lambda: c.jobs(job_ids=[jid], all=True)[0]["state"] == "COMPLETED", 60,
                      "the job", interval=0.02)
             out.append(float(f.read_text().split()[0]) - t0)
+    return out
+
+
+def stages(db: Path, ids: list[int]) -> list[tuple[str, float]]:
+    """Median seconds between the job event log's steps of the ``ids``: submitted ->
+    allocated -> started (the head heard it) -> finished (the head committed it)."""
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(f"SELECT job_id, event, time FROM job_events WHERE job_id IN "
+                           f"({','.join('?' * len(ids))}) ORDER BY id", ids).fetchall()
+    finally:
+        con.close()
+    at: dict[int, dict[str, float]] = {}
+    for jid, event, t in rows:
+        at.setdefault(jid, {}).setdefault(event, t)
+    steps = ["submitted", "allocated", "started", "finished"]
+    out = []
+    for a, b in zip(steps, steps[1:]):
+        gaps = [e[b] - e[a] for e in at.values() if a in e and b in e]
+        if gaps:
+            out.append((f"{a} -> {b}", statistics.median(gaps)))
     return out
 
 
@@ -92,13 +128,17 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--latency", type=int, default=50)
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the standalone process into FILE")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         os.chmod(d, 0o755)
-        with standalone(d) as sock:
-            rate = throughput(sock, a.jobs, d)
-            lat = sorted(latency(sock, a.latency, d))
+        with standalone(d, profile=a.profile and os.path.abspath(a.profile)) as sock:
+            rate = throughput(sock, a.jobs, d, pipelined=False)
+            piped = throughput(sock, a.jobs, d, pipelined=True)
+            lat_ids: list[int] = []
+            lat = sorted(latency(sock, a.latency, d, lat_ids))
+        steps = stages(d / "state" / "head.db", lat_ids)
     p50, p95 = statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
     md = "\n".join([
         "## End-to-end short jobs",
@@ -109,10 +149,14 @@ def main() -> None:
         stamp(),
         "",
         table(["measure", "result", "target"], [
-            [f"{a.jobs:,} trivial 1-GPU jobs (`true`), submit to last end", f"{rate:.1f} jobs/s",
-             "100 jobs/s"],
+            [f"{a.jobs:,} trivial 1-GPU jobs (`true`), submitted one at a time, to last end",
+             f"{rate:.1f} jobs/s", "100 jobs/s"],
+            [f"{a.jobs:,} trivial 1-GPU jobs (`true`), submitted pipelined, to last end",
+             f"{piped:.1f} jobs/s", "100 jobs/s"],
             [f"submit to running, idle cluster ({a.latency} jobs): p50", f"{p50 * 1000:.0f} ms", "50 ms"],
             ["submit to running: p95", f"{p95 * 1000:.0f} ms", ""],
+            *([f"idle cluster, head's event log: {name} (median)", f"{t * 1000:.0f} ms", ""]
+              for name, t in steps),
         ], "lrr"),
     ])
     print(md)

@@ -22,6 +22,21 @@ log = logging.getLogger("gpud.standalone")
 
 
 async def run_standalone(cfg: Config, *, port: int = 0, loader: Callable[[], Config] | None = None) -> int:
+    profile = os.environ.get("GPUD_PROFILE")
+    if not profile:
+        return await _run(cfg, port=port, loader=loader)
+    # For benchmarks: cProfile of the event loop's thread, written when the box stops.
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return await _run(cfg, port=port, loader=loader)
+    finally:
+        prof.disable()
+        prof.dump_stats(profile)
+
+
+async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -> int:
     from .bus.broker import EmbeddedBroker  # amqtt is only needed here
     from .head.daemon import Head
     from .head.service import run_head

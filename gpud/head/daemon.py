@@ -71,6 +71,7 @@ HEAD_SENDER = "head"
 LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
+MAX_REPORT_BATCH = 1000         # worker messages taken from the bus at once
 MAX_REASON = 64                 # characters of a worker's end reason kept ("exited", "timeout"...)
 MAX_STATUS = 2 ** 31 - 1        # larger exit codes or signals in a report are not real ones
 
@@ -306,11 +307,52 @@ class Head:
     # -- messages from workers ----------------------------------------------------------------
 
     async def _bus_loop(self) -> None:
-        async for msg in self.bus.messages():
+        """Messages in arrival order; a run of ``started``/``finished`` reports waiting
+        together is applied as one batch (one commit, one ack per node)."""
+        inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+
+        async def read() -> None:
             try:
-                await self.handle(msg)
-            except Exception:
-                log.exception("dropped %s message from %s: handler failed", msg.kind, msg.sender)
+                async for m in self.bus.messages():
+                    inbox.put_nowait(m)
+            finally:
+                inbox.put_nowait(None)
+
+        reader = asyncio.create_task(read(), name="bus-reader")
+        try:
+            while True:
+                msgs = [await inbox.get()]
+                while not inbox.empty() and len(msgs) < MAX_REPORT_BATCH:
+                    msgs.append(inbox.get_nowait())
+                run: list[Message] = []
+                for msg in msgs:
+                    if msg is not None and self._is_report(msg):
+                        run.append(msg)
+                        continue
+                    await self._reports_or_log(run)
+                    run = []
+                    if msg is None:
+                        await reader  # the bus closed: end as it ended (an error propagates)
+                        return
+                    try:
+                        await self.handle(msg)
+                    except Exception:
+                        log.exception("dropped %s message from %s: handler failed", msg.kind, msg.sender)
+                await self._reports_or_log(run)
+        finally:
+            reader.cancel()
+
+    def _is_report(self, msg: Message) -> bool:
+        return (msg.topic == HEAD_EVENTS and msg.kind in ("started", "finished")
+                and msg.sender.startswith("worker:") and msg.sender[len("worker:"):] in self.store.nodes)
+
+    async def _reports_or_log(self, run: list[Message]) -> None:
+        if not run:
+            return
+        try:
+            await self._apply_reports([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
+        except Exception:
+            log.exception("dropped %d started/finished reports: handler failed", len(run))
 
     async def handle(self, msg: Message) -> None:
         if msg.topic == HEAD_REQUESTS:
@@ -401,23 +443,90 @@ class Head:
                 await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
-        jid, attempt = body.get("job"), body.get("attempt")
-        if not _is_int(jid) or not _is_int(attempt):
-            log.warning("dropped started from %s: job and attempt must be integers", node)
-            return
-        job = self.store.active.get(jid)
-        if job is None or job.attempt != attempt or job.node != node:
-            return   # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
-        async with self.lock:
-            txn = Txn(self.store)
-            txn.event(job, self.clock(), "started", f"pid {body.get('pid')}")
-            await self.store.commit(txn)
+        await self._apply_reports([("started", node, body)])
 
     async def _on_finished(self, node: str, body: dict) -> None:
-        jid, attempt = body.get("job"), body.get("attempt")
-        if not _is_int(jid) or not _is_int(attempt):
-            log.warning("dropped finished from %s: job and attempt must be integers", node)
+        await self._apply_reports([("finished", node, body)])
+
+    async def _apply_reports(self, reports: list[tuple[str, str, Any]]) -> None:
+        """``started`` and ``finished`` reports (kind, node, body), in order, as one group
+        commit: every state change is durable before its ack goes out, and a burst of ends
+        costs one fsync and one scheduler kick instead of one each.  Reports of gang jobs go
+        one by one (``_gang_finished``): they end or kill other parts."""
+        valid = []
+        for kind, node, body in reports:
+            jid, attempt = body.get("job"), body.get("attempt")
+            if not _is_int(jid) or not _is_int(attempt):
+                log.warning("dropped %s from %s: job and attempt must be integers", kind, node)
+                continue
+            valid.append((kind, node, jid, attempt, body))
+        if not valid:
             return
+        acks: dict[str, list[list[int]]] = {}
+        gang_reports: list[tuple[str, dict]] = []
+        ended: list[tuple[JobRecord, JobState, str, str]] = []
+        reported: list[int] = []
+        async with self.lock:
+            end = self.clock()
+            txn = Txn(self.store)
+            done: set[tuple[int, int]] = set()
+            for kind, node, jid, attempt, body in valid:
+                job = self.store.active.get(jid)
+                if kind == "started":
+                    # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
+                    if job is not None and job.attempt == attempt and job.node == node:
+                        txn.event(job, end, "started", f"pid {body.get('pid')}")
+                    continue
+                if job is not None and job.parts:
+                    gang_reports.append((node, body))
+                    continue
+                acks.setdefault(node, []).append([jid, attempt])
+                if job is None:
+                    continue
+                reported.append(jid)
+                if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
+                    continue
+                done.add((jid, attempt))
+                ended.append(self._end_in(txn, job, node, body, end))
+            await self.store.commit(txn)
+            for job, new, detail, node in ended:
+                self._charge(job, end)
+                self._stop_sent.pop((job.job_id, job.attempt), None)
+                log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
+            if ended:
+                self.kick()
+        for node, pairs in acks.items():
+            await self.bus.publish(node_cmd(node), "ack", {"done": pairs})
+        for jid in dict.fromkeys(reported):
+            now_job = self.store.active.get(jid)
+            if now_job is None or not now_job.state.active:
+                self.steps.job_ended(jid)
+        for node, body in gang_reports:
+            await self._gang_finished(node, body)
+
+    def _end_in(self, txn: Txn, job: JobRecord, node: str, body: dict,
+                end: float) -> tuple[JobRecord, JobState, str, str]:
+        """A single-node job's end, added to ``txn``: (job as it was, new state, detail, node)."""
+        jid, attempt = job.job_id, job.attempt
+        reason = str(body.get("reason", "exited"))[:MAX_REASON]
+        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
+        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+        new = final_state(job, reason, exit_code, sig)
+        detail = f"{reason} exit={exit_code} signal={sig}"
+        if body.get("message"):
+            detail += f": {str(body['message'])[:500]}"
+        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                    (end, reason, jid, attempt))
+        if new is JobState.PENDING:
+            txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
+        else:
+            txn.transition(job, new, now=end, event="finished", detail=detail,
+                           end_time=end, exit_code=exit_code, signal=sig)
+        return job, new, detail, node
+
+    async def _gang_finished(self, node: str, body: dict) -> None:
+        """One ``finished`` report of a gang job (any rank), committed on its own."""
+        jid, attempt = body.get("job"), body.get("attempt")
         # Whatever else it says is kept within what SQLite and a one-line detail hold: a
         # report that cannot be committed would be repeated, and the job never end.
         reason = str(body.get("reason", "exited"))[:MAX_REASON]
@@ -434,18 +543,8 @@ class Head:
                 if job.state is JobState.RUNNING:
                     ended_gang = await self._part_failed(job, node, rank, reason, exit_code, sig, body, end)
             elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
-                new = final_state(job, reason, exit_code, sig)
                 txn = Txn(self.store)
-                detail = f"{reason} exit={exit_code} signal={sig}"
-                if body.get("message"):
-                    detail += f": {str(body['message'])[:500]}"
-                txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                            (end, reason, jid, attempt))
-                if new is JobState.PENDING:
-                    txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
-                else:
-                    txn.transition(job, new, now=end, event="finished", detail=detail,
-                                   end_time=end, exit_code=exit_code, signal=sig)
+                _, new, detail, _ = self._end_in(txn, job, node, body, end)
                 await self.store.commit(txn)
                 self._charge(job, end)
                 self._stop_sent.pop((jid, attempt), None)

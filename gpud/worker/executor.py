@@ -40,6 +40,7 @@ from typing import Any, Callable
 import psutil
 
 from ..units import format_duration
+from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
 from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
 
@@ -86,7 +87,8 @@ class _Job:
     stop_reason: str | None = None
     kill_at: float | None = None     # clock time of the SIGKILL that ends a stop's grace
     killed: bool = False             # SIGKILL sent
-    popen: subprocess.Popen | None = None   # None when adopted from an earlier executor
+    popen: subprocess.Popen | None = None   # None when adopted or forked by the server
+    pidfd: int | None = None         # the fork server's pidfd of the wrapper, until watched
     task: asyncio.Task | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     early: list[int] = field(default_factory=list)  # signals asked for before the spawn
@@ -136,6 +138,8 @@ class Executor:
         self._poll = poll_interval
         self._use_pidfd = hasattr(os, "pidfd_open")
         self._python = sys.executable or shutil.which("python3") or "/usr/bin/python3"
+        # Wrappers forked by one server (see forkserver.py) where the kernel has pidfds
+        self._server = ForkServer(self._python, WRAPPER, WRAPPER_ENV) if self._use_pidfd else None
         self._jobs: dict[Key, _Job] = {}
         self._outcomes: dict[Key, Outcome] = {}
         self._closed = False
@@ -167,9 +171,8 @@ class Executor:
             return
         job = self._jobs[key] = _Job(launch)
         _reap_detached()
-        try:
-            await asyncio.to_thread(self._prepare, job)
-            job.popen = await asyncio.to_thread(self._spawn, job)
+        try:  # one trip to a thread: the files and the wrapper
+            popen, pid, job.pidfd, create_time = await asyncio.to_thread(self._start, job)
         except _LaunchError as e:
             await self._finish(key, self._outcome(job, None, None, "launch_failed", str(e)))
             return
@@ -178,11 +181,10 @@ class Executor:
             await self._finish(key, self._outcome(job, None, None, "launch_failed",
                                                   f"internal error while starting the job: {e}"))
             return
-        job.pid = job.popen.pid
+        job.popen, job.pid, job.create_time = popen, pid, create_time
         job.start_time = self._clock()
         if launch.time_limit is not None:
             job.deadline = job.start_time + launch.time_limit
-        job.create_time = _create_time(job.pid)
         self._save_record(job)
         for sig in job.early:
             self._signal_group(job, sig)
@@ -245,7 +247,12 @@ class Executor:
         key = (job_id, attempt)
         if self._outcomes.pop(key, None) is None:
             return
-        self.store.acknowledge(key)
+        moved = self.store.acknowledge(key)
+        if moved is not None:  # its files go on a thread: the ack path stays a few syscalls
+            try:
+                asyncio.get_running_loop().run_in_executor(None, self.store.discard, moved)
+            except RuntimeError:  # no event loop: remove them now
+                self.store.discard(moved)
         if self._clock() - self._last_prune >= PRUNE_EVERY:
             self._last_prune = self._clock()
             self.store.prune_tombstones()
@@ -261,6 +268,11 @@ class Executor:
             job.task = None
             if job.popen is not None and job.popen.returncode is None:
                 _DETACHED.append(job.popen)
+            if job.pidfd is not None:
+                os.close(job.pidfd)
+                job.pidfd = None
+        if self._server is not None:
+            _DETACHED.extend(self._server.close())
 
     # -- restarting -----------------------------------------------------------------------------
 
@@ -349,6 +361,22 @@ class Executor:
         except OSError as e:
             raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
 
+    def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None]:
+        """(thread) Write the allocation's files and start the wrapper: (its Popen or None
+        when the fork server made it, pid, pidfd, start time).  The job's fields are set by
+        the caller, on the event loop."""
+        self._prepare(job)
+        if self._server is not None:
+            try:
+                pid, pidfd = self._server.spawn(self.store.dir(job.key))
+            except OSError as e:  # the server cannot: exec the wrapper as before
+                log.warning("job %d.%d: the job wrapper server failed (%s); starting the wrapper "
+                            "directly", *job.key, e)
+            else:
+                return None, pid, pidfd, _create_time(pid)
+        popen = self._spawn(job)
+        return popen, popen.pid, None, _create_time(popen.pid)
+
     def _identity(self, launch: Launch) -> tuple[str, str, list[int], bool]:
         """(user, home, groups, switch_user): the job's user when root, else ourselves."""
         if os.geteuid() != 0:
@@ -416,6 +444,9 @@ class Executor:
     def _exit_future(self, job: _Job) -> asyncio.Future:
         """Resolves once the wrapper has exited (a zombie counts)."""
         loop = asyncio.get_running_loop()
+        if job.pidfd is not None:  # from the fork server: exactly this wrapper, exited or not
+            fd, job.pidfd = job.pidfd, None
+            return self._pidfd_future(loop, fd, job, checked=True)
         if self._use_pidfd and job.pid is not None:
             try:
                 fd = os.pidfd_open(job.pid)
@@ -429,10 +460,11 @@ class Executor:
                 return self._pidfd_future(loop, fd, job)
         return asyncio.ensure_future(self._poll_exit(job))
 
-    def _pidfd_future(self, loop: asyncio.AbstractEventLoop, fd: int, job: _Job) -> asyncio.Future:
+    def _pidfd_future(self, loop: asyncio.AbstractEventLoop, fd: int, job: _Job, *,
+                      checked: bool = False) -> asyncio.Future:
         fut = loop.create_future()
         # Checked with the pidfd open, so the pid cannot be recycled between check and watch.
-        if job.popen is None and not _alive(job.pid, job.create_time, self.store.dir(job.key)):
+        if job.popen is None and not checked and not _alive(job.pid, job.create_time, self.store.dir(job.key)):
             os.close(fd)
             fut.set_result(None)
             return fut
@@ -577,8 +609,14 @@ def _alive(pid: int | None, create_time: float | None, job_dir: str) -> bool:
             return False
         if create_time is not None:
             return abs(p.create_time() - create_time) < 0.1
-        return job_dir in p.cmdline()  # only the wrapper's pid file was left
-    except psutil.Error:
+        # Only the wrapper's pid file was left: a wrapper started on this directory, or one
+        # the fork server forked (its command line) that existed when the file was written.
+        cmdline = p.cmdline()
+        if job_dir in cmdline:
+            return True
+        return (WRAPPER in cmdline
+                and p.create_time() <= os.stat(os.path.join(job_dir, "wrapper.pid")).st_mtime + 0.1)
+    except (psutil.Error, OSError):
         return False
 
 

@@ -10,6 +10,7 @@ Layout under ``<state_dir>/jobs/``::
   <job>.<attempt>/status         the job's wait status, written by the wrapper at the end
   <job>.<attempt>/outcome.json   the final outcome, until the head acknowledges it
   .acked/<job>.<attempt>         tombstone of an acknowledged allocation (mtime: ack time)
+  .trash/<job>.<attempt>         an acknowledged allocation's directory, being removed
 
 ``jobs/`` and the allocation directories are mode 0711: a job's user reaches the script by
 its path but cannot list anything, and every other file is root's.  Writes replace files
@@ -52,6 +53,7 @@ class JobStore:
     def __init__(self, state_dir: str, clock: Callable[[], float]) -> None:
         self.jobs_dir = os.path.join(os.path.abspath(state_dir), "jobs")
         self.acked_dir = os.path.join(self.jobs_dir, ".acked")
+        self.trash_dir = os.path.join(self.jobs_dir, ".trash")   # acknowledged, being removed
         self._clock = clock
         self._ready = False
 
@@ -63,6 +65,7 @@ class JobStore:
         os.makedirs(self.jobs_dir, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
         os.makedirs(self.acked_dir, 0o700, exist_ok=True)
+        os.makedirs(self.trash_dir, 0o700, exist_ok=True)
         if os.geteuid() == 0 and not _searchable_by_all(self.jobs_dir):
             log.warning("%s is not searchable by everyone, so job users cannot read their "
                         "scripts: chmod o+x every directory above it", self.jobs_dir)
@@ -107,17 +110,33 @@ class JobStore:
             return ""
         return lines[-1][:300] if lines else ""
 
-    def acknowledge(self, key: Key) -> None:
-        """Tombstone first, then remove: a crash in between leaves a tombstone and a directory,
-        which ``load`` cleans up."""
-        path = os.path.join(self.acked_dir, f"{key[0]}.{key[1]}")
+    def acknowledge(self, key: Key) -> str | None:
+        """Tombstone first, then move the directory under ``.trash``: a crash in between
+        leaves a tombstone and a directory, which ``load`` cleans up.  Returns the moved
+        directory for ``discard`` (removing its files is the slow part, kept off the
+        caller's path), or None when there was none."""
+        name = f"{key[0]}.{key[1]}"
+        path = os.path.join(self.acked_dir, name)
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
             now = self._clock()
             os.utime(path, (now, now))  # aged on the executor's clock, like everything else
         except OSError as e:
             log.error("job %d.%d: cannot write its tombstone: %s", *key, e.strerror)
-        shutil.rmtree(self.dir(key), ignore_errors=True)
+        trash = os.path.join(self.trash_dir, name)
+        try:
+            os.rename(self.dir(key), trash)
+        except FileNotFoundError:
+            return None
+        except OSError:  # no .trash (an old state dir) or a leftover of the same name
+            shutil.rmtree(self.dir(key), ignore_errors=True)
+            return None
+        return trash
+
+    @staticmethod
+    def discard(path: str) -> None:
+        """(thread) Remove a directory ``acknowledge`` moved away."""
+        shutil.rmtree(path, ignore_errors=True)
 
     def prune_tombstones(self) -> None:
         now = self._clock()
@@ -136,6 +155,8 @@ class JobStore:
     def load(self) -> list[Saved]:
         """Every allocation directory, in job order."""
         self.prune_tombstones()
+        for name in _listdir(self.trash_dir):  # acknowledged before a stop, not yet removed
+            shutil.rmtree(os.path.join(self.trash_dir, name), ignore_errors=True)
         found = []
         for name in sorted(os.listdir(self.jobs_dir)):
             m = _DIR_NAME.match(name)
@@ -178,6 +199,13 @@ def read_json(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _load_outcome(path: str) -> Outcome | None:

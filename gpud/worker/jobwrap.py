@@ -27,12 +27,23 @@ anything else; the caught signals stay blocked from that check until the child h
 handlers, so none is swallowed on the way.  Only SIGKILL ends the wrapper early, and then the
 worker knows why.
 
+Started as ``jobwrap.py --serve`` (what the executor does), it is a fork server instead:
+a small process, in a session of its own, that reads job directories from a Unix socket on
+its stdin and forks one wrapper per directory.  Each child starts its own session, points
+stdin and stdout at /dev/null and stderr at ``wrapper.log``, and runs exactly as above.  The
+server answers with the child's pid and a pidfd for it (SCM_RIGHTS), taken before the child
+can be reaped, so the worker watches that very process without a pid-reuse race.  Forking
+this small, already started interpreter costs a millisecond where starting Python costs
+tens, and the children share nothing with the worker.  The server reaps its children and
+exits when the worker closes the socket; the wrappers live on, as they always did.
+
 Stdlib only and no gpud imports: it runs with ``-S``, whatever the worker's environment.
 """
 
 import json
 import os
 import signal
+import socket
 import sys
 
 # Signals whose default action would end the wrapper before it can record the job's status.
@@ -165,5 +176,87 @@ def main(argv):
     return 0
 
 
+def _reap(signum, frame):
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _forked(job_dir, ready):
+    """In a child of the server: become a wrapper started on ``job_dir``; never returns.
+    Closing ``ready`` tells the server that the session exists and signals are noted (a
+    stop sent to the group as soon as the worker has the pid is kept, never lost)."""
+    code = 1
+    try:
+        for sig in CAUGHT:
+            signal.signal(sig, _note)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the wrapper waits for its own child
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        os.setsid()
+        os.close(ready)
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(os.path.join(job_dir, "wrapper.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)   # also closes the server's socket in this process
+        os.dup2(null, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        code = main([sys.argv[0], job_dir])
+    except BaseException:  # noqa: BLE001 - never back into the server's loop
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def serve(fd=0):
+    """The fork server's loop on the SOCK_SEQPACKET socket ``fd``: one job directory in, one
+    answer out: the pid with its pidfd, or a line saying why there is none."""
+    sock = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, _reap)
+    while True:
+        data = sock.recv(4096)
+        if not data:
+            return 0   # the worker went away
+        job_dir = os.fsdecode(data)
+        # No reaping between the fork and the pidfd: the pid is this child's until then.
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+        try:
+            r, w = os.pipe()
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    os.close(r)
+                    _forked(job_dir, w)
+                os.close(w)
+                w = None
+                os.read(r, 1)  # end of file: the child leads its session (or is gone)
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError:  # unwatchable: it must not run (the worker starts it again)
+                    os.killpg(pid, signal.SIGKILL)
+                    raise
+            finally:
+                os.close(r)
+                if w is not None:
+                    os.close(w)
+        except OSError as e:
+            sock.send(f"error: {e.strerror or e}".encode(errors="replace")[:MAX_ERROR])
+            continue
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        try:
+            socket.send_fds(sock, [str(pid).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv))
