@@ -85,7 +85,7 @@ def test_shares_are_billed_their_fraction_but_hold_a_whole_gpu():
 
 
 def test_infeasible_jobs_are_refused_at_arrival():
-    jobs = trace("big,0,16,10,,a,,,", "typ,0,1,10,,a,A100-80GB,,", "ok,0,2,10,,a,H100-80GB,,")
+    jobs = trace("big,0,24,10,,a,,,", "typ,0,1,10,,a,A100-80GB,,", "ok,0,2,10,,a,H100-80GB,,")
     r = simulate(parse_cluster("2x8xH100-80GB"), jobs)
     assert r["jobs"]["infeasible"] == {"no_such_gpu_type": 1, "too_many_gpus": 1}
     assert r["jobs"]["submitted"] == 1

@@ -114,7 +114,8 @@ def test_synthetic_mixed_is_seeded_sized_and_loaded():
     assert [j.seq for j in jobs] == list(range(1, 3001))
     assert all(a.submit_s <= b.submit_s for a, b in zip(jobs, jobs[1:]))
     sizes = [j.gpus for j in jobs]
-    assert max(sizes) == 8 and sizes.count(1) / len(sizes) > 0.6   # bigger ones clamped to a node
+    assert max(sizes) == 64 and sizes.count(1) / len(sizes) > 0.6   # 16-64: gangs of 8-GPU nodes
+    assert max(j.gpus for j in generate("mixed", 3000, 5, gpus=32, max_gpus=8)) == 32  # the cluster
     assert len({j.account for j in jobs}) == 6
     durations = sorted(j.duration_s for j in jobs)
     assert durations[len(durations) // 2] < 3 * 3600 < durations[-1]   # heavy tail

@@ -44,6 +44,12 @@ ROWS: list[tuple[str, Callable[[dict], Any], Callable[[Any], str]]] = [
 ]
 
 
+def _gangs(jobs: dict[str, Any]) -> str:
+    if not jobs.get("multi_node"):
+        return ""
+    return f"; multi-node {jobs['multi_node']}, rounded up {jobs.get('rounded_up', 0)}"
+
+
 def format_compare(reports: dict[str, dict[str, Any]]) -> str:
     """The reports of several policies (name -> report) side by side."""
     names = list(reports)
@@ -54,7 +60,7 @@ def format_compare(reports: dict[str, dict[str, Any]]) -> str:
     col = max(12, *(len(n) + 2 for n in names))
     head = [f"Cluster {cl['nodes']} nodes, {cl['gpus']} GPUs; trace {tr.get('accepted', 0)} jobs "
             f"accepted of {tr.get('rows', 0)} rows, {jobs['submitted']} submitted "
-            f"(refused: {infeasible}); simulated {dur(first['simulated_s'])}",
+            f"(refused: {infeasible}{_gangs(jobs)}); simulated {dur(first['simulated_s'])}",
             "",
             f"{'':<{width}}" + "".join(f"{n:>{col}}" for n in names)]
     for label, get, fmt in ROWS:

@@ -26,9 +26,16 @@ time, with ``preempt_count`` + 1) or, in ``cancel`` mode, ends PREEMPTED.  A req
 runs its whole duration again.  A run lasts its trace duration or its time limit,
 whichever is shorter (then it ends TIMEOUT).
 
-Jobs that can never start (more GPUs than any node has, a GPU type the cluster lacks, an
-unknown QOS, a time limit over the partition's) are refused at arrival and counted, like
-the head refusing them at submit.  Trace accounts the config lacks join the account tree
+A job asking for more whole GPUs than the largest node has (of its GPU type) becomes a
+multi-node (gang) job, as a Slurm user would ask for it: ``N = ceil(gpus / largest)``
+nodes of ``ceil(gpus / N)`` GPUs each, so its GPU count is rounded up to a multiple of
+``N`` when it does not divide evenly (counted as ``rounded_up``).  The core starts it on
+all N nodes at once (``Start.parts``); the engine takes every part's GPUs, CPUs and
+memory in one step and gives them all back when the run ends.
+
+Jobs that can never start (more GPUs than N nodes of the type can hold, a GPU type the
+cluster lacks, an unknown QOS, a time limit over the partition's) are refused at arrival
+and counted, like the head refusing them at submit.  Trace accounts the config lacks join the account tree
 with one share each, so any trace runs under any config.
 
 Fractions of a GPU (trace ``gpus`` below one, ``mig_profile``, ``gpu_mem``) become requests
@@ -88,7 +95,7 @@ class _Job:
 
     __slots__ = ("trace", "account", "user", "qos", "submit", "limit", "attempt",
                  "preempt_count", "first_start", "node", "gpu_indices", "start",
-                 "stop_mode", "weight", "bucket", "amount", "shared")
+                 "stop_mode", "weight", "bucket", "amount", "shared", "nodes")
 
     def __init__(self, trace: TraceJob, account: str, qos: str, submit: float,
                  limit: float | None) -> None:
@@ -109,6 +116,7 @@ class _Job:
         self.bucket = size_bucket(trace.gpus, trace.share)
         self.amount = 0.0                   # GPUs the current run occupies (a share: its fraction)
         self.shared = False                 # the current run holds slices or shares
+        self.nodes = 1                      # a gang job: this many nodes, gpus // nodes on each
 
 
 class _Usage:
@@ -186,7 +194,8 @@ class Simulation:
         self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
         self._node_model = {n.name: (n.gpus[0].model if len({g.model for g in n.gpus}) == 1
                                      else None) for n in self.nodes}
-        self._pending_shapes: Counter[tuple[str | None, int]] = Counter()
+        # waiting whole-GPU requests: (GPU type, GPUs per node, nodes) -> jobs
+        self._pending_shapes: Counter[tuple[str | None, int, int]] = Counter()
         # nodes by free GPUs, per model (None: any model): [model][k] = nodes with k free
         self._free_hist: dict[str | None, list[int]] = {}
         for n in self.nodes:
@@ -197,12 +206,18 @@ class Simulation:
                 hist[k] += 1
         # the most whole GPUs of a model (None: any) on one node
         self._max_gpus: dict[str | None, int] = {None: 0}
+        # whole GPUs of a model (None: any) per node, most first: which gangs could ever run
+        self._node_gpus: dict[str | None, list[int]] = {None: []}
         for n in self.nodes:
             whole = [g for g in n.gpus if g.mode == "whole"]
             self._max_gpus[None] = max(self._max_gpus[None], len(whole))
+            self._node_gpus[None].append(len(whole))
             for model in {g.model for g in n.gpus}:
                 count = sum(1 for g in whole if g.model == model)
                 self._max_gpus[model] = max(self._max_gpus.get(model, 0), count)
+                self._node_gpus.setdefault(model, []).append(count)
+        for counts in self._node_gpus.values():
+            counts.sort(reverse=True)
         self._fractions = _sharing.Fractions(self.nodes)
         # fractional jobs waiting, and whether shared devices may have come free since the last pass
         self._shared_pending = 0
@@ -320,27 +335,27 @@ class Simulation:
         act = changed and self._pass_could_act()
         if not act and self.pending and self._resources_need is None:
             # no pass to say who waits for Resources: nothing fits, so the smallest waiter does
-            self._resources_need = min((g for (_, g), n in self._pending_shapes.items() if n > 0),
-                                       default=None)
+            self._resources_need = min((g * k for (_, g, k), n in self._pending_shapes.items()
+                                        if n > 0), default=None)
         return act
 
     def _pass_could_act(self) -> bool:
         """Whether a pass now might start or preempt anything.
 
         Without preemption a pass can only start jobs where their GPUs are free now; when no
-        waiting job's request (GPU count and type) fits in the GPUs free on any one node, a
-        pass would start nothing and is skipped.  Reasons and reservations it would have
+        waiting job's request (GPU count and type) fits in the GPUs free on any one node (a
+        gang of N: on N nodes), a pass would start nothing and is skipped.  Reasons and reservations it would have
         refreshed are recomputed by the next pass that runs.
         """
         if not self.pending:
             return False
         if self._can_preempt or (self._shared_pending and self._shared_dirty):
             return True
-        for (gpu_type, gpus), n in self._pending_shapes.items():
+        for (gpu_type, gpus, nodes), n in self._pending_shapes.items():
             if n <= 0:
                 continue
             hist = self._free_hist.get(gpu_type)
-            if hist is not None and any(hist[gpus:]):
+            if hist is not None and (any(hist[gpus:]) if nodes == 1 else sum(hist[gpus:]) >= nodes):
                 return True
         return False
 
@@ -383,11 +398,20 @@ class Simulation:
         if refusal is not None:
             self.tally.infeasible[refusal] += 1
             return None
+        gang = self._gang_shape(row)
+        if gang is not None:
+            nodes, per_node = gang
+            self.tally.multi_node += 1
+            if nodes * per_node != row.gpus:      # N nodes x G GPUs, as a Slurm user asks
+                self.tally.rounded_up += 1
+                row = replace(row, gpus=nodes * per_node, share=float(nodes * per_node))
         account = row.account or cfg.default_account
         self._ensure_account(account)
         # A row older than the clock (an unsorted trace) arrives now: waits never go negative.
         submit = max(row.submit_s, t)
         job = _Job(row, account, row.qos or cfg.default_qos, submit, limit)
+        if gang is not None:
+            job.nodes = gang[0]
         self.jobs[row.seq] = job
         run_for = row.duration_s if limit is None else min(row.duration_s, limit)
         self.tally.submit(account, submit, run_for * row.share)
@@ -412,7 +436,7 @@ class Simulation:
             return "no_such_gpu_type"
         if row.gpus > self._max_gpus[gpu_type] and not (
                 row.share < 1 and self._fractions.kind != "whole") and not row.mig_profile \
-                and not row.gpu_mem:
+                and not row.gpu_mem and self._gang_shape(row) is None:
             return "too_many_gpus"
         if (row.qos or self.config.default_qos) not in self.config.qos:
             return "no_such_qos"
@@ -420,6 +444,21 @@ class Simulation:
         if part is not None and part.max_time is not None and (limit is None or limit > part.max_time):
             return "over_time_limit"
         return None
+
+    def _gang_shape(self, row: TraceJob) -> tuple[int, int] | None:
+        """(nodes, GPUs per node) for a whole-GPU job bigger than the largest node, when
+        enough nodes of its GPU type could hold it; None for a one-node job or one that
+        could never run."""
+        gpu_type = None if self.ignore_gpu_type else row.gpu_type
+        largest = self._max_gpus.get(gpu_type, 0)
+        if row.gpus <= largest or largest < 1 or row.share < 1 or row.mig_profile or row.gpu_mem:
+            return None
+        nodes = -(-row.gpus // largest)
+        per_node = -(-row.gpus // nodes)
+        counts = self._node_gpus.get(gpu_type, ())
+        if len(counts) < nodes or counts[nodes - 1] < per_node:
+            return None
+        return nodes, per_node
 
     def _ensure_account(self, account: str) -> None:
         """Trace accounts the config lacks join as top-level accounts with one share."""
@@ -438,24 +477,24 @@ class Simulation:
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
             mem_mb=self.config.default_mem_mb, time_limit=job.limit, submit_time=job.submit,
-            gpu_type=gpu_type, preempt_count=job.preempt_count,
+            gpu_type=gpu_type, preempt_count=job.preempt_count, nodes=job.nodes,
             **_sharing.pending_fields(row, self._fractions, gpu_type))
         if pend.shared:
             self._shared_pending += 1
             self._shared_dirty = True
         else:
-            self._pending_shapes[(gpu_type, row.gpus)] += 1
+            self._pending_shapes[(gpu_type, row.gpus // job.nodes, job.nodes)] += 1
         self.pending[row.seq] = pend
 
     def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
         job_id = job.trace.seq
         run = self.running.pop(job_id)
-        free = self._free[run.node]
-        before = self._free_counts(run.node)
-        free.update(run.gpu_indices)
-        self._refile(run.node, before)
-        self._free_cpus[run.node] += run.cpus
-        self._free_mem[run.node] += run.mem_mb
+        for node, gpus, cpus, mem in _pieces(run):      # a gang's nodes all free together
+            before = self._free_counts(node)
+            self._free[node].update(gpus)
+            self._refile(node, before)
+            self._free_cpus[node] += cpus
+            self._free_mem[node] += mem
         self.allocated -= job.amount
         if abs(self.allocated) < 1e-9:
             self.allocated = 0.0           # no float residue once nothing runs
@@ -524,34 +563,35 @@ class Simulation:
         if job is None or s.job_id not in self.pending or s.node not in self._free:
             log.warning("plan starts job %s on %s, which is not possible; skipped", s.job_id, s.node)
             return
-        free = self._free[s.node]
-        want = set(s.gpu_indices)
         pend = self.pending[s.job_id]
-        models = self._models[s.node]
         shared = any(d.kind != "gpu" for d in s.devices)    # slices and shares: the core's to count
-        if ((not shared and (len(want) != len(s.gpu_indices) or not want <= free or len(want) != pend.gpus))
-                or s.cpus > self._free_cpus[s.node] or s.mem_mb > self._free_mem[s.node]
-                or (pend.gpu_type is not None and any(models[i] != pend.gpu_type for i in want))):
-            log.warning("plan start of job %d on %s does not fit; skipped", s.job_id, s.node)
+        pieces = _pieces(s)
+        if not self._fits(pend, pieces, shared):
+            log.warning("plan start of job %d on %s does not fit; skipped", s.job_id,
+                        ",".join(p[0] for p in pieces))
             return
         del self.pending[s.job_id]
         if pend.shared:
             self._shared_pending -= 1
         else:
-            self._pending_shapes[(pend.gpu_type, pend.gpus)] -= 1
+            self._pending_shapes[(pend.gpu_type, pend.gpus // pend.nodes, pend.nodes)] -= 1
         self.tally.queue(job.account, -job.trace.share)
-        before = self._free_counts(s.node)
-        free.difference_update(want)
-        self._refile(s.node, before)
-        self._free_cpus[s.node] -= s.cpus
-        self._free_mem[s.node] -= s.mem_mb
-        job.amount = (_sharing.device_amount(s.devices, tuple(s.gpu_indices), self._gpu_views(s.node))
-                      if shared else float(len(want)))
+        for node, gpus, cpus, mem in pieces:        # a gang takes all its nodes at once
+            before = self._free_counts(node)
+            self._free[node].difference_update(gpus)
+            self._refile(node, before)
+            self._free_cpus[node] -= cpus
+            self._free_mem[node] -= mem
+        if shared:
+            job.amount = _sharing.device_amount(s.devices, tuple(s.gpu_indices), self._gpu_views(s.node))
+            job.weight = self._weight([(s.node, set(s.gpu_indices) or {d.index for d in s.devices})])
+        else:
+            job.amount = float(sum(len(p[1]) for p in pieces))
+            job.weight = self._weight([(p[0], p[1]) for p in pieces])
         job.shared = shared
         self.allocated += job.amount
         job.attempt += 1
         job.node, job.gpu_indices, job.start = s.node, tuple(s.gpu_indices), t
-        job.weight = self._weight(models, want or {d.index for d in s.devices})
         self.usage.add_rate((job.account, job.user), job.trace.share * job.weight, t)
         wait = None
         if job.first_start is None:
@@ -566,17 +606,37 @@ class Simulation:
             qos=job.qos, node=s.node, gpu_indices=tuple(s.gpu_indices), cpus=s.cpus,
             mem_mb=s.mem_mb, start_time=t, time_limit=job.limit,
             preempt_count=job.preempt_count, borrowed=s.borrowed, submit_time=job.submit,
-            devices=s.devices)
+            devices=s.devices, parts=tuple(s.parts))
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
+
+    def _fits(self, pend: PendingJob, pieces: tuple[tuple[str, tuple[int, ...], int, int], ...],
+              shared: bool) -> bool:
+        """Whether every part of a start is free now: the head's re-check of a plan."""
+        if len(pieces) != pend.nodes or len({p[0] for p in pieces}) != len(pieces):
+            return False
+        per_node = pend.gpus // pend.nodes
+        for node, gpus, cpus, mem in pieces:
+            free = self._free.get(node)
+            if free is None or cpus > self._free_cpus[node] or mem > self._free_mem[node]:
+                return False
+            want = set(gpus)
+            if not shared and (len(want) != len(gpus) or not want <= free or len(want) != per_node):
+                return False
+            models = self._models[node]
+            if pend.gpu_type is not None and any(models.get(i) != pend.gpu_type for i in want):
+                return False
+        return True
 
     def _gpu_views(self, node: str) -> dict[int, Any]:
         return {g.index: g for g in self._node_by_name[node].gpus}
 
-    def _weight(self, models: dict[int, str], gpus: set[int]) -> float:
-        """Mean billing weight of these GPUs: a job is billed its share times it."""
+    def _weight(self, held: list[tuple[str, Iterable[int]]]) -> float:
+        """Mean billing weight of the GPUs held (node, indices): a job is billed its share
+        times it."""
         weight = self.config.billing_weight
-        return sum(weight(models[i]) for i in gpus) / len(gpus) if gpus else 1.0
+        ws = [weight(self._models[node][i]) for node, gpus in held for i in gpus]
+        return sum(ws) / len(ws) if ws else 1.0
 
     def _preempt(self, p: Preemption, t: float) -> None:
         job = self.jobs.get(p.job_id)
@@ -589,6 +649,14 @@ class Simulation:
         self.tally.preemptions += 1
         self._recent_preemptions.append(t)
         self._push(t + max(0.0, float(p.grace_time)), _GRACE, p.job_id, job.attempt)
+
+
+def _pieces(x: Start | RunningJob) -> tuple[tuple[str, tuple[int, ...], int, int], ...]:
+    """(node, GPU indices, CPUs, memory) of every node of a start or run, rank 0 first."""
+    first = (x.node, tuple(x.gpu_indices), x.cpus, x.mem_mb)
+    if not x.parts:
+        return (first,)
+    return (first, *((p.node, tuple(p.gpu_indices), p.cpus, p.mem_mb) for p in x.parts))
 
 
 def _may_preempt(config: SchedConfig) -> bool:

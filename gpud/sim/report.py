@@ -37,6 +37,9 @@ side).  Definitions:
   each ``--period`` (a week by default), every account's share of the GPU-time and Jain's
   index of ``share / fair share`` in that period (1.0: exactly fair; 1/n: one account got
   everything); ``fairness.jain`` is the mean of the periods' indexes weighted by GPU-time.
+* ``jobs.multi_node``: jobs bigger than the largest node, run on several nodes at once;
+  ``jobs.rounded_up``: those whose GPU count was rounded up to a multiple of their nodes.
+  ``by_size`` buckets a job by the GPUs it ran with.
 * ``makespan_s``: from the first submission to the last job's end; ``None`` when jobs were
   still pending or running when the simulation stopped.
 """
@@ -56,7 +59,8 @@ __all__ = ["Tally", "AccountTally", "format_text", "percentile", "size_bucket", 
 
 SLOWDOWN_BOUND = 10.0           # seconds: the usual bound, so tiny jobs do not dominate
 # (label, most GPUs); shares of one GPU are "<1"
-SIZE_BUCKETS = (("<1", 0), ("1", 1), ("2-4", 4), ("5-8", 8), ("9+", None))
+SIZE_BUCKETS = (("<1", 0), ("1", 1), ("2-4", 4), ("5-8", 8), ("9-16", 16), ("17-32", 32),
+                ("33+", None))
 
 
 def size_bucket(gpus: int, share: float) -> str:
@@ -101,6 +105,8 @@ class Tally:
     preemptions: int = 0
     preempted_gpu_seconds: float = 0.0
     infeasible: Counter = field(default_factory=Counter)
+    multi_node: int = 0               # jobs bigger than a node, run as gangs of nodes
+    rounded_up: int = 0               # ... whose GPU count was rounded up to N nodes x G
     first_submit: float | None = None
     last_end: float | None = None
     alloc_seconds: float = 0.0        # allocated GPU-seconds (whole GPUs)
@@ -340,6 +346,8 @@ class Tally:
                 "pending": pending,
                 "running": running,
                 "infeasible": dict(sorted(self.infeasible.items())),
+                "multi_node": self.multi_node,
+                "rounded_up": self.rounded_up,
             },
             "gpu_seconds": _round(total_gpu_s),
             "accounts_added": sorted(self.accounts_added),
@@ -480,6 +488,9 @@ def format_text(r: dict[str, Any]) -> str:
         f"Jobs         {jobs['submitted']} submitted, {jobs['started']} started, "
         f"{jobs['completed']} completed, {jobs['pending']} pending, {jobs['running']} running "
         f"at end; infeasible: {infeasible}",
+        *([f"Multi-node   {jobs['multi_node']} jobs bigger than a node ran on several, "
+           f"{jobs.get('rounded_up', 0)} of them rounded up to N nodes x G GPUs"]
+          if jobs.get("multi_node") else []),
         f"Ended        {ended}; {jobs['restarts']} restarts after {r['preemptions']} preemptions "
         f"({r['preempted_gpu_hours']:.1f} GPU-hours lost)",
         f"Makespan     {dur(r['makespan_s'])}",

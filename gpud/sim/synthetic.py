@@ -22,8 +22,10 @@ Kinds:
   arriving at random.  The fair-share case: with every account always waiting, GPU-time
   should split in the ratio of the configured shares.
 
-gpud runs a job on one node, so a job bigger than the largest node is made the size of a
-whole node (``max_gpus``) rather than generated to be refused.
+A job bigger than the largest node (``max_gpus``) stays that size: the simulator runs it
+on several nodes at once (a gang, gpud/sim/engine.py).  Only a job bigger than the whole
+cluster could hold on its biggest nodes is cut down, to as many whole nodes as there are
+(``gpus // max_gpus`` of them), rather than generated to be refused.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def generate(kind: str, jobs: int, seed: int, *, gpus: int, max_gpus: int,
         raise ValueError("--accounts must be at least 1")
     rnd = random.Random(f"{kind}:{seed}")
     if kind == "mixed":
-        shapes = _mixed(rnd, jobs, max_gpus)
+        shapes = _mixed(rnd, jobs, gpus, max_gpus)
     else:
         shapes = _saturating(rnd, jobs, max_gpus, accounts)
     work = sum(g * d for _, g, d, _, _ in shapes)
@@ -81,9 +83,11 @@ def generate(kind: str, jobs: int, seed: int, *, gpus: int, max_gpus: int,
     return out
 
 
-def _mixed(rnd: random.Random, n: int, max_gpus: int) -> list[tuple[int, int, float, str, str]]:
+def _mixed(rnd: random.Random, n: int, gpus: int,
+           max_gpus: int) -> list[tuple[int, int, float, str, str]]:
     """(group, GPUs, run time, user, account) for each job; a group is one submission."""
     sizes, size_w = zip(*MIXED_SIZES)
+    most = max(1, max_gpus * max(1, gpus // max(1, max_gpus)))   # every node, whole
     names, acct_w = zip(*MIXED_ACCOUNTS)
     users = {a: [f"{a}-u{k}" for k in range(1, 3 + rnd.randrange(6))] for a in names}
     out: list[tuple[int, int, float, str, str]] = []
@@ -92,7 +96,7 @@ def _mixed(rnd: random.Random, n: int, max_gpus: int) -> list[tuple[int, int, fl
         group += 1
         account = rnd.choices(names, acct_w)[0]
         user = rnd.choice(users[account])
-        g = min(rnd.choices(sizes, size_w)[0], max_gpus)
+        g = min(rnd.choices(sizes, size_w)[0], most)
         run = _run_time(rnd)
         count = rnd.randint(5, 50) if rnd.random() < SWEEP_CHANCE else 1
         for _ in range(min(count, n - len(out))):
