@@ -319,13 +319,22 @@ class Timeline:
         ends early never looks at most nodes."""
         c = self.cluster
         have: dict[int, int] = {}
+        up, model_of, free = c.up, c.model_of, c.free
         for i in c.members.get(partition, ()):
-            if c.up[i] and c.capacity(i, model) >= gpus:
+            if not up[i]:
+                continue
+            if model is None:     # capacity and free_count, inlined: every node of the partition
+                if len(model_of[i]) < gpus:
+                    continue
+                f = len(free[i])
+            elif c.capacity(i, model) >= gpus:
                 f = c.free_count(i, model)
-                if f >= gpus:
-                    yield self.now, i
-                else:
-                    have[i] = f
+            else:
+                continue
+            if f >= gpus:
+                yield self.now, i
+            else:
+                have[i] = f
         for end, i, k in self._sorted_releases():
             f = have.get(i)
             if f is not None:

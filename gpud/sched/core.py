@@ -89,6 +89,7 @@ class _Pass:
         # shape, [placement failed for that shape]): one lookup per job instead of three
         self.verdicts: dict[tuple, tuple[str | None, tuple, list[bool]]] = {}
         self.shape_failed: dict[tuple, list[bool]] = {}
+        self.policies: dict[str, str] = {}            # partition -> binpack or spread
         self.vetoes: dict[tuple, dict[int, tuple[int, bool]]] = {}  # request -> node -> (node version, vetoed)
         self.waiting: set[str] = set()                # partitions with a higher job waiting
         self.depth_left = self.cfg.backfill_depth if self.cfg.backfill else 0
@@ -228,15 +229,19 @@ class _Pass:
                     i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end))
             return hit[1]
 
-        return c.find(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type,
-                      self.cfg.placement_for(job.partition), tl.reserved, delays_reservation)
+        policy = self.policies.get(job.partition)
+        if policy is None:
+            policy = self.policies[job.partition] = self.cfg.placement_for(job.partition)
+        return c.find(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, policy, tl.reserved,
+                      delays_reservation)
 
     def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
         c = self.cluster
         gpus = c.pick(i, job.gpus, job.gpu_type)
         c.allocate(i, gpus, job.cpus, job.mem_mb)
         self.timeline.add_start(i, gpus, job.cpus, job.mem_mb, self.end_of(job), job.job_id)
-        self.book.on_start(job.account, job.qos, job.user, job.gpus)
+        if self.book.counting:
+            self.book.on_start(job.account, job.qos, job.user, job.gpus)
         self.plan.starts.append(Start(job.job_id, c.nodes[i].name, gpus, job.cpus, job.mem_mb,
                                       borrowed=borrowed and job.gpus > 0))
 

@@ -123,7 +123,7 @@ class Cluster:
                 free_cpus[i] -= cpus
                 free_mem[i] -= mem
                 held.append((i, gpus, cpus, mem))
-        self.free = [sorted(g for g in m if g not in t) for m, t in zip(self.model_of, taken)]
+        self.free = [sorted([g for g in m if g not in t]) if t else sorted(m) for m, t in zip(self.model_of, taken)]
         self.members: dict[str, list[int]] = {}
         for name, p in cfg.partitions.items():
             if "*" in p.nodes:
@@ -277,4 +277,4 @@ class Cluster:
         self.cpus[i] -= cpus
         self.mem[i] -= mem
         for idx in self.node_indexes[i]:
-            idx.move(i, self.free_count(i, idx.model))
+            idx.move(i, len(left) if idx.model is None else self.free_count(i, idx.model))

@@ -1,0 +1,125 @@
+"""The pass's shortcuts give what the straightforward computation gives.
+
+Each shortcut of the hot path (the queue order by one float key, Fair Tree factors without
+sshare's rows, factors shared by identical jobs, the timeline's merged release stream, the
+quota book that keeps no counts when nothing reads them) is checked against the plain way
+of computing the same thing, on random inputs; and whole plans must not depend on the order
+pending jobs arrive in, which the shared-factor shortcut (it looks at the job before) must
+not change.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpud.sched.backfill import Timeline
+from gpud.sched.core import schedule
+from gpud.sched.placement import Cluster
+from gpud.sched.priority import PriorityModel, _queue_order, fairshare_factors, fairshare_table
+from gpud.sched.quota import QuotaBook
+from gpud.sched.snapshot import Snapshot
+
+from .sched_builders import config, nodes, pending, running, snapshot
+
+CFG = config(
+    qos={"normal": {}, "high": {"priority": 100, "preempt": ["low"]}, "low": {}},
+    accounts={"a": {"shares": 2, "users": ["*"]}, "b": {"parent": "a", "users": ["*"]},
+              "c": {"shares": 1, "users": ["*"]}})
+
+# few distinct values, so priorities, submit times and whole jobs tie often (arrays)
+job = st.builds(
+    lambda job_id, gpus, user, account, qos, submit, nice, tl: pending(
+        job_id, gpus, user=user, account=account, qos=qos, submit_time=submit, nice=nice, time_limit=tl,
+        cpus=gpus, mem_mb=1024 * max(1, gpus)),
+    st.integers(1, 10**6), st.sampled_from([0, 1, 2, 4, 8]), st.sampled_from(["u1", "u2", "u3"]),
+    st.sampled_from(["a", "b", "c"]), st.sampled_from(["normal", "high", "low"]),
+    st.sampled_from([0.0, 10.0, 500.0, 5000.0]), st.sampled_from([0, 0, 10]),
+    st.sampled_from([600.0, 3600.0, None]))
+jobs = st.lists(job, max_size=40, unique_by=lambda j: j.job_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([-3.0, -1.0, 0.0, -0.0, 2.5]), st.sampled_from([0.0, 1.0, 2.0]),
+                          st.integers(0, 10**6)), max_size=60, unique_by=lambda t: t[2]))
+def test_queue_order_is_the_tuple_sort(keys):
+    """One float-key sort plus tie runs orders exactly like sorting (-priority, submit, id)."""
+    items = [pending(job_id, submit_time=submit) for _, submit, job_id in keys]
+    neg = [k[0] for k in keys]
+    expected = [t[3] for t in sorted((n, j.submit_time, j.job_id, j) for n, j in zip(neg, items))]
+    assert _queue_order(items, neg) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.tuples(st.sampled_from(["a", "b", "c", "gone"]), st.sampled_from(["u1", "u2", "u3"])),
+                       st.sampled_from([0.0, 1.0, 50.0, 1e6]), max_size=8),
+       st.sets(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["u1", "u4"])), max_size=4))
+def test_fairshare_factors_are_the_tables_users(usage, members):
+    table = {(r.account, r.user): r.fairshare for r in fairshare_table(CFG, usage, members) if r.user is not None}
+    assert fairshare_factors(CFG, usage, members) == table
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs, st.floats(0.0, 1e6))
+def test_for_jobs_matches_each_jobs_own_factors(pend, now):
+    """Shared factor dicts hold exactly what each job's own computation gives, and the queue
+    is the jobs sorted by (-priority, submit time, job id)."""
+    members = {(j.account, j.user) for j in pend}
+    model = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
+    factors, priorities, queue = model.for_jobs(pend)
+    fresh = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
+    for j in pend:
+        own = fresh.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
+        assert factors[j.job_id] == own
+    assert queue == sorted(pend, key=lambda j: (-priorities[j.job_id], j.submit_time, j.job_id))
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs, st.randoms(use_true_random=False))
+def test_plans_do_not_depend_on_the_order_jobs_arrive_in(pend, rnd):
+    run = [running(900_001, "n001", (0, 1, 2, 3), qos="low", start_time=-5000.0, cpus=4),
+           running(900_002, "n002", (0,), qos="normal", start_time=-100.0, time_limit=None)]
+    snap = snapshot(nodes(3), pend, run, cfg=CFG, usage={("a", "u1"): 100.0, ("c", "u2"): 5.0})
+    shuffled = list(pend)
+    rnd.shuffle(shuffled)
+    a = schedule(snap, 0.0)
+    b = schedule(Snapshot(snap.nodes, tuple(shuffled), snap.running, snap.config, snap.usage), 0.0)
+    assert a == b
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["start", "stop", "stream"]), st.integers(0, 3),
+                          st.sampled_from([60.0, 600.0, 3600.0, float("inf")])), max_size=30))
+def test_release_stream_merges_like_a_fresh_sort(ops):
+    """The sorted releases the reservation search walks equal a sort from scratch after any
+    mix of starts (merged in) and stopped victims (sorted again)."""
+    node_list = nodes(4)
+    run = [running(100 + k, f"n00{1 + k % 4}", (k // 4,), start_time=0.0, time_limit=900.0 * (1 + k % 3))
+           for k in range(12)]
+    cluster = Cluster(node_list, run, CFG)
+    tl = Timeline(cluster, run, now=0.0)
+    stoppable = [r.job_id for r in run]
+    next_id = 1000
+    for op, node, end in ops:
+        if op == "start" and cluster.free[node]:
+            gpus = (cluster.free[node][0],)
+            cluster.allocate(node, gpus, 1, 1024)
+            tl.add_start(node, gpus, 1, 1024, end, next_id)
+            next_id += 1
+        elif op == "stop" and stoppable:
+            tl.stop(stoppable.pop(random.Random(node).randrange(len(stoppable))))
+        events = tl._sorted_releases()
+        assert events == sorted((rel.end, i, k) for i, rels in enumerate(tl.releases)
+                                for k, rel in enumerate(rels) if rel.end < float("inf"))
+
+
+def test_a_book_without_quotas_or_limits_keeps_no_counts():
+    book = QuotaBook(config(), [running(1, "n001", (0, 1))])
+    assert not book.counting and not book.any_limits
+    book.on_start("default", "normal", "alice", 4)
+    assert book.limit_reason("normal", "alice", "default", 10**6) is None
+    assert book.within("default", 10**6)
+    limited = QuotaBook(config(qos={"normal": {"max_gpus_per_user": 2}}), [running(1, "n001", (0, 1))])
+    assert limited.counting and limited.limit_reason("normal", "alice", "default", 1) == "QOSMaxGRESPerUser"
