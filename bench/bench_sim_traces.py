@@ -23,7 +23,8 @@ TRACES = ROOT.parent / "shared" / "traces"
 RUNS = [
     ("msft_itp_2021", "Microsoft ITP 2021: the ten clusters as accounts of one merged cluster "
      "(the trace names no users); arrivals of the first 3 days, run until all have ended, on "
-     "40 nodes of 8 GPUs (320 GPUs); jobs over 8 GPUs are refused (a job runs on one node)",
+     "40 nodes of 8 GPUs (320 GPUs); its 39 jobs of 16 to 64 GPUs run on 2 to 8 whole nodes "
+     "at once (multi-node jobs)",
      ["--cluster", "40x8xH100-80GB", "--until", "3d", "--drain", "--pass-interval", "1m"]),
     ("alibaba_openb_2023", "Alibaba openb 2023: the busiest ten days (days 139-149), pods that "
      "never ran (status Pending) skipped, on 2 nodes of 8 whole GPUs and a node of 2 MPS GPUs; "
