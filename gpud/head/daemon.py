@@ -8,9 +8,12 @@ Four tasks in one TaskGroup:
                per batch (group commit), then answers every caller: durable before
                acknowledged, thousands per second on one connection.
 ``bus``        handles worker messages: registration, heartbeats (liveness, fencing,
-               launch re-sends), ``started`` and ``finished`` reports (acked after commit).
-``scheduler``  runs a pass when kicked (submit, finish, node change; debounced) or on a
-               timer: snapshot -> pure core -> re-checked plan -> one commit -> messages.
+               launch re-sends), ``started`` and ``finished`` reports: those waiting
+               together go in one group commit, then one ack per node.
+``scheduler``  runs a pass when kicked (submit, finish, node change) or on a timer:
+               snapshot -> pure core -> re-checked plan -> one commit -> messages.  A kick
+               after an idle spell starts a pass at once; kicks within ``schedule_debounce``
+               of the last pass wait out the rest of it, so a burst makes one pass.
 ``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat; their jobs are
                requeued (or NODE_FAIL with --no-requeue).  Time while the head itself is cut
                off from the broker does not count against the nodes.
@@ -91,6 +94,7 @@ class Head:
                                                  **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
         })
         self._kick = asyncio.Event()
+        self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
         self._stop = asyncio.Event()
         # (the jobs of one submission: one, or an array's tasks; its future)
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
@@ -222,14 +226,19 @@ class Head:
                 await asyncio.wait_for(self._kick.wait(), self.cfg.head.schedule_interval)
             except asyncio.TimeoutError:
                 pass
-            if self.cfg.head.schedule_debounce > 0:
-                await asyncio.sleep(self.cfg.head.schedule_debounce)
+            # Idle (no pass within the debounce): start at once, the latency of a lone job.
+            # Busy: wait out the debounce since the last pass, so a burst of submissions and
+            # ends is gathered into one pass instead of one pass each.
+            wait = self._last_pass + self.cfg.head.schedule_debounce - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
             self._kick.clear()
             try:
                 await self.schedule_pass()
             except Exception:
                 log.exception("scheduler pass failed; will retry")
                 await asyncio.sleep(1)
+            self._last_pass = time.monotonic()
 
     async def schedule_pass(self) -> Applied:
         async with self.lock:

@@ -159,6 +159,7 @@ class Worker:
         self._outbox: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
         self._connected = asyncio.Event()   # set by the bus's on_connect hook
         self._in_flight: asyncio.Task | None = None   # the message being handled
+        self._launching: set[asyncio.Task] = set()     # launches in flight, waited for on stop
         self._head_online: bool | None = None          # from head_status; None: not heard yet
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -197,6 +198,8 @@ class Worker:
                 await _cancel_all(loops)
                 if self._in_flight is not None:
                     await self._wait_or_force(self._in_flight)
+                for launching in list(self._launching):
+                    await self._wait_or_force(launching)
                 if not self._force.is_set():
                     await self._flush_and_say_goodbye()
                 await _cancel_all([outbox])
@@ -415,9 +418,21 @@ class Worker:
             if refuse is not None:
                 await refuse(launch, str(e))
             return
-        await self.executor.launch(launch)
-        if self.gpus.mps is not None:   # a repeat of an ended job must not leave a daemon behind
-            await asyncio.to_thread(self.gpus.sync_mps, self._launches())
+        # Side by side: a burst of launches does not start one after another.  The executor
+        # registers the allocation before its first wait, so a stop right behind finds it.
+        task = asyncio.create_task(self._launch(launch), name=f"launch-{launch.job_id}")
+        self._launching.add(task)
+        task.add_done_callback(self._launching.discard)
+        await asyncio.sleep(0)
+
+    async def _launch(self, launch: Any) -> None:
+        try:
+            await self.executor.launch(launch)
+            if self.gpus.mps is not None:   # a repeat of an ended job must not leave a daemon behind
+                await asyncio.to_thread(self.gpus.sync_mps, self._launches())
+        except Exception as e:  # as handle() does: logged, never fatal
+            log.error("worker %s failed to handle launch from %s: %s: %s", self.name, HEAD_SENDER,
+                      type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
 
     async def _cmd_signal(self, body: dict) -> None:
         job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
