@@ -123,3 +123,53 @@ def test_a_book_without_quotas_or_limits_keeps_no_counts():
     assert book.within("default", 10**6)
     limited = QuotaBook(config(qos={"normal": {"max_gpus_per_user": 2}}), [running(1, "n001", (0, 1))])
     assert limited.counting and limited.limit_reason("normal", "alice", "default", 1) == "QOSMaxGRESPerUser"
+
+
+class _Forgetful(dict):
+    """A cache that never keeps anything: every lookup misses."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs, st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 2, 4]), st.sampled_from(["low", "normal"]),
+                                st.sampled_from([-9000.0, -700.0, -10.0])), max_size=10),
+       st.integers(0, 3))
+def test_remembered_victim_sets_match_a_fresh_search(pend, held, recent):
+    """The victim search remembers each node's answer until the node changes; a search that
+    remembers nothing picks the same victims."""
+    run, used = [], {k: 0 for k in range(4)}
+    for k, (node, gpus, qos, start) in enumerate(held):
+        take = tuple(range(used[node], min(8, used[node] + gpus)))
+        if take:
+            used[node] += len(take)
+            run.append(running(500 + k, f"n00{node + 1}", take, qos=qos, start_time=start, cpus=len(take)))
+    assert_fresh_search_agrees(snapshot(nodes(4), pend, run, cfg=CFG, recent=[-5.0] * recent))
+
+
+def test_remembered_victim_sets_on_a_full_cluster():
+    run = [running(500 + k, f"n00{k // 4 + 1}", (2 * (k % 4), 2 * (k % 4) + 1), account="a",
+                   qos="low" if k % 3 else "normal", start_time=-1000.0 - k, cpus=2) for k in range(16)]
+    pend = [pending(k, (1, 2, 4, 8)[k % 4], qos="high", account="c", submit_time=float(k)) for k in range(1, 13)]
+    plan = assert_fresh_search_agrees(snapshot(nodes(4), pend, run, cfg=CFG))
+    assert len(plan.preemptions) >= 4
+
+
+def assert_fresh_search_agrees(snap: Snapshot):
+    import gpud.sched.core as core
+    from gpud.sched.preempt import Preemptor
+
+    class Fresh(Preemptor):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self._seen = _Forgetful()
+
+    remembered = schedule(snap, 0.0)
+    original, core.Preemptor = core.Preemptor, Fresh
+    try:
+        fresh = schedule(snap, 0.0)
+    finally:
+        core.Preemptor = original
+    assert remembered == fresh
+    return remembered

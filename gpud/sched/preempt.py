@@ -120,6 +120,8 @@ class Preemptor:
                 for i, gpus, _, _ in cluster.held(r):
                     self.soon[i] += len(gpus)
         self._orders: dict[tuple, list[tuple[tuple[int, float, float], int, int]]] = {}
+        # (node, request, targets) -> (node version, the cheapest set there, budget aside)
+        self._seen: dict[tuple, tuple[int, Choice | None]] = {}
 
     def _order(self, partition: str, targets: frozenset[str], reclaim: bool) -> list[tuple[tuple, int, int]]:
         """(cost lower bound, node, most GPUs it could free) for nodes with candidates, cheapest first."""
@@ -148,13 +150,25 @@ class Preemptor:
                for_pool: Pool, allowed: Collection[int] | None = None) -> Choice | None:
         """The cheapest victim set on one node (of ``allowed``, when given), or None."""
         best: Choice | None = None
+        seen, versions = self._seen, self.timeline.versions
         for bound, i, most in self._order(partition, targets, reclaim):
             if best is not None and bound > best.cost[:3]:
                 break
             if most < gpus or (allowed is not None and i not in allowed):
                 continue
-            choice = self._on_node(i, self.candidates[i], gpus, cpus, mem, model, time_limit, targets,
-                                   reclaim, for_pool)
+            if reclaim:        # depends on every pool's excess: asked afresh
+                choice = self._on_node(i, self.candidates[i], gpus, cpus, mem, model, time_limit, targets,
+                                       reclaim, for_pool)
+            else:              # remembered until the node changes (a victim taken there changes it too)
+                key = (i, gpus, cpus, mem, model, time_limit, targets)
+                version = versions.get(i, 0)
+                hit = seen.get(key)
+                if hit is None or hit[0] != version:
+                    hit = seen[key] = (version, self._on_node(i, self.candidates[i], gpus, cpus, mem, model,
+                                                              time_limit, targets, reclaim, for_pool))
+                choice = hit[1]
+            if choice is not None and len(choice.victims) > self.budget:
+                choice = None
             if choice is not None and (best is None or choice.cost < best.cost):
                 best = choice
         return best
@@ -201,9 +215,7 @@ class Preemptor:
             if dg + vg <= 0 and dc + v.cpus <= 0 and dm + v.mem_mb <= 0:
                 dg, dc, dm = dg + vg, dc + v.cpus, dm + v.mem_mb
                 del chosen[k]
-        victims = tuple(v for v, _ in chosen)
-        if len(victims) > self.budget:
-            return None
+        victims = tuple(v for v, _ in chosen)      # (select checks them against the rate budget)
         if i in self.timeline.reserved:
             extra = [Release(now, v.gpu_indices, v.cpus, v.mem_mb, v.job_id) for v in victims]
             if self.timeline.earliest_on_node(i, gpus, cpus, mem, model, time_limit, extra) != now:
