@@ -39,7 +39,12 @@ It reads as numbered steps:
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are
 capped at ``backfill_depth``; victim search runs only when some candidate exists and the rate
-cap allows.
+cap allows.  The per-job path of a whole-GPU single-node job (nearly every job of a big
+queue) runs inline in ``consider_all`` with one verdict lookup per (shape, QOS, account);
+fractional and gang jobs leave it for their own methods.  Answers that depend on one node
+(does a start delay its reservations, its cheapest victim set) are remembered until that
+node's timeline version changes.  Every shortcut must leave the plan exactly as it was:
+tests/test_sched_fastpath.py holds them to the plain computation.
 """
 
 from __future__ import annotations
