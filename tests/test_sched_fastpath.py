@@ -173,3 +173,14 @@ def assert_fresh_search_agrees(snap: Snapshot):
         core.Preemptor = original
     assert remembered == fresh
     return remembered
+
+
+@settings(max_examples=100, deadline=None)
+@given(job, st.floats(0.0, 1e6))
+def test_a_first_priority_is_the_sum_of_its_factors(j, now):
+    """A running job's priority asked first (a victim's) is the sum of its factors dict."""
+    members = {(j.account, j.user)}
+    ask = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
+    own = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
+    args = (j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
+    assert ask.priority(*args) == sum(own.factors(*args).values())

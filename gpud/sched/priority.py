@@ -179,19 +179,23 @@ class PriorityModel:
     def factors(self, account: str, user: str, qos: str, partition: str, gpus: int,
                 submit_time: float, nice: int) -> dict[str, float]:
         """Weighted factors; their sum is the priority."""
-        key = (account, user, qos, partition, gpus)
-        fixed = self._fixed.get(key)
+        fixed = self._fixed.get((account, user, qos, partition, gpus))
         if fixed is None:
-            w = self.w
-            biggest = self.max_gpus.get(partition, 0)
-            size = min(1.0, gpus / biggest) if biggest > 0 else 0.0
-            parts = (w.fairshare * self.fs.get((account, user), 0.0), w.job_size * size,
-                     w.qos * self.qos_factor.get(qos, 0.0), w.partition * self.part_factor.get(partition, 0.0))
-            fixed = self._fixed[key] = (*parts, sum(parts))
+            fixed = self._fixed_for(account, user, qos, partition, gpus)
         age = (self.now - submit_time) / self.cfg.max_age
         age = 1.0 if age > 1.0 else (0.0 if age < 0.0 else age)
         return {"age": self.w.age * age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
                 "partition": fixed[3], "nice": float(-nice)}
+
+    def _fixed_for(self, account: str, user: str, qos: str, partition: str, gpus: int) -> tuple:
+        """The weighted factors that do not change with time, and their sum (kept for the pass)."""
+        w = self.w
+        biggest = self.max_gpus.get(partition, 0)
+        size = min(1.0, gpus / biggest) if biggest > 0 else 0.0
+        parts = (w.fairshare * self.fs.get((account, user), 0.0), w.job_size * size,
+                 w.qos * self.qos_factor.get(qos, 0.0), w.partition * self.part_factor.get(partition, 0.0))
+        fixed = self._fixed[(account, user, qos, partition, gpus)] = (*parts, sum(parts))
+        return fixed
 
     def for_jobs(self, jobs: Iterable) -> tuple[dict[int, dict[str, float]], dict[int, float], list]:
         """(job -> weighted factors, job -> priority, the jobs in queue order) for pending jobs.
@@ -212,8 +216,7 @@ class PriorityModel:
             key = (j.account, j.user, j.qos, j.partition, j.gpus)
             fixed = fixed_of.get(key)
             if fixed is None:
-                self.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
-                fixed = fixed_of[key]
+                fixed = self._fixed_for(*key)
             submit, nice, job_id = j.submit_time, j.nice, j.job_id
             if fixed is not prev_fixed or submit != prev_submit or nice != prev_nice:
                 age = (now - submit) / max_age
@@ -233,9 +236,11 @@ class PriorityModel:
     def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
                  submit_time: float, nice: int) -> float:
         fixed = self._fixed.get((account, user, qos, partition, gpus))
-        if fixed is None:
-            return sum(self.factors(account, user, qos, partition, gpus, submit_time, nice).values())
         age = (self.now - submit_time) / self.cfg.max_age
+        if fixed is None:     # the first time: the sum of its factors, in their order
+            fixed = self._fixed_for(account, user, qos, partition, gpus)
+            age = 1.0 if age > 1.0 else (0.0 if age < 0.0 else age)
+            return sum((self.w.age * age, fixed[0], fixed[1], fixed[2], fixed[3], float(-nice)))
         return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
 
 
