@@ -57,7 +57,7 @@ async def test_a_burst_of_reports_is_one_commit_and_one_ack_per_node(kit):
                for k, j in enumerate(jobs)]
     reports += [("finished", j.node, fin(j, exit_code=k)) for k, j in enumerate(jobs)]
     reports.append(("finished", jobs[0].node, fin(jobs[0])))  # a repeat, as workers send them
-    await kit.head._apply_reports(reports)
+    await kit.head.reports.apply(reports)
     assert kit.commits == 1
     records = [await ended(kit, j) for j in jobs]
     assert [r.state.value for r in records] == ["COMPLETED"] + ["FAILED"] * 5
@@ -75,13 +75,14 @@ async def test_a_burst_of_reports_is_one_commit_and_one_ack_per_node(kit):
 async def test_bad_and_stale_reports_in_a_batch_leave_the_rest(kit, caplog):
     a, b = await running(kit, 2)
     other = "n2" if a.node == "n1" else "n1"
-    await kit.head._apply_reports([
+    await kit.head.reports.apply([
         ("finished", a.node, {"job": True, "attempt": a.attempt}),       # a bool is no job id
+        ("finished", a.node, ["not", "an", "object"]),
         ("finished", a.node, fin(a) | {"attempt": a.attempt + 5}),        # a stale attempt
         ("finished", other, fin(a)),                                      # not where it runs
         ("finished", b.node, fin(b) | {"exit_code": 2 ** 80}),            # SQLite cannot hold it
     ])
-    assert "dropped finished from" in caplog.text
+    assert "job and attempt must be integers" in caplog.text and "not an object" in caplog.text
     assert kit.job(a.job_id).state.value == "RUNNING"
     rec = await ended(kit, b)
     assert rec.state.value == "FAILED" and rec.exit_code is None  # ended, the code dropped

@@ -49,7 +49,7 @@ from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
 from . import gang
 from .api import RequestError, SocketServer
-from .jobs import final_state, requeue_changes
+from .jobs import requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS
@@ -60,6 +60,7 @@ from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
 from .relay import RelayedRequests
+from .endreports import WorkerReports
 from ..sched.plan import Plan
 from .scheduling import (DOWN, UP, Applied, annotate, build_snapshot, node_view, plan_to_txn, run_core,
                          running_view)
@@ -75,8 +76,6 @@ LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's laun
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
 MAX_REPORT_BATCH = 1000         # worker messages taken from the bus at once
-MAX_REASON = 64                 # characters of a worker's end reason kept ("exited", "timeout"...)
-MAX_STATUS = 2 ** 31 - 1        # larger exit codes or signals in a report are not real ones
 
 
 class Head:
@@ -110,6 +109,7 @@ class Head:
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
+        self.reports = WorkerReports(self)    # started/finished reports: group commits
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -359,7 +359,7 @@ class Head:
         if not run:
             return
         try:
-            await self._apply_reports([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
+            await self.reports.apply([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
         except Exception:
             log.exception("dropped %d started/finished reports: handler failed", len(run))
 
@@ -452,141 +452,10 @@ class Head:
                 await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
-        await self._apply_reports([("started", node, body)])
+        await self.reports.apply([("started", node, body)])
 
     async def _on_finished(self, node: str, body: dict) -> None:
-        await self._apply_reports([("finished", node, body)])
-
-    async def _apply_reports(self, reports: list[tuple[str, str, Any]]) -> None:
-        """``started`` and ``finished`` reports (kind, node, body), in order, as one group
-        commit: every state change is durable before its ack goes out, and a burst of ends
-        costs one fsync and one scheduler kick instead of one each.  Reports of gang jobs go
-        one by one (``_gang_finished``): they end or kill other parts."""
-        valid = []
-        for kind, node, body in reports:
-            jid, attempt = body.get("job"), body.get("attempt")
-            if not _is_int(jid) or not _is_int(attempt):
-                log.warning("dropped %s from %s: job and attempt must be integers", kind, node)
-                continue
-            valid.append((kind, node, jid, attempt, body))
-        if not valid:
-            return
-        acks: dict[str, list[list[int]]] = {}
-        gang_reports: list[tuple[str, dict]] = []
-        ended: list[tuple[JobRecord, JobState, str, str]] = []
-        reported: list[int] = []
-        async with self.lock:
-            end = self.clock()
-            txn = Txn(self.store)
-            done: set[tuple[int, int]] = set()
-            for kind, node, jid, attempt, body in valid:
-                job = self.store.active.get(jid)
-                if kind == "started":
-                    # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
-                    if job is not None and job.attempt == attempt and job.node == node:
-                        txn.event(job, end, "started", f"pid {body.get('pid')}")
-                    continue
-                if job is not None and job.parts:
-                    gang_reports.append((node, body))
-                    continue
-                acks.setdefault(node, []).append([jid, attempt])
-                if job is None:
-                    continue
-                reported.append(jid)
-                if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
-                    continue
-                done.add((jid, attempt))
-                ended.append(self._end_in(txn, job, node, body, end))
-            await self.store.commit(txn)
-            for job, new, detail, node in ended:
-                self._charge(job, end)
-                self._stop_sent.pop((job.job_id, job.attempt), None)
-                log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
-            if ended:
-                self.kick()
-        for node, pairs in acks.items():
-            await self.bus.publish(node_cmd(node), "ack", {"done": pairs})
-        for jid in dict.fromkeys(reported):
-            now_job = self.store.active.get(jid)
-            if now_job is None or not now_job.state.active:
-                self.steps.job_ended(jid)
-        for node, body in gang_reports:
-            await self._gang_finished(node, body)
-
-    def _end_in(self, txn: Txn, job: JobRecord, node: str, body: dict,
-                end: float) -> tuple[JobRecord, JobState, str, str]:
-        """A single-node job's end, added to ``txn``: (job as it was, new state, detail, node)."""
-        jid, attempt = job.job_id, job.attempt
-        reason = str(body.get("reason", "exited"))[:MAX_REASON]
-        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
-        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
-        new = final_state(job, reason, exit_code, sig)
-        detail = f"{reason} exit={exit_code} signal={sig}"
-        if body.get("message"):
-            detail += f": {str(body['message'])[:500]}"
-        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                    (end, reason, jid, attempt))
-        if new is JobState.PENDING:
-            txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
-        else:
-            txn.transition(job, new, now=end, event="finished", detail=detail,
-                           end_time=end, exit_code=exit_code, signal=sig)
-        return job, new, detail, node
-
-    async def _gang_finished(self, node: str, body: dict) -> None:
-        """One ``finished`` report of a gang job (any rank), committed on its own."""
-        jid, attempt = body.get("job"), body.get("attempt")
-        # Whatever else it says is kept within what SQLite and a one-line detail hold: a
-        # report that cannot be committed would be repeated, and the job never end.
-        reason = str(body.get("reason", "exited"))[:MAX_REASON]
-        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
-        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
-        end = self.clock()
-        ended_gang: JobRecord | None = None
-        async with self.lock:
-            job = self.store.active.get(jid)
-            rank = gang.rank_of(job, node) if job is not None else None
-            if job is not None and job.attempt == attempt and rank and job.state.active:
-                # A part after rank 0 ended: only news while the job runs (a stop the head
-                # sent ends every part; rank 0's report decides then).
-                if job.state is JobState.RUNNING:
-                    ended_gang = await self._part_failed(job, node, rank, reason, exit_code, sig, body, end)
-            elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
-                txn = Txn(self.store)
-                _, new, detail, _ = self._end_in(txn, job, node, body, end)
-                await self.store.commit(txn)
-                self._charge(job, end)
-                self._stop_sent.pop((jid, attempt), None)
-                log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
-                self.kick()
-                if job.parts:
-                    ended_gang = job
-        await self.bus.publish(node_cmd(node), "ack", {"done": [[jid, attempt]]})
-        if ended_gang is not None:
-            await self.kill_parts(ended_gang, "job ended", besides=node)
-        now_job = self.store.active.get(jid)
-        if job is not None and (now_job is None or not now_job.state.active):
-            self.steps.job_ended(jid)
-
-    async def _part_failed(self, job: JobRecord, node: str, rank: int, reason: str, exit_code: int | None,
-                           sig: int | None, body: dict, end: float) -> JobRecord:
-        """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
-        holder reached its own limit first (rank 0's report was lost or late), under the lock."""
-        detail = f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}"
-        if body.get("message"):
-            detail += f": {str(body['message'])[:500]}"
-        new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
-        txn = Txn(self.store)
-        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                    (end, "part_failed", job.job_id, job.attempt))
-        txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
-                       exit_code=exit_code, signal=sig)
-        await self.store.commit(txn)
-        self._charge(job, end)
-        self._stop_sent.pop((job.job_id, job.attempt), None)
-        log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
-        self.kick()
-        return job
+        await self.reports.apply([("finished", node, body)])
 
     # -- liveness --------------------------------------------------------------------------
 
@@ -640,11 +509,6 @@ def _stop_kind(job: JobRecord) -> str:
 
 
 
-
-
-def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:
-    """An integer SQLite can hold (not a bool), from -most to most."""
-    return isinstance(v, int) and not isinstance(v, bool) and -most <= v <= most
 
 
 def _pairs(v: Any) -> list[tuple[int, int]] | None:

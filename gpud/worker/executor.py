@@ -5,9 +5,11 @@ Theory of operation
 Every job runs under ``jobwrap.py`` (see there): a small process that leads the job's session
 and process group, becomes the job's user only in its child, writes the job's exact wait
 status to a file, and outlives the worker.  The executor prepares the allocation's directory
-(``jobstore.py``: script, what the wrapper needs, a record of the run), starts the wrapper,
-watches its pid with a pidfd (psutil polling where the kernel has none), and enforces the
-time limit and the kill grace on its injected clock.  When the wrapper is gone it turns the
+(``jobstore.py``: script, what the wrapper needs, a record of the run), starts the wrapper
+(forked by the wrapper server, ``forkserver.py``, which hands back a pidfd; exec'd directly
+where the kernel has no pidfds or the server fails), watches it with a pidfd (psutil
+polling where the kernel has none), and enforces the time limit and the kill grace on its
+injected clock.  When the wrapper is gone it turns the
 status file into an ``Outcome``, saves it, and hands it to ``on_finished``.
 
 A stop (time limit, cancel, preemption) sends a signal to the whole group, then SIGCONT so a
@@ -19,7 +21,7 @@ Restarts: ``close()`` stops watching and never kills.  ``start()`` reads the dir
 again: a live wrapper (same pid *and* same process start time) is watched again; a dead one
 is finished from its status file, or as "lost" when it left none.  Outcomes stay on disk
 until ``ack()``, which leaves a small tombstone so that a repeated ``launch`` never runs an
-allocation twice.
+allocation twice (the directory is moved aside at once and its files removed on a thread).
 """
 
 from __future__ import annotations

@@ -1,0 +1,176 @@
+"""Worker reports of job starts and ends, applied by the head as group commits.
+
+Theory of operation
+-------------------
+Workers report ``started`` when a job's wrapper runs and ``finished`` (repeated until the
+head acks it) when it ended.  The head's bus loop hands over every run of such reports
+that waited together; ``WorkerReports.apply`` checks each one, turns those that still
+match an active allocation into one transaction (the allocation's outcome, the job's new
+state, its event log lines), commits it, and only then acks them, one ack per node.  A burst
+of job ends thus costs one fsync and one scheduler kick instead of one each.  Stale and
+repeated reports are acked and change nothing.  Reports of gang jobs go one by one after
+the batch (``_gang_finished``): a part's end can end the job and kill its other parts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..bus.base import node_cmd
+from ..model import JobState
+from . import gang
+from .jobs import final_state, requeue_changes
+from .store import JobRecord, Txn
+
+if TYPE_CHECKING:
+    from .daemon import Head
+
+log = logging.getLogger("gpud.head")
+
+MAX_REASON = 64                 # characters of a worker's end reason kept ("exited", "timeout"...)
+MAX_STATUS = 2 ** 31 - 1        # larger exit codes or signals in a report are not real ones
+
+
+class WorkerReports:
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+
+    async def apply(self, reports: list[tuple[str, str, Any]]) -> None:
+        """``started`` and ``finished`` reports (kind, node, body), in order, as one group
+        commit: every state change is durable before its ack goes out, and a burst of ends
+        costs one fsync and one scheduler kick instead of one each.  Reports of gang jobs go
+        one by one (``_gang_finished``): they end or kill other parts."""
+        valid = []
+        for kind, node, body in reports:
+            if not isinstance(body, dict):
+                log.warning("dropped %s from %s: the body is not an object", kind, node)
+                continue
+            jid, attempt = body.get("job"), body.get("attempt")
+            if not _is_int(jid) or not _is_int(attempt):
+                log.warning("dropped %s from %s: job and attempt must be integers", kind, node)
+                continue
+            valid.append((kind, node, jid, attempt, body))
+        if not valid:
+            return
+        acks: dict[str, list[list[int]]] = {}
+        gang_reports: list[tuple[str, dict]] = []
+        ended: list[tuple[JobRecord, JobState, str, str]] = []
+        reported: list[int] = []
+        async with self.head.lock:
+            end = self.head.clock()
+            txn = Txn(self.head.store)
+            done: set[tuple[int, int]] = set()
+            for kind, node, jid, attempt, body in valid:
+                job = self.head.store.active.get(jid)
+                if kind == "started":
+                    # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
+                    if job is not None and job.attempt == attempt and job.node == node:
+                        txn.event(job, end, "started", f"pid {body.get('pid')}")
+                    continue
+                if job is not None and job.parts:
+                    gang_reports.append((node, body))
+                    continue
+                acks.setdefault(node, []).append([jid, attempt])
+                if job is None:
+                    continue
+                reported.append(jid)
+                if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
+                    continue
+                done.add((jid, attempt))
+                ended.append(self._end_in(txn, job, node, body, end))
+            await self.head.store.commit(txn)
+            for job, new, detail, node in ended:
+                self.head._charge(job, end)
+                self.head._stop_sent.pop((job.job_id, job.attempt), None)
+                log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
+            if ended:
+                self.head.kick()
+        for node, pairs in acks.items():
+            await self.head.bus.publish(node_cmd(node), "ack", {"done": pairs})
+        for jid in dict.fromkeys(reported):
+            now_job = self.head.store.active.get(jid)
+            if now_job is None or not now_job.state.active:
+                self.head.steps.job_ended(jid)
+        for node, body in gang_reports:
+            await self._gang_finished(node, body)
+
+    def _end_in(self, txn: Txn, job: JobRecord, node: str, body: dict,
+                end: float) -> tuple[JobRecord, JobState, str, str]:
+        """A single-node job's end, added to ``txn``: (job as it was, new state, detail, node)."""
+        jid, attempt = job.job_id, job.attempt
+        reason = str(body.get("reason", "exited"))[:MAX_REASON]
+        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
+        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+        new = final_state(job, reason, exit_code, sig)
+        detail = f"{reason} exit={exit_code} signal={sig}"
+        if body.get("message"):
+            detail += f": {str(body['message'])[:500]}"
+        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                    (end, reason, jid, attempt))
+        if new is JobState.PENDING:
+            txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
+        else:
+            txn.transition(job, new, now=end, event="finished", detail=detail,
+                           end_time=end, exit_code=exit_code, signal=sig)
+        return job, new, detail, node
+
+    async def _gang_finished(self, node: str, body: dict) -> None:
+        """One ``finished`` report of a gang job (any rank), committed on its own."""
+        jid, attempt = body.get("job"), body.get("attempt")
+        # Whatever else it says is kept within what SQLite and a one-line detail hold: a
+        # report that cannot be committed would be repeated, and the job never end.
+        reason = str(body.get("reason", "exited"))[:MAX_REASON]
+        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
+        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+        end = self.head.clock()
+        ended_gang: JobRecord | None = None
+        async with self.head.lock:
+            job = self.head.store.active.get(jid)
+            rank = gang.rank_of(job, node) if job is not None else None
+            if job is not None and job.attempt == attempt and rank and job.state.active:
+                # A part after rank 0 ended: only news while the job runs (a stop the head
+                # sent ends every part; rank 0's report decides then).
+                if job.state is JobState.RUNNING:
+                    ended_gang = await self._part_failed(job, node, rank, reason, exit_code, sig, body, end)
+            elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
+                txn = Txn(self.head.store)
+                _, new, detail, _ = self._end_in(txn, job, node, body, end)
+                await self.head.store.commit(txn)
+                self.head._charge(job, end)
+                self.head._stop_sent.pop((jid, attempt), None)
+                log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
+                self.head.kick()
+                if job.parts:
+                    ended_gang = job
+        await self.head.bus.publish(node_cmd(node), "ack", {"done": [[jid, attempt]]})
+        if ended_gang is not None:
+            await self.head.kill_parts(ended_gang, "job ended", besides=node)
+        now_job = self.head.store.active.get(jid)
+        if job is not None and (now_job is None or not now_job.state.active):
+            self.head.steps.job_ended(jid)
+
+    async def _part_failed(self, job: JobRecord, node: str, rank: int, reason: str, exit_code: int | None,
+                           sig: int | None, body: dict, end: float) -> JobRecord:
+        """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
+        holder reached its own limit first (rank 0's report was lost or late), under the lock."""
+        detail = f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}"
+        if body.get("message"):
+            detail += f": {str(body['message'])[:500]}"
+        new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
+        txn = Txn(self.head.store)
+        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                    (end, "part_failed", job.job_id, job.attempt))
+        txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
+                       exit_code=exit_code, signal=sig)
+        await self.head.store.commit(txn)
+        self.head._charge(job, end)
+        self.head._stop_sent.pop((job.job_id, job.attempt), None)
+        log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
+        self.head.kick()
+        return job
+
+
+def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:
+    """An integer SQLite can hold (not a bool), from -most to most."""
+    return isinstance(v, int) and not isinstance(v, bool) and -most <= v <= most
