@@ -540,10 +540,19 @@ class Executor:
             if rc is None:
                 rc = await asyncio.to_thread(job.popen.wait)
             self._signal_group(job, signals.SIGKILL)  # just reaped: the group id is still ours
-        elif job.pid is not None:
-            await asyncio.to_thread(_sweep_group, job.pid, job.create_time)
-        status = await asyncio.to_thread(self.store.status, job.key)
+            status = await asyncio.to_thread(self.store.status, job.key)
+        else:
+            status = await asyncio.to_thread(self._status_and_sweep, job)
         await self._finish(job.key, self._outcome_from(job, status, rc))
+
+    def _status_and_sweep(self, job: _Job) -> dict | None:
+        """(thread) The status of a wrapper that was not our child, and what is left of its
+        group.  A wrapper that wrote its status went on to SIGKILL its whole group, so only
+        one that did not (killed, crashed) can have left processes to sweep."""
+        status = self.store.status(job.key)
+        if status is None and job.pid is not None:
+            _sweep_group(job.pid, job.create_time)
+        return status
 
     def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
         if status is not None and isinstance(status.get("error"), str):
