@@ -277,6 +277,7 @@ class WorkerConfig:
     labels: dict[str, str] | None = setting(None, node_labels)   # rack and switch of this node
     features: tuple[str, ...] = setting((), node_features)     # what sbatch -C selects this node by
     address: str | None = setting(None, host_address)  # MASTER_ADDR of multi-node jobs; default: primary IPv4
+    cpu_bind: str = setting("numa", choice("numa", "none"))   # jobs on their GPUs' NUMA node's CPUs (worker.cpubind)
 
 
 @dataclass(frozen=True)
