@@ -78,6 +78,27 @@ class HeadKit:
                          for i in range(gpus)]}
         self.store.nodes[name] = NodeRecord(name, info, "UP", None, self.clock(), self.clock())
 
+    def label_nodes(self, **labels: str) -> None:
+        """Give every node ``labels`` plus an ``addr`` (10.0.0.<its number>), as gang jobs need."""
+        for name, rec in self.store.nodes.items():
+            rec.info["labels"] = {"addr": f"10.0.0.{name.lstrip('abcdefghijklmnopqrstuvwxyz')}", **labels}
+
+    # -- what the head publishes -------------------------------------------------------------------
+    def record_sent(self) -> None:
+        """From now on keep every message the head publishes in ``self.sent``."""
+        self.sent: list[tuple[str, str, Any]] = []
+        publish = self.head.bus.publish
+
+        async def record(topic, kind, body, *, retain=False):
+            self.sent.append((topic, kind, body))
+            await publish(topic, kind, body, retain=retain)
+
+        self.head.bus.publish = record
+
+    def sent_to(self, kind: str) -> list[tuple[str, Any]]:
+        """(node, body) of each recorded message of ``kind``."""
+        return [(topic.split("/")[1], body) for topic, k, body in self.sent if k == kind]
+
     # -- requests --------------------------------------------------------------------------------
     async def call(self, op: str, caller: Caller = ALICE, **args: Any) -> dict[str, Any]:
         return await self.head.server.handlers[op](caller, args)

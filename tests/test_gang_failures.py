@@ -24,16 +24,10 @@ async def open_kit(tmp_path, db=None) -> HeadKit:
     for name in NODES:
         if name not in kit.store.nodes:   # a restarted head has them from its database
             kit.add_node(name, gpus=4)
-            kit.store.nodes[name].info["labels"] = {"addr": f"10.0.0.{name[1:]}", "switch": "s1"}
-            await kit.store.upsert_node(kit.store.nodes[name])
-    kit.sent = []
-    publish = kit.head.bus.publish
-
-    async def record(topic, kind, body, *, retain=False):
-        kit.sent.append((topic, kind, body))
-        await publish(topic, kind, body, retain=retain)
-
-    kit.head.bus.publish = record
+    kit.label_nodes(switch="s1")
+    for name in NODES:
+        await kit.store.upsert_node(kit.store.nodes[name])
+    kit.record_sent()
     return kit
 
 
@@ -45,7 +39,7 @@ async def kit(tmp_path):
 
 
 def sent_to(kit, kind):
-    return [(topic.split("/")[1], body) for topic, k, body in kit.sent if k == kind]
+    return kit.sent_to(kind)
 
 
 async def start_gang(kit, nodes=2, gpus=8, **fields):

@@ -14,20 +14,13 @@ async def kit(tmp_path):
     async with HeadKit(tmp_path) as kit:
         for i in range(1, 5):
             kit.add_node(f"n{i}", gpus=4)
-            kit.store.nodes[f"n{i}"].info["labels"] = {"addr": f"10.0.0.{i}", "switch": "s1"}
-        kit.sent = []
-        publish = kit.head.bus.publish
-
-        async def record(topic, kind, body, *, retain=False):
-            kit.sent.append((topic, kind, body))
-            await publish(topic, kind, body, retain=retain)
-
-        kit.head.bus.publish = record
+        kit.label_nodes(switch="s1")
+        kit.record_sent()
         yield kit
 
 
 def sent_to(kit, kind):
-    return [(topic.split("/")[1], body) for topic, k, body in kit.sent if k == kind]
+    return kit.sent_to(kind)
 
 
 async def start_gang(kit, nodes=2, gpus=8, **fields):
