@@ -124,16 +124,20 @@ def become_job(spec):
 def run(spec):
     """Start the job, wait for it, and return what ``status`` should say."""
     r, w = os.pipe()  # both ends close-on-exec
+    go_r, go_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
     early = list(RECEIVED)
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
+            os.close(go_w)
             for sig in CAUGHT:
                 signal.signal(sig, signal.SIG_DFL)
             for sig in early:  # pending until the unblock, then acted on by the default action
                 os.kill(os.getpid(), sig)
+            os.read(go_r, 1)   # the parent has passed on what came between the block and the fork
+            os.close(go_r)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, CAUGHT)
             become_job(spec)
             message = "the job's shell returned without running"
@@ -143,6 +147,17 @@ def run(spec):
             message = f"job setup failed: {type(e).__name__}: {e}"
         os.write(w, message.encode(errors="replace")[:MAX_ERROR])
         os._exit(127)
+    # A signal that came after the block but before the fork is pending here only (a child
+    # does not inherit pending signals): pass it on while the child still blocks, so that one
+    # it also got directly merges with it instead of arriving twice.
+    os.close(go_r)
+    for sig in sorted(signal.sigpending() & set(CAUGHT)):
+        os.kill(pid, sig)
+    try:
+        os.write(go_w, b".")
+    except BrokenPipeError:   # the child was SIGKILLed already; waitpid says so below
+        pass
+    os.close(go_w)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, CAUGHT)
     os.close(w)
     chunks = []
