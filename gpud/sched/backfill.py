@@ -123,6 +123,8 @@ class Timeline:
         self._moved = False
         self.versions: dict[int, int] = {}                 # node -> bumped on every change to it (see version)
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
+        self._windows: dict[tuple, tuple[int, list[tuple[float, float]]]] = {}   # likewise, windows
+        self._firsts: dict[tuple, tuple[int, float]] = {}  # (node, model, GPUs) -> (version, first instant)
         pos, releases, by_job = cluster.pos, self.releases, self._by_job
         for r in running:
             if r.stopping:
@@ -268,7 +270,20 @@ class Timeline:
                 time_limit: float | None) -> list[tuple[float, float]]:
         """The start times at which node ``i`` could hold the job for its whole limit, as
         closed intervals ``[a, b]`` in increasing order (``b`` is inf for the last one when
-        the node stays free for ever)."""
+        the node stays free for ever).  Remembered until the node changes: the gangs of a
+        queue repeat a few shapes, and each reservation changes only its own nodes.  The
+        list is shared; callers must not change it."""
+        key = (i, gpus, cpus, mem, model, time_limit)
+        version = self.versions.get(i, 0)
+        hit = self._windows.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        out = self._windows_of(i, gpus, cpus, mem, model, time_limit)
+        self._windows[key] = (version, out)
+        return out
+
+    def _windows_of(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
+                    time_limit: float | None) -> list[tuple[float, float]]:
         p = self.profile(i, model)
         times, gs, cs, ms = p.times, p.gpus, p.cpus, p.mem
         n = len(times)
@@ -360,13 +375,22 @@ class Timeline:
         self._events, self._added, self._moved = events, [], False
         return events
 
-    def _first_instant(self, i: int, model: str | None, gpus: int) -> float:
-        """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size."""
+    def first_instant(self, i: int, model: str | None, gpus: int) -> float:
+        """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size
+        (remembered until the node changes: every search re-checks the nodes it takes)."""
+        key = (i, model, gpus)
+        version = self.versions.get(i, 0)
+        hit = self._firsts.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
         p = self.profile(i, model)
+        first = INF
         for t, g in zip(p.times, p.gpus):
             if g >= gpus:
-                return t
-        return INF
+                first = t
+                break
+        self._firsts[key] = (version, first)
+        return first
 
     def by_bound(self, partition: str, model: str | None, gpus: int) -> Iterator[tuple[float, int]]:
         """(bound, node) for the nodes that could ever have ``gpus`` GPUs free, in increasing
@@ -380,7 +404,7 @@ class Timeline:
         try:
             while state.smallest() is not None:
                 bound, i = state.take()
-                tighter = self._first_instant(i, model, gpus)
+                tighter = self.first_instant(i, model, gpus)
                 if tighter > bound:
                     if tighter < INF:
                         heapq.heappush(state.heap, (tighter, i))
@@ -406,7 +430,7 @@ class Timeline:
             if entry is None or (best is not None and entry[0] >= best[0]):
                 break
             bound, i = state.take()
-            tighter = self._first_instant(i, model, gpus)
+            tighter = self.first_instant(i, model, gpus)
             if tighter > bound:      # reservations moved this node later: re-file it
                 if tighter < INF:
                     heapq.heappush(heap, (tighter, i))

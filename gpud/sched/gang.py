@@ -39,7 +39,7 @@ job that names nodes or features may preempt, on its candidates only (core.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .backfill import Timeline
@@ -98,6 +98,12 @@ class Request:
     constraint: str | None
     exclusive: bool
 
+    def any_time(self) -> tuple:
+        """The request less its time limit: what could ever run, or is short of nodes now,
+        does not depend on it (a plain tuple: cheaper to build and hash than a copy)."""
+        return (self.partition, self.nodes, self.gpus, self.cpus, self.mem, self.model, self.nodelist,
+                self.exclude, self.constraint, self.exclusive)
+
     @classmethod
     def of(cls, job: PendingJob) -> "Request":
         n = max(1, job.nodes)
@@ -123,13 +129,13 @@ class Gangs:
         self.switch = [lb.get("switch", "") for lb in labels]
         self.rack = [lb.get("rack", "") for lb in labels]
         self.features = [node_features(lb) for lb in labels]
-        self._fits: dict[Request, _Fit] = {}
-        self._short: set[Request] = set()        # requests too few nodes have free now, this pass
+        self._fits: dict[tuple, _Fit] = {}        # by Request.any_time()
+        self._short: set[tuple] = set()          # requests too few nodes have free now, this pass
 
     # -- can it ever run -------------------------------------------------------------------------
 
     def fit(self, req: Request) -> _Fit:
-        key = replace(req, time_limit=None)       # what could ever run does not depend on it
+        key = req.any_time()
         hit = self._fits.get(key)
         if hit is None:
             hit = self._fits[key] = self._fit(req)
@@ -196,7 +202,7 @@ class Gangs:
     def place_now(self, req: Request, policy: str, limit: int | None,
                   veto: Callable[[int], bool]) -> tuple[list[int] | None, bool]:
         """(the nodes in rank order, or None; whether a reservation kept a node out)."""
-        short = replace(req, time_limit=None)     # too few nodes free is so for any time limit
+        short = req.any_time()                    # too few nodes free is so for any time limit
         if short in self._short:
             return None, False
         fit = self.fit(req)
@@ -251,7 +257,7 @@ class Gangs:
                         if len(taken) >= goal:
                             horizon = bound      # every node not taken opens at or after this
                             break
-                found = self._sweep(sorted(taken), req, policy, limit, horizon)
+                found = self._sweep(taken, req, policy, limit, horizon)
                 if found is not None:
                     return found
                 batch *= 2
@@ -263,15 +269,18 @@ class Gangs:
                horizon: float) -> tuple[float, list[int]] | None:
         """The first instant before ``horizon`` at which N of ``nodes`` are open together."""
         events: list[tuple[float, int, int]] = []
+        append, windows, span, exclusive = events.append, self.tl.windows, req.time_limit, req.exclusive
+        g, cpus, mem, model = req.gpus, req.cpus, req.mem, req.model     # the share, unless exclusive
         for i in nodes:
-            g, cpus, mem, model = self.share(i, req)
-            for a, b in self.tl.windows(i, g, cpus, mem, model, req.time_limit):
+            if exclusive:
+                g, cpus, mem, model = self.share(i, req)
+            for a, b in windows(i, g, cpus, mem, model, span):
                 if a >= horizon:
                     break
-                events.append((a, 0, i))
+                append((a, 0, i))
                 if b < INF:
-                    events.append((b, 1, i))
-        events.sort()
+                    append((b, 1, i))
+        events.sort()                     # by time, starts first, then node: the input order is free
         required = self.fit(req).required
         open_: set[int] = set()
         tries = 0
