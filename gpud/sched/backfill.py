@@ -401,10 +401,14 @@ class Timeline:
         if state is None:
             state = self._bounds[key] = _Candidates([], self._stream(partition, model, gpus))
         seen: list[tuple[float, int]] = []
+        pop, first = state.pop, self.first_instant
         try:
-            while state.smallest() is not None:
-                bound, i = state.take()
-                tighter = self.first_instant(i, model, gpus)
+            while True:
+                entry = pop()
+                if entry is None:
+                    break
+                bound, i = entry
+                tighter = first(i, model, gpus)
                 if tighter > bound:
                     if tighter < INF:
                         heapq.heappush(state.heap, (tighter, i))
@@ -425,12 +429,14 @@ class Timeline:
         heap = state.heap
         best: tuple[float, int] | None = None
         seen: list[tuple[float, int]] = []
+        smallest, take, first = state.smallest, state.take_seen, self.first_instant
         while True:
-            entry = state.smallest()
+            entry = smallest()
             if entry is None or (best is not None and entry[0] >= best[0]):
                 break
-            bound, i = state.take()
-            tighter = self.first_instant(i, model, gpus)
+            take(entry)
+            bound, i = entry
+            tighter = first(i, model, gpus)
             if tighter > bound:      # reservations moved this node later: re-file it
                 if tighter < INF:
                     heapq.heappush(heap, (tighter, i))
@@ -463,10 +469,27 @@ class _Candidates:
     def take(self) -> tuple[float, int]:
         entry = self.smallest()
         assert entry is not None
+        self.take_seen(entry)
+        return entry
+
+    def take_seen(self, entry: tuple[float, int]) -> None:
+        """Take ``entry``, which ``smallest`` has just returned."""
         if entry is self.peek:
             self.peek = None
-            return entry
-        return heapq.heappop(self.heap)
+        else:
+            heapq.heappop(self.heap)
+
+    def pop(self) -> tuple[float, int] | None:
+        """``smallest`` and ``take`` in one (the stream is read at the same point)."""
+        peek = self.peek
+        if peek is None and not self.done:
+            peek = self.peek = next(self.stream, None)
+            self.done = peek is None
+        heap = self.heap
+        if heap and (peek is None or heap[0] < peek):
+            return heapq.heappop(heap)
+        self.peek = None
+        return peek
 
 
 def _contains(sorted_list: Sequence[int], x: int) -> bool:
