@@ -184,3 +184,36 @@ def test_a_first_priority_is_the_sum_of_its_factors(j, now):
     own = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
     args = (j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
     assert ask.priority(*args) == sum(own.factors(*args).values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["start", "stop", "reserve", "ask"]), st.integers(0, 3),
+                          st.sampled_from([60.0, 600.0, 3600.0, float("inf")]), st.sampled_from([1, 2, 4, 8])),
+                max_size=30))
+def test_remembered_windows_and_first_instants_match_a_fresh_computation(ops):
+    """A gang search's per-node windows and first free instants, remembered until the node
+    changes, equal what the node's profile gives afresh after any starts, reservations and
+    stopped victims."""
+    node_list = nodes(4)
+    run = [running(100 + k, f"n00{1 + k % 4}", (k // 4,), start_time=0.0, time_limit=900.0 * (1 + k % 3))
+           for k in range(12)]
+    cluster = Cluster(node_list, run, CFG)
+    tl = Timeline(cluster, run, now=0.0)
+    stoppable = [r.job_id for r in run]
+    next_id = 1000
+    for op, node, span, g in ops:
+        if op == "start" and cluster.free[node]:
+            gpus = (cluster.free[node][0],)
+            cluster.allocate(node, gpus, 1, 1024)
+            tl.add_start(node, gpus, 1, 1024, span, next_id)
+        elif op == "reserve":
+            tl.reserve(next_id, node, 300.0, None if span == float("inf") else span, g, 1, 1024, None)
+        elif op == "stop" and stoppable:
+            tl.stop(stoppable.pop(random.Random(node).randrange(len(stoppable))))
+        next_id += 1
+        limit = None if span == float("inf") else span
+        for i in range(4):
+            assert tl.windows(i, g, 1, 1024, None, limit) == tl._windows_of(i, g, 1, 1024, None, limit)
+            fresh = next((t for t, free in zip(tl.profile(i, None).times, tl.profile(i, None).gpus)
+                          if free >= g), float("inf"))
+            assert tl.first_instant(i, None, g) == fresh
