@@ -191,7 +191,7 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 def gpud_measures(n_sbatch: int, n_jobs: int, n_lat: int, n_squeue: int, work: Path) -> dict:
     out: dict = {}
     with head_cluster() as c:
-        cmd = [sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "sbatch", "-H", "-G", "1",
+        cmd = [sys.executable, "-m", "gpuctl", "--socket", c.socket, "sbatch", "-H", "-G", "1",
                "-o", "/dev/null", "--wrap", "true"]
         xs = []
         t0 = time.perf_counter()
@@ -204,10 +204,10 @@ def gpud_measures(n_sbatch: int, n_jobs: int, n_lat: int, n_squeue: int, work: P
         with c.client() as client:
             for _ in range(n_squeue):
                 client.submit_spec({**bench_squeue_rss.SPEC, "hold": True})
-        out["squeue_ms"] = bench_squeue_rss.squeue_ms(c, "-r")
+        out["squeue_ms"] = bench_squeue_rss.measure(c, "-r")[1]
     with bench_e2e.standalone(work) as sock:
-        out["throughput"] = bench_e2e.throughput(sock, n_jobs, work)
-        out["latency_ms"] = statistics.median(bench_e2e.latency(sock, n_lat, work)) * 1000
+        out["throughput"] = bench_e2e.throughput(sock, n_jobs, work, pipelined=False)
+        out["latency_ms"] = statistics.median(bench_e2e.latency(sock, n_lat, work, [])) * 1000
     return out
 
 
