@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpud.worker import cpubind
 from gpud.worker.cpubind import (CpuBinder, format_cpulist, job_cpus, numa_cpus, parse_cpulist,
@@ -135,6 +138,25 @@ def test_the_choice_is_deterministic():
                for _ in range(3))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.lists(st.integers(0, 3), max_size=4),
+       st.integers(1, 20), st.dictionaries(st.integers(0, 15), st.integers(0, 3)))
+def test_choice_properties(sizes, gpu_nodes, want, busy):
+    numa, start = {}, 0
+    for n, size in enumerate(sizes):
+        numa[n], start = list(range(start, start + size)), start + size
+    gpu_nodes = [n for n in gpu_nodes if n in numa]
+    got = job_cpus(gpu_nodes, want, numa, busy)
+    everything = [c for cpus in numa.values() for c in cpus]
+    assert got == sorted(set(got)) and set(got) <= set(everything)
+    assert len(got) == min(want, len(everything))
+    free_home = [c for n in set(gpu_nodes) for c in numa[n] if not busy.get(c)]
+    if len(free_home) >= want:         # room on the GPUs' nodes: nothing comes from elsewhere
+        assert set(got) <= set(free_home)
+    else:                              # every free CPU of theirs is taken before any other
+        assert set(free_home) <= set(got)
+
+
 # -- the binder -----------------------------------------------------------------------------------
 
 def test_two_jobs_do_not_overlap_while_there_is_room():
@@ -169,3 +191,75 @@ def test_from_host_modes(tmp_path):
     b = cpubind.from_host("numa", None, gpus, sysfs_root=root)
     assert b is not None and b.numa == {0: cpubind.allowed_cpus()}
     assert cpubind.from_host("numa", None, gpus, sysfs_root=str(tmp_path / "nothing")) is None
+
+
+# -- real jobs ------------------------------------------------------------------------------------
+
+@pytest.fixture
+async def two_node_host(tmp_path):
+    """An executor on a host whose fake sysfs has two NUMA nodes of one CPU each; GPU 0
+    hangs off node 0, GPU 1 off node 1.  Yields (harness, binder, [cpu of node 0, of node 1])."""
+    from tests.test_executor import Harness
+
+    mine = cpubind.allowed_cpus()
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    pair = mine[:2]
+    root = fake_sysfs(tmp_path / "sys", {"node0": f"{pair[0]}\n", "node1": f"{pair[1]}\n"})
+    binder = cpubind.from_host("numa", None, {0: 0, 1: 1}, sysfs_root=root)
+    assert binder is not None and binder.numa == {0: [pair[0]], 1: [pair[1]]}
+    h = Harness(tmp_path)
+    yield h, binder, pair
+    await h.cleanup()
+
+
+AFFINITY = """grep Cpus_allowed_list: /proc/self/status | tr -d '[:blank:]'
+echo "GPUD_JOB_CPUS=${GPUD_JOB_CPUS-unset}"
+echo ready; while [ ! -e go ]; do sleep 0.02; done
+"""
+
+
+def affinity(h, job_id: int) -> dict[str, str]:
+    from tests.test_executor import read
+
+    return dict(line.split(":" if line.startswith("Cpus") else "=", 1)
+                for line in read(h.work_dir / f"gpud-{job_id}.out").splitlines() if line != "ready")
+
+
+async def test_a_launched_job_runs_on_its_gpus_numa_node(two_node_host):
+    h, binder, (cpu0, cpu1) = two_node_host
+    ex = h.executor()
+    ex.cpu_binder = binder
+    await ex.start()
+    one = [{"index": 1, "uuid": "GPU-one"}]
+    await ex.launch(h.launch(AFFINITY, job_id=1, gpus=one, cpus=1))
+    await h.output("gpud-1.out", "ready")
+    assert affinity(h, 1) == {"Cpus_allowed_list": str(cpu1), "GPUD_JOB_CPUS": str(cpu1)}
+    # a second job on GPU 1 finds node 1 full and spills to node 0's free CPU
+    await ex.launch(h.launch(AFFINITY, job_id=2, gpus=one, cpus=1))
+    await h.output("gpud-2.out", "ready")
+    assert affinity(h, 2) == {"Cpus_allowed_list": str(cpu0), "GPUD_JOB_CPUS": str(cpu0)}
+    assert os.sched_getaffinity(0) >= {cpu0, cpu1}, "the worker itself is never bound"
+    # a restarted executor takes the bindings back from the jobs' records
+    await ex.close()
+    fresh = cpubind.CpuBinder(binder.numa, binder.gpu_numa)
+    again = h.executor()
+    again.cpu_binder = fresh
+    await again.start()
+    assert (fresh.held((1, 0)), fresh.held((2, 0))) == ([cpu1], [cpu0])
+    (h.work_dir / "go").touch()
+    for job in (1, 2):
+        assert (await h.outcome(job)).exit_code == 0
+    assert fresh.busy() == {}, "a finished job's CPUs are free again"
+
+
+async def test_no_binder_leaves_the_job_unbound(two_node_host):
+    h, _, _ = two_node_host
+    ex = h.executor()
+    await ex.start()
+    await ex.launch(h.launch(AFFINITY.replace("echo ready;", "echo ready; touch go;"), job_id=3,
+                             gpus=[{"index": 0, "uuid": "GPU-zero"}]))
+    assert (await h.outcome(3)).exit_code == 0
+    got = affinity(h, 3)
+    assert parse_cpulist(got["Cpus_allowed_list"]) == cpubind.allowed_cpus()
+    assert got["GPUD_JOB_CPUS"] == "unset"

@@ -165,6 +165,14 @@ class Worker:
         self._force = asyncio.Event()
         self.ready = asyncio.Event()         # set once the executor runs and the tasks are up
 
+    def _cpu_binder(self) -> Any:
+        """Binds jobs to their GPUs' NUMA node's CPUs ([worker] cpu_bind); None: no binding."""
+        from ..gpu.topology import SIM_NUMA_NODES
+        from .cpubind import from_host
+
+        sim_nodes = SIM_NUMA_NODES if self.backend.name == "sim" else None
+        return from_host(self.cfg.worker.cpu_bind, sim_nodes, {g.index: g.numa_node for g in self.node.gpus})
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -172,6 +180,7 @@ class Worker:
         self.executor = self._executor_factory(
             self.state_dir, self.name, on_started=self._on_started,
             on_finished=self._on_finished, clock=self.clock)
+        self.executor.cpu_binder = self._cpu_binder()   # before start(): adopted jobs keep their CPUs
         await self.executor.start()
         from .steps import StepTasks
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import psutil
 
 from ..units import format_duration
+from .cpubind import format_cpulist
 from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
 from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
@@ -94,6 +95,7 @@ class _Job:
     task: asyncio.Task | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     early: list[int] = field(default_factory=list)  # signals asked for before the spawn
+    cpus: tuple[int, ...] = ()       # the CPUs it is bound to (gpud.worker.cpubind); (): unbound
 
     @property
     def key(self) -> Key:
@@ -103,6 +105,7 @@ class _Job:
         return {"version": 1, "pid": self.pid, "create_time": self.create_time,
                 "start_time": self.start_time, "deadline": self.deadline,
                 "stop_reason": self.stop_reason, "kill_at": self.kill_at, "killed": self.killed,
+                "cpus": list(self.cpus),
                 "launch": self.launch.to_body()}
 
     @classmethod
@@ -117,6 +120,8 @@ class _Job:
             setattr(job, name, float(value) if isinstance(value, (int, float)) else None)
         job.stop_reason = rec["stop_reason"] if isinstance(rec.get("stop_reason"), str) else None
         job.killed = rec.get("killed") is True
+        cpus = rec.get("cpus")
+        job.cpus = tuple(c for c in cpus if type(c) is int) if isinstance(cpus, list) else ()
         pid = rec.get("pid")
         # No pid: the worker died between the spawn and the record; the wrapper wrote its own.
         job.pid = pid if isinstance(pid, int) and pid > 0 else saved.wrapper_pid
@@ -146,6 +151,7 @@ class Executor:
         self._outcomes: dict[Key, Outcome] = {}
         self._closed = False
         self._last_prune = float("-inf")
+        self.cpu_binder: Any = None   # a gpud.worker.cpubind.CpuBinder, set by the worker; None: unbound
 
     # -- the API the worker daemon calls ------------------------------------------------------
 
@@ -172,6 +178,8 @@ class Executor:
             log.debug("job %d.%d: launched here before; repeat ignored", *key)
             return
         job = self._jobs[key] = _Job(launch)
+        if self.cpu_binder is not None:
+            job.cpus = tuple(self.cpu_binder.choose(key, [g.index for g in launch.gpus], launch.cpus))
         _reap_detached()
         try:  # one trip to a thread: the files and the wrapper
             popen, pid, job.pidfd, create_time = await asyncio.to_thread(self._start, job)
@@ -299,6 +307,8 @@ class Executor:
                 None, self._clock()))
             return
         self._jobs[job.key] = job
+        if self.cpu_binder is not None and job.cpus:
+            self.cpu_binder.adopt(job.key, job.cpus)
         if not _alive(job.pid, job.create_time, saved.dir):
             await self._conclude(job)
             return
@@ -350,13 +360,15 @@ class Executor:
         launch = job.launch
         user, home, groups, switch = self._identity(launch)
         env = self._environment(launch, user, home)
+        if job.cpus:
+            env["GPUD_JOB_CPUS"] = format_cpulist(job.cpus)
         stdout = output_path(launch.stdout, launch, self.node)
         stderr = output_path(launch.stderr, launch, self.node) if launch.stderr else stdout
         job_dir = self.store.dir(job.key)
         spec = {"user": user, "uid": launch.uid, "gid": launch.gid, "groups": groups,
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
-                "env": env, "open_mode": launch.open_mode}
+                "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus)}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())
@@ -595,6 +607,8 @@ class Executor:
             log.error("job %d.%d: cannot save its outcome (%s); it lasts until restart",
                       *key, e.strerror)
         self._jobs.pop(key, None)
+        if self.cpu_binder is not None:
+            self.cpu_binder.release(key)
         self._outcomes[key] = outcome
         log.info("job %d.%d ended: %s: %s", *key, outcome.reason, outcome.message)
         await _call(self._on_finished, outcome)

@@ -88,6 +88,12 @@ def open_output(path, append=False):
 
 def become_job(spec):
     """In the child: turn into the job's bash.  Returns only by raising SetupError."""
+    cpus = spec.get("cpus")
+    if cpus:  # bound here, in the child, so the wrapper and the worker keep every CPU
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:  # a CPU gone offline or outside our cpuset: run unbound
+            sys.stderr.write(f"job wrapper: cannot bind to CPUs {cpus}: {e.strerror}; running unbound\n")
     if spec["switch_user"]:
         try:
             os.setgroups(spec["groups"])
