@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def forged_body(rid: str, **over) -> dict:
-    spec = {"script": "#!/bin/bash\ntrue\n", "name": f"forged-{rid}", "work_dir": "/tmp", "env": {}, "hold": True}
+    spec = {"script": "#!/bin/bash\ntrue\n", "name": rid, "work_dir": "/tmp", "env": {}, "hold": True}
     return {"id": rid, "part": 0, "parts": 1, "data": protocol.request("submit", spec=spec).decode(),
             "uid": 0, "gid": 0, "pid": 1, "user": "root", "deadline": time.time() + 60, **over}
 
@@ -40,15 +40,15 @@ async def test_forged_requests_over_real_mqtt_are_dropped(tmp_path, mosquitto): 
 
         key, now, topic = load_key(c.key_file), time.time(), f"gpud/test/{HEAD_REQUESTS}"
         unsigned = json.dumps({"v": 1, "kind": "request", "sender": "relay:login", "id": "u1", "ts": now,
-                               "topic": HEAD_REQUESTS, "body": forged_body("f1"), "sig": "0" * 64})
+                               "topic": HEAD_REQUESTS, "body": forged_body("forged-1"), "sig": "0" * 64})
         payloads = [
             unsigned.encode(),
-            json.dumps(forged_body("f2")).encode(),                                          # no envelope
-            seal(b"not the cluster key" * 2, "relay:login", "request", forged_body("f3"), now=now,
+            json.dumps(forged_body("forged-2")).encode(),                                          # no envelope
+            seal(b"not the cluster key" * 2, "relay:login", "request", forged_body("forged-3"), now=now,
                  topic=HEAD_REQUESTS),
-            seal(key, "user:mallory", "request", forged_body("f4"), now=now, topic=HEAD_REQUESTS),
-            seal(key, "head", "request", forged_body("f5"), now=now, topic=HEAD_REQUESTS),
-            seal(key, "relay:login", "request", forged_body("f6", deadline=now - 300), now=now,
+            seal(key, "user:mallory", "request", forged_body("forged-4"), now=now, topic=HEAD_REQUESTS),
+            seal(key, "head", "request", forged_body("forged-5"), now=now, topic=HEAD_REQUESTS),
+            seal(key, "relay:login", "request", forged_body("forged-6", deadline=now - 300), now=now,
                  topic=HEAD_REQUESTS),
         ]
         replies: list[dict] = []
@@ -72,7 +72,7 @@ async def test_forged_requests_over_real_mqtt_are_dropped(tmp_path, mosquitto): 
             reader.cancel()
         jobs = c.jobs()
         assert [j["name"] for j in jobs.values()] == ["real"] and barrier in jobs
-        assert [r["id"] for r in replies if r["id"].startswith("f")] == []
+        assert [r["id"] for r in replies if r["id"].startswith("forged-")] == []
         head_log = c.log("head")
         for reason in ("bad signature", "missing field", "only relays and workers", "stopped waiting"):
             assert reason in head_log, reason
