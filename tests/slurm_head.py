@@ -113,6 +113,14 @@ class HeadKit:
     async def submit(self, caller: Caller = ALICE, command: str = "true", **fields: Any) -> int:
         return int((await self.call("submit", caller, spec=spec(command, **fields)))["job_id"])
 
+    async def start_gang(self, command: str = "sleep 600", nodes: int = 2, gpus: int = 8, **fields: Any):
+        """Submit ALICE's ``nodes``-node job, run a pass, and return it RUNNING."""
+        job_id = await self.submit(ALICE, command, nodes=nodes, gpus=gpus, **fields)
+        await self.schedule()
+        job = self.job(job_id)
+        assert job.state.value == "RUNNING", job.reason
+        return job
+
     # -- the head's loops, one step at a time ------------------------------------------------------
     async def schedule(self):
         return await self.head.schedule_pass()

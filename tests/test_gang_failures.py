@@ -38,18 +38,6 @@ async def kit(tmp_path):
     await k.__aexit__(None, None, None)
 
 
-def sent_to(kit, kind):
-    return kit.sent_to(kind)
-
-
-async def start_gang(kit, nodes=2, gpus=8, **fields):
-    job_id = await kit.submit(ALICE, "sleep 600", nodes=nodes, gpus=gpus, **fields)
-    await kit.schedule()
-    job = kit.job(job_id)
-    assert job.state.value == "RUNNING", job.reason
-    return job
-
-
 def fin(job, **over):
     return {"job": job.job_id, "attempt": job.attempt, "exit_code": 0, "signal": None, "reason": "exited", **over}
 
@@ -69,7 +57,7 @@ def busy_nodes(kit) -> dict[str, set[int]]:
 
 async def test_a_restarted_head_reloads_the_parts_and_never_gives_their_gpus_away(tmp_path):
     kit = await open_kit(tmp_path)
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     db = kit.db
     await kit.__aexit__(None, None, None)
 
@@ -80,7 +68,7 @@ async def test_a_restarted_head_reloads_the_parts_and_never_gives_their_gpus_awa
         # The workers report in: both ranks are known, nothing is fenced or launched again.
         for node in gang.job_nodes(job):
             await kit.head._on_heartbeat(node, {"running": [[job.job_id, job.attempt]], "done": []})
-        assert not sent_to(kit, "kill") and not sent_to(kit, "launch")
+        assert not kit.sent_to("kill") and not kit.sent_to("launch")
         singles = [await kit.submit(ALICE, "sleep 60", gpus=4) for _ in range(3)]
         await kit.schedule()
         started = [j for j in singles if kit.job(j).state.value == "RUNNING"]
@@ -91,7 +79,7 @@ async def test_a_restarted_head_reloads_the_parts_and_never_gives_their_gpus_awa
         kit.sent.clear()
         await kit.head._on_finished(job.node, fin(job))
         assert (await kit.record(job.job_id)).state.value == "COMPLETED"
-        assert [n for n, _ in sent_to(kit, "kill")] == [job.parts[0]["node"]]
+        assert [n for n, _ in kit.sent_to("kill")] == [job.parts[0]["node"]]
         await kit.schedule()
         assert all(kit.job(j).state.value == "RUNNING" for j in singles)
         busy_nodes(kit)
@@ -103,7 +91,7 @@ async def test_step_ids_are_not_reused_after_a_head_restart(tmp_path):
     """Workers drop a step command they have seen (same job, attempt and step): a restarted
     head that numbered steps from 0 again would start nothing, and srun would wait forever."""
     kit = await open_kit(tmp_path)
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     first = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["true"])
     second = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["true"])
     assert (first["step"], second["step"]) == (0, 1)
@@ -120,7 +108,7 @@ async def test_step_ids_are_not_reused_after_a_head_restart(tmp_path):
         kit.sent.clear()
         await kit.head.steps.handle(job.node, "step_output", {"job": job.job_id, "attempt": job.attempt,
                                                               "step": 1, "seq": 1, "lines": [[0, 1, "x\n"]]})
-        assert sent_to(kit, "step_kill") == [(job.node, {"job": job.job_id, "attempt": job.attempt, "step": 1})]
+        assert kit.sent_to("step_kill") == [(job.node, {"job": job.job_id, "attempt": job.attempt, "step": 1})]
         got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=2, offset=0)
         assert got["lines"] == []
     finally:
@@ -130,19 +118,19 @@ async def test_step_ids_are_not_reused_after_a_head_restart(tmp_path):
 # -- 2. worker restart on a part's node -----------------------------------------------------------------
 
 async def test_a_restarted_worker_that_readopted_its_part_changes_nothing(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     part = job.parts[0]["node"]
     kit.sent.clear()
     info = dict(kit.store.nodes[part].info)
     await kit.head._on_register(part, {"node": info})
     kit.clock.advance(LAUNCH_RESEND_AFTER + 1)
     await kit.head._on_heartbeat(part, {"running": [[job.job_id, job.attempt]], "done": []})
-    assert not sent_to(kit, "kill") and not sent_to(kit, "launch")
+    assert not kit.sent_to("kill") and not kit.sent_to("launch")
     assert kit.job(job.job_id).state.value == "RUNNING"
 
 
 async def test_a_part_a_restarted_worker_lost_ends_the_job_and_kills_the_rest(kit):
-    job = await start_gang(kit, nodes=3, gpus=12)
+    job = await kit.start_gang(nodes=3, gpus=12)
     part = job.parts[1]["node"]
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "60"])
     poll = asyncio.create_task(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0))
@@ -152,8 +140,8 @@ async def test_a_part_a_restarted_worker_lost_ends_the_job_and_kills_the_rest(ki
                                           message="the worker's record of this job is unreadable"))
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED"
-    assert sorted(n for n, _ in sent_to(kit, "kill")) == sorted(n for n in gang.job_nodes(job) if n != part)
-    assert sent_to(kit, "ack") == [(part, {"done": [[job.job_id, job.attempt]]})]
+    assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != part)
+    assert kit.sent_to("ack") == [(part, {"done": [[job.job_id, job.attempt]]})]
     got = await asyncio.wait_for(poll, 5)
     assert got["done"] and got["exit_code"] == 1 and "ended" in got["message"]
     # The other parts' reports after the kill are only acknowledged.
@@ -166,7 +154,7 @@ async def test_a_part_a_restarted_worker_lost_ends_the_job_and_kills_the_rest(ki
 # -- 3. a part's node is lost ---------------------------------------------------------------------------
 
 async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_one(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     rank0, lost = job.node, job.parts[0]["node"]
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "60"])
     kit.sent.clear()
@@ -178,7 +166,7 @@ async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_o
     assert kit.store.nodes[lost].state == "DOWN"
     requeued = kit.job(job.job_id)
     assert requeued.state.value == "PENDING" and requeued.parts == () and requeued.requeue_count == 1
-    assert [n for n, _ in sent_to(kit, "kill")] == [rank0]
+    assert [n for n, _ in kit.sent_to("kill")] == [rank0]
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["done"] and got["exit_code"] == 1 and "requeued" in got["message"]
     assert not kit.head._stop_sent
@@ -196,54 +184,54 @@ async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_o
                                                      "step": step["step"], "rank": 0, "exit_code": 9})
     now = kit.job(job.job_id)
     assert now.state.value == "RUNNING" and now.attempt == second.attempt and now.parts == second.parts
-    assert sorted(n for n, _ in sent_to(kit, "ack")) == sorted([rank0, lost])
+    assert sorted(n for n, _ in kit.sent_to("ack")) == sorted([rank0, lost])
     # The lost node comes back still running the old attempt: it is fenced.
     kit.sent.clear()
     await kit.head._on_heartbeat(lost, {"running": [[job.job_id, job.attempt]], "done": []})
-    assert sent_to(kit, "kill") == [(lost, {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
+    assert kit.sent_to("kill") == [(lost, {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
     events = [e["event"] for e in await kit.store.job_events(job.job_id)]
     assert events.count("allocated") == 2 and "node_fail" in events
 
 
 async def test_a_lost_parts_node_ends_a_no_requeue_job_node_fail(kit):
-    job = await start_gang(kit, nodes=3, gpus=12, requeue=False)
+    job = await kit.start_gang(nodes=3, gpus=12, requeue=False)
     lost = job.parts[1]["node"]
     kit.sent.clear()
     await kit.head._node_down(kit.store.nodes[lost], kit.clock(), "no heartbeat for 99s")
     done = await kit.record(job.job_id)
     assert done.state.value == "NODE_FAIL"
-    assert sorted(n for n, _ in sent_to(kit, "kill")) == sorted(n for n in gang.job_nodes(job) if n != lost)
+    assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != lost)
 
 
 # -- 4. stops ------------------------------------------------------------------------------------------
 
 async def test_time_limit_ends_the_job_and_every_part(kit):
-    job = await start_gang(kit, nodes=3, gpus=12, time_limit=600)
-    launches = dict(sent_to(kit, "launch"))
+    job = await kit.start_gang(nodes=3, gpus=12, time_limit=600)
+    launches = dict(kit.sent_to("launch"))
     assert launches[job.node]["time_limit"] == 600
     assert all(launches[p["node"]]["time_limit"] > 600 for p in job.parts), "holders outlive rank 0's limit"
     kit.sent.clear()
     await kit.head._on_finished(job.node, fin(job, exit_code=0, signal=15, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
-    assert sorted(n for n, _ in sent_to(kit, "kill")) == sorted(p["node"] for p in job.parts)
+    assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(p["node"] for p in job.parts)
 
 
 async def test_a_holder_that_reaches_its_limit_first_ends_the_job_timeout(kit):
-    job = await start_gang(kit, time_limit=600)
+    job = await kit.start_gang(time_limit=600)
     kit.sent.clear()
     await kit.head._on_finished(job.parts[0]["node"], fin(job, exit_code=0, signal=9, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
-    assert [n for n, _ in sent_to(kit, "kill")] == [job.node]
+    assert [n for n, _ in kit.sent_to("kill")] == [job.node]
 
 
 async def test_a_lowered_time_limit_stops_every_part(kit):
-    job = await start_gang(kit, time_limit=3600)
+    job = await kit.start_gang(time_limit=3600)
     assert (await kit.call("update_job", ALICE, job_ids=[job.job_id], changes={"TimeLimit": "10:00"}))["done"]
     kit.clock.advance(601 + 60)
     kit.sent.clear()
     await kit.schedule()
     assert kit.job(job.job_id).state.value == "COMPLETING"
-    assert sorted(n for n, _ in sent_to(kit, "signal")) == sorted(gang.job_nodes(job))
+    assert sorted(n for n, _ in kit.sent_to("signal")) == sorted(gang.job_nodes(job))
     await kit.head._on_finished(job.node, fin(job, exit_code=0, signal=15, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
 
@@ -259,7 +247,7 @@ async def test_a_gang_is_never_preempted_and_never_preempts(kit):
     preemptive(kit)
     # The rule is live: a one-node job of the high QOS preempts a one-node normal one.
     single = await kit.submit(ALICE, "sleep 600", gpus=4, nodelist=["n4"])
-    gang_job = await start_gang(kit, nodes=3, gpus=12)
+    gang_job = await kit.start_gang(nodes=3, gpus=12)
     assert kit.job(single).state.value == "RUNNING"
     kit.clock.advance(100)
     high = await kit.submit(BOB, "sleep 60", gpus=4, qos="high")
@@ -280,7 +268,7 @@ async def test_a_gang_is_never_preempted_and_never_preempts(kit):
 # -- 5. bad input ------------------------------------------------------------------------------------------
 
 async def test_forged_and_malformed_worker_messages_are_dropped_and_logged(kit, caplog):
-    job = await start_gang(kit, nodes=3, gpus=12)
+    job = await kit.start_gang(nodes=3, gpus=12)
     other = await kit.submit(ALICE, "sleep 60", gpus=4)
     await kit.schedule()
     outsider = kit.job(other).node
@@ -329,18 +317,18 @@ async def test_forged_and_malformed_worker_messages_are_dropped_and_logged(kit, 
 async def test_a_finished_report_with_absurd_fields_still_ends_the_job(kit):
     """Values SQLite cannot hold must not make the report fail forever (it is repeated
     until acknowledged, and the job would stay RUNNING)."""
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     await kit.head._on_finished(job.parts[0]["node"], fin(job, exit_code=2 ** 70, signal=2 ** 70,
                                                            reason="x" * 100_000, message="m" * 100_000))
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED" and done.exit_code is None and done.signal is None
     events = await kit.store.job_events(job.job_id)
     assert len(events[-1]["detail"]) < 2000
-    assert sent_to(kit, "ack")[-1] == (job.parts[0]["node"], {"done": [[job.job_id, job.attempt]]})
+    assert kit.sent_to("ack")[-1] == (job.parts[0]["node"], {"done": [[job.job_id, job.attempt]]})
 
 
 async def test_step_launch_refuses_what_a_worker_would_drop(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     one_line = [
         ("argv", dict(argv=[""])),
         ("argv", dict(argv=["x" * (200 << 10)])),
@@ -364,11 +352,11 @@ async def test_step_launch_refuses_what_a_worker_would_drop(kit):
         args = {"job_id": job.job_id, **args}
         why = await kit.refused("step_launch", ALICE, **args)
         assert word in why and "\n" not in why and why.startswith("srun: "), (args.keys(), why)
-    assert not sent_to(kit, "step")
+    assert not kit.sent_to("step")
 
 
 async def test_srun_on_a_pending_completing_or_finished_job_is_refused(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     waiting = await kit.submit(ALICE, "true", nodes=4, gpus=16)
     await kit.schedule()
     assert "is PENDING, not RUNNING" in await kit.refused("step_launch", ALICE, job_id=waiting, argv=["true"])
@@ -382,7 +370,7 @@ async def test_srun_on_a_pending_completing_or_finished_job_is_refused(kit):
 
 async def test_the_job_ending_wakes_a_waiting_poll_at_once(kit, monkeypatch):
     monkeypatch.setattr(steps, "POLL_WAIT", 3600.0)   # only the job's end can answer it
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "600"])
     poll = asyncio.create_task(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0))
     await asyncio.sleep(0)     # let it start waiting
@@ -394,7 +382,7 @@ async def test_the_job_ending_wakes_a_waiting_poll_at_once(kit, monkeypatch):
 
 async def test_a_cancel_ends_the_step_with_status_1_and_says_why(kit):
     """Tasks killed by the job's own stop are not the step's failure: srun exits 1 with the reason."""
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "600"])
     await kit.call("cancel", ALICE, job_ids=[job.job_id])
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
@@ -405,12 +393,12 @@ async def test_a_cancel_ends_the_step_with_status_1_and_says_why(kit):
 
 
 async def test_two_sruns_in_one_job_both_run(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     kit.sent.clear()
     a = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["echo", "a"])
     b = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["echo", "b"])
     assert a["step"] != b["step"]
-    assert sorted((n, body["step"]) for n, body in sent_to(kit, "step")) == sorted(
+    assert sorted((n, body["step"]) for n, body in kit.sent_to("step")) == sorted(
         (n, s["step"]) for n in gang.job_nodes(job) for s in (a, b))
     for s, word in ((a, "a"), (b, "b")):
         base = {"job": job.job_id, "attempt": job.attempt, "step": s["step"]}
@@ -420,13 +408,13 @@ async def test_two_sruns_in_one_job_both_run(kit):
     kit.sent.clear()
     await kit.head.steps.handle(job.node, "step_exit", {"job": job.job_id, "attempt": job.attempt,
                                                         "step": b["step"], "rank": 0, "exit_code": 4})
-    assert {body["step"] for _, body in sent_to(kit, "step_kill")} == {b["step"]}
+    assert {body["step"] for _, body in kit.sent_to("step_kill")} == {b["step"]}
     got_a = await kit.call("step_poll", ALICE, job_id=job.job_id, step=a["step"], offset=0)
     assert [t for _, _, t in got_a["lines"]] == ["a\n", "a\n"] and not got_a["done"]
 
 
 async def test_oversized_output_is_bounded_and_cancel_checks_its_arguments(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
     big = "y" * (900 << 10) + "\n"     # about what one signed message can carry

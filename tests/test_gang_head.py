@@ -19,18 +19,6 @@ async def kit(tmp_path):
         yield kit
 
 
-def sent_to(kit, kind):
-    return kit.sent_to(kind)
-
-
-async def start_gang(kit, nodes=2, gpus=8, **fields):
-    job_id = await kit.submit(ALICE, "sleep 60", nodes=nodes, gpus=gpus, **fields)
-    await kit.schedule()
-    job = kit.job(job_id)
-    assert job.state.value == "RUNNING", job.reason
-    return job
-
-
 def test_compressed_nodelist_and_port():
     assert gang.nodelist_text(["w3", "w1", "w2", "w7"]) == "w[1-3,7]"
     assert gang.master_port(12345) == 22345
@@ -38,11 +26,11 @@ def test_compressed_nodelist_and_port():
 
 
 async def test_gang_start_launches_every_rank_with_one_view_of_the_job(kit):
-    job = await start_gang(kit, nodes=3, gpus=12, ntasks_per_node=4)
+    job = await kit.start_gang(nodes=3, gpus=12, ntasks_per_node=4)
     names = gang.job_nodes(job)
     assert len(names) == 3 and len(set(names)) == 3
     assert [len(p["gpu_indices"]) for p in job.parts] == [4, 4]
-    launches = dict(sent_to(kit, "launch"))
+    launches = dict(kit.sent_to("launch"))
     assert sorted(launches) == sorted(names)
     rank0 = launches[job.node]
     assert "sleep 60" in rank0["script"]
@@ -62,7 +50,7 @@ async def test_gang_start_launches_every_rank_with_one_view_of_the_job(kit):
 
 
 async def test_parts_count_as_used_and_are_fenced_by_node(kit):
-    job = await start_gang(kit, nodes=4, gpus=16)
+    job = await kit.start_gang(nodes=4, gpus=16)
     other = await kit.submit(ALICE, "true", gpus=1)
     await kit.schedule()
     assert kit.job(other).state.value == "PENDING", "every GPU of every node is the gang job's"
@@ -72,20 +60,20 @@ async def test_parts_count_as_used_and_are_fenced_by_node(kit):
     kit.sent.clear()
     part_node = job.parts[0]["node"]
     await kit.head._on_heartbeat(part_node, {"running": [[job.job_id, job.attempt]], "done": []})
-    assert not sent_to(kit, "kill")
+    assert not kit.sent_to("kill")
     kit.add_node("n9", gpus=4)
     await kit.head._on_heartbeat("n9", {"running": [[job.job_id, job.attempt]], "done": []})
-    assert sent_to(kit, "kill") == [("n9", {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
+    assert kit.sent_to("kill") == [("n9", {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
 
 
 async def test_rank0_ending_ends_the_job_and_stops_the_other_parts(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     kit.sent.clear()
     await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 3,
                                            "signal": None, "reason": "exited"})
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED" and done.exit_code == 3
-    assert [n for n, _ in sent_to(kit, "kill")] == [job.parts[0]["node"]]
+    assert [n for n, _ in kit.sent_to("kill")] == [job.parts[0]["node"]]
     # The holder's report after that is only acknowledged.
     await kit.head._on_finished(job.parts[0]["node"], {"job": job.job_id, "attempt": job.attempt,
                                                        "exit_code": 0, "signal": 9, "reason": "killed"})
@@ -93,7 +81,7 @@ async def test_rank0_ending_ends_the_job_and_stops_the_other_parts(kit):
 
 
 async def test_a_part_that_dies_on_its_own_fails_the_job(kit):
-    job = await start_gang(kit, nodes=3, gpus=12)
+    job = await kit.start_gang(nodes=3, gpus=12)
     kit.sent.clear()
     dead = job.parts[1]["node"]
     await kit.head._on_finished(dead, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
@@ -102,15 +90,15 @@ async def test_a_part_that_dies_on_its_own_fails_the_job(kit):
     assert done.state.value == "FAILED" and done.signal == 9
     events = await kit.store.job_events(job.job_id)
     assert "part 2 on " + dead in events[-1]["detail"]
-    assert sorted(n for n, _ in sent_to(kit, "kill")) == sorted(n for n in gang.job_nodes(job) if n != dead)
+    assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != dead)
 
 
 async def test_a_stop_goes_to_every_part_and_only_rank0_decides(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     kit.sent.clear()
     result = await kit.call("cancel", ALICE, job_ids=[job.job_id])
     assert result["cancelled"] == [job.job_id]
-    assert sorted(n for n, _ in sent_to(kit, "signal")) == sorted(gang.job_nodes(job))
+    assert sorted(n for n, _ in kit.sent_to("signal")) == sorted(gang.job_nodes(job))
     await kit.head._on_finished(job.parts[0]["node"], {"job": job.job_id, "attempt": job.attempt,
                                                        "exit_code": 0, "signal": 15, "reason": "cancelled"})
     assert kit.job(job.job_id).state.value == "COMPLETING"
@@ -120,17 +108,17 @@ async def test_a_stop_goes_to_every_part_and_only_rank0_decides(kit):
 
 
 async def test_losing_a_parts_node_requeues_the_whole_job(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     kit.sent.clear()
     lost = job.parts[0]["node"]
     await kit.head._node_down(kit.store.nodes[lost], kit.clock(), "test")
     again = kit.job(job.job_id)
     assert again.state.value == "PENDING" and again.parts == () and again.node is None
-    assert [n for n, _ in sent_to(kit, "kill")] == [job.node]
+    assert [n for n, _ in kit.sent_to("kill")] == [job.node]
 
 
 async def test_gpu_hours_and_fair_share_count_every_part(kit):
-    job = await start_gang(kit, nodes=2, gpus=8)
+    job = await kit.start_gang(nodes=2, gpus=8)
     start = kit.clock()
     kit.clock.advance(3600)
     await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
@@ -145,7 +133,7 @@ async def test_gpu_hours_and_fair_share_count_every_part(kit):
 # -- srun steps ----------------------------------------------------------------------------------
 
 async def test_step_refusals(kit):
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     assert "belongs to alice" in await kit.refused("step_launch", BOB, job_id=job.job_id, argv=["true"])
     pending = await kit.submit(ALICE, "true", nodes=4, gpus=16)
     await kit.schedule()
@@ -159,11 +147,11 @@ async def test_step_refusals(kit):
 
 
 async def test_step_output_and_kill_on_bad_exit(kit):
-    job = await start_gang(kit, ntasks_per_node=2)
+    job = await kit.start_gang(ntasks_per_node=2)
     kit.sent.clear()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["hostname"], env={"A": "1"})
     assert step["ntasks"] == 4
-    commands = dict(sent_to(kit, "step"))
+    commands = dict(kit.sent_to("step"))
     assert sorted(commands) == sorted(gang.job_nodes(job))
     assert commands[job.parts[0]["node"]]["node_rank"] == 1
     n0, n1 = gang.job_nodes(job)
@@ -175,7 +163,7 @@ async def test_step_output_and_kill_on_bad_exit(kit):
     assert got["lines"] == [[2, 1, "two\n"], [3, 2, "oops\n"]] and got["offset"] == 2 and not got["done"]
     kit.sent.clear()
     await kit.head.steps.handle(n1, "step_exit", {**base, "rank": 3, "exit_code": 7, "signal": None})
-    assert sorted(n for n, _ in sent_to(kit, "step_kill")) == sorted([n0, n1])
+    assert sorted(n for n, _ in kit.sent_to("step_kill")) == sorted([n0, n1])
     for rank, node in ((0, n0), (1, n0), (2, n1)):
         await kit.head.steps.handle(node, "step_exit", {**base, "rank": rank, "exit_code": 0, "signal": 9})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=2)
@@ -184,7 +172,7 @@ async def test_step_output_and_kill_on_bad_exit(kit):
 
 async def test_steps_end_with_their_job_and_output_is_bounded(kit, monkeypatch):
     monkeypatch.setattr(steps, "MAX_STEP_OUTPUT", 100)
-    job = await start_gang(kit)
+    job = await kit.start_gang()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
     n0 = job.node
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
