@@ -24,7 +24,7 @@ import pytest
 from gpud.worker import executor as executor_mod
 from gpud.worker.executor import Executor, GpuAssignment, Launch, Outcome, output_path, parse_signal
 
-WAIT = 15.0  # seconds before a condition that should hold counts as failed
+WAIT = 30.0  # seconds before a condition that should hold counts as failed (generous: loaded CI hosts)
 
 
 class FakeClock:
