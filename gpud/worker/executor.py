@@ -43,6 +43,7 @@ import psutil
 
 from ..units import format_duration
 from .cpubind import format_cpulist
+from . import procs
 from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
 from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
@@ -314,7 +315,7 @@ class Executor:
             return
         log.info("job %d.%d: watching it again (pid %d)", *job.key, job.pid)
         if job.start_time is None:  # found by its wrapper.pid: the limit counts from now
-            job.create_time = _create_time(job.pid)
+            job.create_time = procs.create_time(job.pid)
             job.start_time = self._clock()
             if job.launch.time_limit is not None:
                 job.deadline = job.start_time + job.launch.time_limit
@@ -387,9 +388,9 @@ class Executor:
                 log.warning("job %d.%d: the job wrapper server failed (%s); starting the wrapper "
                             "directly", *job.key, e)
             else:
-                return None, pid, pidfd, _create_time(pid)
+                return None, pid, pidfd, procs.create_time(pid)
         popen = self._spawn(job)
-        return popen, popen.pid, None, _create_time(popen.pid)
+        return popen, popen.pid, None, procs.create_time(popen.pid)
 
     def _identity(self, launch: Launch) -> tuple[str, str, list[int], bool]:
         """(user, home, groups, switch_user): the job's user when root, else ourselves."""
@@ -563,7 +564,7 @@ class Executor:
         one that did not (killed, crashed) can have left processes to sweep."""
         status = self.store.status(job.key)
         if status is None and job.pid is not None:
-            _sweep_group(job.pid, job.create_time)
+            procs.sweep_group(job.pid, job.create_time)
         return status
 
     def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
@@ -643,30 +644,6 @@ def _alive(pid: int | None, create_time: float | None, job_dir: str) -> bool:
                 and p.create_time() <= os.stat(os.path.join(job_dir, "wrapper.pid")).st_mtime + 0.1)
     except (psutil.Error, OSError):
         return False
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _sweep_group(pgid: int, since: float | None) -> None:
-    """SIGKILL what is left of a job whose wrapper was not our child.
-
-    By now the group id may be someone else's, so only processes that started after the
-    wrapper are killed."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return
-    for p in psutil.process_iter(["create_time"]):
-        try:
-            if os.getpgid(p.pid) == pgid and (since is None or p.info["create_time"] >= since - 0.1):
-                p.kill()
-        except (OSError, psutil.Error):
-            pass
 
 
 def _reap_detached() -> None:

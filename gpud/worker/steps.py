@@ -43,6 +43,8 @@ from typing import Any, Awaitable, Callable
 
 import psutil
 
+from . import procs
+
 log = logging.getLogger("gpud.worker.steps")
 
 READ_CHUNK = 64 << 10
@@ -303,7 +305,7 @@ class StepTasks:
             return None
         path = os.path.join(self._dir, f"{step.job}.{step.attempt}.{step.step}.{task.rank}")
         rec = {"job": step.job, "attempt": step.attempt, "step": step.step, "rank": task.rank,
-               "pid": task.proc.pid, "create_time": _create_time(task.proc.pid)}
+               "pid": task.proc.pid, "create_time": procs.create_time(task.proc.pid)}
         try:
             os.makedirs(self._dir, mode=0o700, exist_ok=True)
             with open(path + ".tmp", "w") as f:
@@ -346,7 +348,6 @@ def _read_record(path: str) -> dict | None:
 def _kill_left(pid: int, create_time: float | None) -> bool:
     """SIGKILL a recorded task's process group, if it is still that task's (same start
     time, or younger members of the group when the leader is gone); True when any died."""
-    killed = False
     try:
         leader = psutil.Process(pid)
         if create_time is not None and abs(leader.create_time() - create_time) < 0.1 \
@@ -357,21 +358,7 @@ def _kill_left(pid: int, create_time: float | None) -> bool:
         pass
     if create_time is None:
         return False
-    for p in psutil.process_iter(["create_time"]):   # the leader exited; what it left behind
-        try:
-            if p.pid != pid and os.getpgid(p.pid) == pid and p.info["create_time"] >= create_time - 0.1:
-                p.kill()
-                killed = True
-        except (OSError, psutil.Error):
-            pass
-    return killed
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    return procs.sweep_group(pid, create_time, spare=pid)   # the leader exited; what it left behind
 
 
 def _remove(path: str) -> None:
