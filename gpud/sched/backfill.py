@@ -273,14 +273,16 @@ class Timeline:
         the node stays free for ever).  Remembered until the node changes: the gangs of a
         queue repeat a few shapes, and each reservation changes only its own nodes.  The
         list is shared; callers must not change it."""
-        key = (i, gpus, cpus, mem, model, time_limit)
+        return self._remembered(self._windows, self._windows_of, i, gpus, cpus, mem, model, time_limit)
+
+    def _remembered(self, cache: dict, compute: Callable, i: int, *shape) -> object:
+        """``compute(i, *shape)``, kept in ``cache`` until node ``i`` changes."""
+        key = (i, *shape)
         version = self.versions.get(i, 0)
-        hit = self._windows.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        out = self._windows_of(i, gpus, cpus, mem, model, time_limit)
-        self._windows[key] = (version, out)
-        return out
+        hit = cache.get(key)
+        if hit is None or hit[0] != version:
+            hit = cache[key] = (version, compute(i, *shape))
+        return hit[1]
 
     def _windows_of(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
                     time_limit: float | None) -> list[tuple[float, float]]:
@@ -307,14 +309,7 @@ class Timeline:
     def _earliest_cached(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
                          time_limit: float | None) -> float | None:
         """earliest_on_node, remembered until the node changes (requests repeat a lot)."""
-        key = (i, gpus, cpus, mem, model, time_limit)
-        version = self.versions.get(i, 0)
-        hit = self._exact.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        t = self.earliest_on_node(i, gpus, cpus, mem, model, time_limit)
-        self._exact[key] = (version, t)
-        return t
+        return self._remembered(self._exact, self.earliest_on_node, i, gpus, cpus, mem, model, time_limit)
 
     def no_delay(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float) -> bool:
         """Whether starting a job now on node ``i`` (until ``end``) leaves every reservation whole."""
@@ -378,19 +373,14 @@ class Timeline:
     def first_instant(self, i: int, model: str | None, gpus: int) -> float:
         """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size
         (remembered until the node changes: every search re-checks the nodes it takes)."""
-        key = (i, model, gpus)
-        version = self.versions.get(i, 0)
-        hit = self._firsts.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        return self._remembered(self._firsts, self._first_instant_of, i, model, gpus)
+
+    def _first_instant_of(self, i: int, model: str | None, gpus: int) -> float:
         p = self.profile(i, model)
-        first = INF
         for t, g in zip(p.times, p.gpus):
             if g >= gpus:
-                first = t
-                break
-        self._firsts[key] = (version, first)
-        return first
+                return t
+        return INF
 
     def by_bound(self, partition: str, model: str | None, gpus: int) -> Iterator[tuple[float, int]]:
         """(bound, node) for the nodes that could ever have ``gpus`` GPUs free, in increasing
