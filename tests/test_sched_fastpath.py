@@ -89,18 +89,21 @@ def test_plans_do_not_depend_on_the_order_jobs_arrive_in(pend, rnd):
     assert a == b
 
 
+def _busy_timeline() -> tuple[Cluster, Timeline, list[int]]:
+    """Four nodes with twelve running jobs of staggered limits: (cluster, timeline, their ids)."""
+    run = [running(100 + k, f"n00{1 + k % 4}", (k // 4,), start_time=0.0, time_limit=900.0 * (1 + k % 3))
+           for k in range(12)]
+    cluster = Cluster(nodes(4), run, CFG)
+    return cluster, Timeline(cluster, run, now=0.0), [r.job_id for r in run]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["start", "stop", "stream"]), st.integers(0, 3),
                           st.sampled_from([60.0, 600.0, 3600.0, float("inf")])), max_size=30))
 def test_release_stream_merges_like_a_fresh_sort(ops):
     """The sorted releases the reservation search walks equal a sort from scratch after any
     mix of starts (merged in) and stopped victims (sorted again)."""
-    node_list = nodes(4)
-    run = [running(100 + k, f"n00{1 + k % 4}", (k // 4,), start_time=0.0, time_limit=900.0 * (1 + k % 3))
-           for k in range(12)]
-    cluster = Cluster(node_list, run, CFG)
-    tl = Timeline(cluster, run, now=0.0)
-    stoppable = [r.job_id for r in run]
+    cluster, tl, stoppable = _busy_timeline()
     next_id = 1000
     for op, node, end in ops:
         if op == "start" and cluster.free[node]:
@@ -194,12 +197,7 @@ def test_remembered_windows_and_first_instants_match_a_fresh_computation(ops):
     """A gang search's per-node windows and first free instants, remembered until the node
     changes, equal what the node's profile gives afresh after any starts, reservations and
     stopped victims."""
-    node_list = nodes(4)
-    run = [running(100 + k, f"n00{1 + k % 4}", (k // 4,), start_time=0.0, time_limit=900.0 * (1 + k % 3))
-           for k in range(12)]
-    cluster = Cluster(node_list, run, CFG)
-    tl = Timeline(cluster, run, now=0.0)
-    stoppable = [r.job_id for r in run]
+    cluster, tl, stoppable = _busy_timeline()
     next_id = 1000
     for op, node, span, g in ops:
         if op == "start" and cluster.free[node]:
