@@ -51,6 +51,21 @@ class GangCluster(Cluster):
         return p
 
 
+    def start_two(self) -> None:
+        """The head and two 2-GPU workers on different switches (w1, w5)."""
+        self.start_head()
+        self.start_worker("w1", "2xH100-80GB")
+        self.start_worker("w5", "2xH100-80GB")
+
+
+def shared_work(tmp_path: Path) -> Path:
+    """A directory every user's job may write to."""
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    return work
+
+
 def _gpuctl(c: Cluster) -> str:
     return f"{sys.executable} -m gpuctl.main --socket {c.socket}"
 
@@ -61,9 +76,7 @@ def _wrapper_pid(c: Cluster, node: str, job: int, attempt: int) -> int:
 
 
 def test_gang_job_starts_whole_under_one_switch_and_dies_whole(tmp_path, mosquitto):  # noqa: F811
-    work = tmp_path / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
+    work = shared_work(tmp_path)
     with GangCluster(tmp_path / "c", mosquitto.url, node_timeout=20.0, heartbeat=0.5) as c:
         c.start_head()
         for name in SWITCH:
@@ -151,13 +164,9 @@ def test_gang_job_starts_whole_under_one_switch_and_dies_whole(tmp_path, mosquit
 
 
 def test_srun_kills_the_step_when_one_task_fails_and_tasks_die_with_the_job(tmp_path, mosquitto):  # noqa: F811
-    work = tmp_path / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
+    work = shared_work(tmp_path)
     with GangCluster(tmp_path / "c", mosquitto.url) as c:
-        c.start_head()
-        c.start_worker("w1", "2xH100-80GB")
-        c.start_worker("w5", "2xH100-80GB")
+        c.start_two()
         script = (
             "#!/bin/bash\n"
             f"{_gpuctl(c)} srun --label sh -c 'if [ $RANK = 1 ]; then echo bad; exit 3; fi; exec sleep 600' "

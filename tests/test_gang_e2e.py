@@ -12,7 +12,7 @@ import pytest
 
 from tests.cluster import wait_for
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
-from tests.test_e2e_gang import GangCluster, _gpuctl, _wrapper_pid
+from tests.test_e2e_gang import GangCluster, _gpuctl, _wrapper_pid, shared_work
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +26,10 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_parts_worker_restart_keeps_the_job_and_ends_the_step_it_orphaned(tmp_path, mosquitto):  # noqa: F811
-    work = tmp_path / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
+    work = shared_work(tmp_path)
     # A node timeout well above a worker restart: the node must not be declared lost.
     with GangCluster(tmp_path / "c", mosquitto.url, node_timeout=30.0, heartbeat=0.5) as c:
-        c.start_head()
-        c.start_worker("w1", "2xH100-80GB")
-        c.start_worker("w5", "2xH100-80GB")
+        c.start_two()
         script = (
             "#!/bin/bash\n"
             f"{_gpuctl(c)} srun sh -c 'echo $$ > {work}/task.$RANK; exec sleep 600' "
