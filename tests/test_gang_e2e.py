@@ -4,7 +4,6 @@ task is killed and srun exits non-zero with the reason instead of waiting foreve
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
