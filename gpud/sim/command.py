@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
+from contextlib import ExitStack
 from typing import Any, Iterator
 
 import click
 
 from ..sched.config import SchedConfig
 from ..units import UnitError, parse_duration
+from .background import (DEFAULT_BACKGROUND_QOS, merge_streams, valid_qos_name, with_qos,
+                         with_stream_qos)
 from .cluster import ClusterSpecError, apply_gpu_modes, parse_cluster
 from .compare import format_compare
 from .engine import Simulation
@@ -111,6 +114,16 @@ PLOT_POINTS = 400      # samples per series when plotting
                    "(default 0.9 mixed, 2.0 saturating).")
 @click.option("--accounts", "n_accounts", type=click.IntRange(1, 1000), default=2,
               show_default=True, help="With --synthetic saturating: how many accounts.")
+@click.option("--background", "background_path", metavar="CSV",
+              help="Also replay this trace beside the jobs, as a load of higher priority "
+                   "(e.g. serving instances) in its own QOS; see --background-qos.")
+@click.option("--background-qos", metavar="NAME",
+              help=f"With --background: the QOS of its jobs (default {DEFAULT_BACKGROUND_QOS}). "
+                   "When the config lacks it, it is added above every other QOS, preempting "
+                   "them (requeue).")
+@click.option("--qos", "main_qos", metavar="NAME",
+              help="Run every job of --trace or --synthetic in this QOS (default: the trace's "
+                   "qos column, else the config's default QOS); added when the config lacks it.")
 @click.option("--save-trace", metavar="CSV",
               help="With --synthetic: also write the jobs as a trace file.")
 @click.option("--policy", type=click.Choice(POLICIES), default=DEFAULT_POLICY, show_default=True,
@@ -147,6 +160,7 @@ PLOT_POINTS = 400      # samples per series when plotting
               help="Draw utilization, queue length and account shares over time (needs matplotlib).")
 def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, trace_path: str | None,
              synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
+             background_path: str | None, background_qos: str | None, main_qos: str | None,
              save_trace: str | None, policy: str, compare: bool, until: str | None,
              since: str | None, skip_status: tuple[str, ...], drain: bool, ignore_gpu_type: bool, limits: str, overestimate: float, exact_limits: bool,
              pass_interval: str, period: str, as_json: bool, plot_path: str | None) -> None:
@@ -158,6 +172,17 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
                             "--synthetic KIND")
     if save_trace is not None and synthetic is None:
         raise _OneLineError("--save-trace writes generated jobs: use it with --synthetic")
+    if background_qos is not None and background_path is None:
+        raise _OneLineError("--background-qos names the QOS of --background's jobs: use it "
+                            "with --background CSV")
+    bg_qos = (background_qos or DEFAULT_BACKGROUND_QOS) if background_path is not None else None
+    for option, name in (("--background-qos", bg_qos), ("--qos", main_qos)):
+        if name is not None and not valid_qos_name(name):
+            raise _OneLineError(f"invalid {option} {name!r}: use letters, digits, '_', '-' "
+                                f"and '.'")
+    if bg_qos is not None and bg_qos == main_qos:
+        raise _OneLineError(f"--qos and --background-qos are both {main_qos!r}: the background "
+                            f"load needs a QOS of its own")
     until_s = _parse_duration_option("--until", until)
     since_s = _parse_duration_option("--since", since)
     if drain and until_s is None:
@@ -176,7 +201,7 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
             raise _OneLineError(str(e)) from None
     try:
         nodes = apply_gpu_modes(parse_cluster(cluster_spec), gpu_modes)
-        config = load_sched_config(config_path)
+        config = with_stream_qos(load_sched_config(config_path), bg_qos, main_qos)
     except (ClusterSpecError, SimConfigError) as e:
         raise _OneLineError(str(e)) from None
     estimates = Estimates("exact" if exact_limits else limits, overestimate)
@@ -195,9 +220,11 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
                     write_trace(jobs, out)
             except OSError as e:
                 raise _OneLineError(f"{save_trace}: {e.strerror or e}") from None
-    else:
+    for path in (trace_path if jobs is None else None, background_path):
+        if path is None:
+            continue
         try:
-            open_trace(trace_path).close()   # a missing file is an error before any run
+            open_trace(path).close()   # a missing file is an error before any run
         except TraceError as e:
             raise _OneLineError(str(e)) from None
 
@@ -210,13 +237,9 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
     for name in (POLICIES if compare else (policy,)):
         kw = dict(until=until_s, drain=drain, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
                   estimates=estimates, period=period_s, series_step=series_step)
-        if jobs is not None:
-            stats = TraceStats(rows=len(jobs), accepted=len(jobs))
-            report = Simulation(nodes, jobs, policy_config(config, name), trace_stats=stats,
-                                **kw).run()
-        else:
-            report = _run_trace(trace_path, nodes, policy_config(config, name), kw,
-                                since_s, frozenset(skip_status))
+        source = _Source(trace_path, jobs, background_path, bg_qos, main_qos, since_s,
+                         frozenset(skip_status))
+        report = source.run(nodes, policy_config(config, name), kw)
         reports[name] = {"policy": name, **report}
 
     if plot_path is not None:
@@ -237,23 +260,53 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
         click.echo(format_text(reports[policy]))
 
 
-def _run_trace(path: str, nodes, config: SchedConfig, kw: dict[str, Any], since: float | None,
-               skip_status: frozenset[str]) -> dict[str, Any]:
-    try:
-        f = open_trace(path)
-    except TraceError as e:
-        raise _OneLineError(str(e)) from None
-    stats = TraceStats()
-    with f:
-        rows = _selected(iter_trace(f, stats, name=path), stats, since, skip_status)
-        sim = Simulation(nodes, rows, config, trace_stats=stats, **kw)
+class _Source:
+    """Where one run's jobs come from: a trace file or generated jobs, and a background
+    trace beside them; every file is opened afresh per run and closed after it."""
+
+    def __init__(self, trace_path: str | None, jobs: list[TraceJob] | None,
+                 background_path: str | None, background_qos: str | None,
+                 main_qos: str | None, since: float | None,
+                 skip_status: frozenset[str]) -> None:
+        self.trace_path, self.jobs = trace_path, jobs
+        self.background_path, self.background_qos = background_path, background_qos
+        self.main_qos, self.since, self.skip_status = main_qos, since, skip_status
+
+    def _open(self, stack: ExitStack, path: str, stats: TraceStats) -> Iterator[TraceJob]:
         try:
-            return sim.run()
+            f = stack.enter_context(open_trace(path))
         except TraceError as e:
             raise _OneLineError(str(e)) from None
-        except OSError as e:
-            click.echo(f"gpud simulate: error: {path}: {e.strerror or e}", err=True)
-            sys.exit(1)
+        return _selected(iter_trace(f, stats, name=path), stats, self.since, self.skip_status)
+
+    def run(self, nodes, config: SchedConfig, kw: dict[str, Any]) -> dict[str, Any]:
+        with ExitStack() as stack:
+            if self.jobs is not None:
+                stats = TraceStats(rows=len(self.jobs), accepted=len(self.jobs))
+                rows: Iterator[TraceJob] = iter(self.jobs)
+            else:
+                stats = TraceStats()
+                rows = self._open(stack, self.trace_path, stats)
+            rows = with_qos(rows, self.main_qos)
+            bg_stats = None
+            if self.background_path is not None:
+                bg_stats = TraceStats()
+                rows = merge_streams(rows, self._open(stack, self.background_path, bg_stats),
+                                     self.background_qos)
+            sim = Simulation(nodes, rows, config, trace_stats=stats, **kw)
+            try:
+                report = sim.run()
+            except TraceError as e:
+                raise _OneLineError(str(e)) from None
+            except OSError as e:
+                click.echo(f"gpud simulate: error: {e.filename or self.trace_path}: "
+                           f"{e.strerror or e}", err=True)
+                sys.exit(1)
+        if bg_stats is not None:
+            report["background"] = {"qos": self.background_qos, "rows": bg_stats.rows,
+                                    "accepted": bg_stats.accepted,
+                                    "skipped": dict(sorted(bg_stats.skipped.items()))}
+        return report
 
 
 def _selected(rows: Iterator[TraceJob], stats: TraceStats, since: float | None,

@@ -50,6 +50,39 @@ def _gangs(jobs: dict[str, Any]) -> str:
     return f"; multi-node {jobs['multi_node']}, rounded up {jobs.get('rounded_up', 0)}"
 
 
+# (label, getter, formatter) for each QOS, shown when jobs ran in more than one
+QOS_ROWS: list[tuple[str, Callable[[dict], Any], Callable[[Any], str]]] = [
+    ("jobs started", lambda q: q["jobs_started"], lambda v: f"{v:,}"),
+    ("jobs pending at end", lambda q: q["jobs_pending"], lambda v: f"{v:,}"),
+    ("wait mean", lambda q: q["wait_s"]["mean"], dur),
+    ("wait p50", lambda q: q["wait_s"]["p50"], dur),
+    ("wait p95", lambda q: q["wait_s"]["p95"], dur),
+    ("GPUs held (mean)", lambda q: q["mean_gpus"], lambda v: num(v, ",.1f")),
+    ("GPU allocation while these waited", lambda q: q["gpu_allocation"], pct),
+    ("times preempted", lambda q: q["preempted"], lambda v: f"{v:,}"),
+    ("GPU-hours lost to preemption", lambda q: q["preempted_gpu_hours"], _hours),
+]
+
+
+def _per_qos(reports: dict[str, dict[str, Any]], width: int, col: int) -> list[str]:
+    names = list(dict.fromkeys(q for r in reports.values() for q in r.get("qos", {})))
+    if len(names) < 2:
+        return []
+    out: list[str] = []
+    for qos in names:
+        out += ["", f"QOS {qos}"]
+        for label, get, fmt in QOS_ROWS:
+            cells = []
+            for r in reports.values():
+                try:
+                    v = get(r["qos"][qos])
+                except (KeyError, TypeError):
+                    v = None
+                cells.append("-" if v is None else fmt(v))
+            out.append(f"{'  ' + label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+    return out
+
+
 def format_compare(reports: dict[str, dict[str, Any]]) -> str:
     """The reports of several policies (name -> report) side by side."""
     names = list(reports)
@@ -58,8 +91,11 @@ def format_compare(reports: dict[str, dict[str, Any]]) -> str:
     infeasible = ", ".join(f"{k} {v}" for k, v in jobs["infeasible"].items()) or "none"
     width = 40
     col = max(12, *(len(n) + 2 for n in names))
+    bg = first.get("background")
+    background = (f"; background {bg['accepted']} jobs of {bg['rows']} rows in QOS {bg['qos']}"
+                  if bg else "")
     head = [f"Cluster {cl['nodes']} nodes, {cl['gpus']} GPUs; trace {tr.get('accepted', 0)} jobs "
-            f"accepted of {tr.get('rows', 0)} rows, {jobs['submitted']} submitted "
+            f"accepted of {tr.get('rows', 0)} rows{background}, {jobs['submitted']} submitted "
             f"(refused: {infeasible}{_gangs(jobs)}); simulated {dur(first['simulated_s'])}",
             "",
             f"{'':<{width}}" + "".join(f"{n:>{col}}" for n in names)]
@@ -72,6 +108,7 @@ def format_compare(reports: dict[str, dict[str, Any]]) -> str:
                 v = None
             cells.append("-" if v is None else fmt(v))
         head.append(f"{label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+    head += _per_qos(reports, width, col)
     sizes = list(dict.fromkeys(s for r in reports.values() for s in r["by_size"]))
     if sizes:
         head += ["", f"{'mean wait by job size (GPUs)':<{width}}"]

@@ -38,6 +38,10 @@ cluster lacks, an unknown QOS, a time limit over the partition's) are refused at
 and counted, like the head refusing them at submit.  Trace accounts the config lacks join the account tree
 with one share each, so any trace runs under any config.
 
+A background load (``--background``, gpud/sim/background.py) arrives merged into the one
+stream of rows; its rows are marked, and with ``drain`` the run ends once every job of the
+main stream has ended, cutting the background there (serving instances may run for weeks).
+
 Fractions of a GPU (trace ``gpus`` below one, ``mig_profile``, ``gpu_mem``) become requests
 for the core's GPU sharing (gpud/sim/sharing.py); the engine tracks whole GPUs itself and
 counts a slice or share by its fraction, and runs a pass for waiting fractional jobs when
@@ -235,6 +239,7 @@ class Simulation:
         self.usage = _Usage(self.config)
         self.core_cpu_s = 0.0              # CPU seconds spent in the core (for benchmarks; not reported)
         self._recent_preemptions: deque[float] = deque()
+        self._main_alive = 0               # admitted jobs of the main stream not yet ended
         self._started = False
         # A schedule function other than the core may do anything: give it every event.
         self._can_preempt = schedule is not core_schedule or _may_preempt(self.config)
@@ -263,6 +268,9 @@ class Simulation:
                 break
             if self._next_row is None and not self.pending and not self.running:
                 break                  # all done: wake-ups left for reservations are moot
+            if self.drain and self._next_row is None and self._main_alive == 0 \
+                    and t > self.until:
+                break                  # drained: a background load is cut there
             self._advance(t)
             if not self._apply_events(t):
                 continue
@@ -414,7 +422,9 @@ class Simulation:
             job.nodes = gang[0]
         self.jobs[row.seq] = job
         run_for = row.duration_s if limit is None else min(row.duration_s, limit)
-        self.tally.submit(account, submit, run_for * row.share)
+        self.tally.submit(account, submit, run_for * row.share, job.qos)
+        if not row.background:
+            self._main_alive += 1
         self._make_pending(job)
         return row.seq
 
@@ -472,7 +482,7 @@ class Simulation:
     def _make_pending(self, job: _Job) -> None:
         row = job.trace
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
-        self.tally.queue(job.account, row.share)
+        self.tally.queue(job.account, row.share, job.qos)
         pend = PendingJob(
             job_id=row.seq, user=job.user, account=job.account,
             partition=self.config.default_partition, qos=job.qos, gpus=row.gpus, cpus=1,
@@ -502,7 +512,7 @@ class Simulation:
             self._shared_dirty = True
         self.usage.add_rate((job.account, job.user), -job.trace.share * job.weight, t)
         self.tally.run_stopped(job.account, job.trace.share, job.amount, t - job.start,
-                               preempted=job.stop_mode is not None)
+                               preempted=job.stop_mode is not None, qos=job.qos)
         if job.stop_mode == "requeue":
             job.stop_mode = None
             job.node, job.gpu_indices = None, ()
@@ -514,6 +524,8 @@ class Simulation:
             timed_out = job.limit is not None and job.limit < job.trace.duration_s
             state = "TIMEOUT" if natural and timed_out else "COMPLETED"
         self.tally.job_ended(job.account, state, t, job.submit, t - job.start, job.bucket)
+        if not job.trace.background:
+            self._main_alive -= 1
         del self.jobs[job_id]
 
     # -- one scheduler pass -----------------------------------------------------------
@@ -575,7 +587,7 @@ class Simulation:
             self._shared_pending -= 1
         else:
             self._pending_shapes[(pend.gpu_type, pend.gpus // pend.nodes, pend.nodes)] -= 1
-        self.tally.queue(job.account, -job.trace.share)
+        self.tally.queue(job.account, -job.trace.share, job.qos)
         for node, gpus, cpus, mem in pieces:        # a gang takes all its nodes at once
             before = self._free_counts(node)
             self._free[node].difference_update(gpus)
@@ -597,8 +609,8 @@ class Simulation:
         if job.first_start is None:
             job.first_start = t
             wait = t - job.submit
-        self.tally.start(job.account, wait, job.bucket)
-        self.tally.run_started(job.account, job.trace.share, job.amount)
+        self.tally.start(job.account, wait, job.bucket, job.qos)
+        self.tally.run_started(job.account, job.trace.share, job.amount, job.qos)
         if self.start_log is not None:
             self.start_log.append((t, job.trace.trace_id, s.node, tuple(s.gpu_indices)))
         self.running[s.job_id] = RunningJob(

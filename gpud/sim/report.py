@@ -40,6 +40,10 @@ side).  Definitions:
 * ``jobs.multi_node``: jobs bigger than the largest node, run on several nodes at once;
   ``jobs.rounded_up``: those whose GPU count was rounded up to a multiple of their nodes.
   ``by_size`` buckets a job by the GPUs it ran with.
+* Per QOS (``qos``, the streams of ``--background``): jobs submitted, started and
+  pending at the end, waits, GPU-hours used and the mean GPUs held, the GPU allocation
+  (all QOS together) while a job of this QOS waited, and the preemptions its jobs
+  suffered with the GPU-hours they cost.
 * ``makespan_s``: from the first submission to the last job's end; ``None`` when jobs were
   still pending or running when the simulation stopped.
 """
@@ -54,7 +58,7 @@ from typing import Any
 from ..sched.config import SchedConfig
 from ..units import format_duration
 
-__all__ = ["Tally", "AccountTally", "format_text", "percentile", "size_bucket", "SIZE_BUCKETS",
+__all__ = ["Tally", "AccountTally", "QosTally", "format_text", "percentile", "size_bucket", "SIZE_BUCKETS",
            "SLOWDOWN_BOUND", "fair_shares", "jain", "configured_shares"]
 
 SLOWDOWN_BOUND = 10.0           # seconds: the usual bound, so tiny jobs do not dominate
@@ -89,11 +93,25 @@ class AccountTally:
 
 
 @dataclass
+class QosTally:
+    submitted: int = 0
+    waits: list[float] = field(default_factory=list)
+    pending: int = 0                  # jobs of this QOS waiting now
+    rate: float = 0.0                 # GPUs (share-weighted) running now
+    gpu_seconds: float = 0.0
+    waiting_alloc_seconds: float = 0.0   # allocated GPU-seconds (all QOS) while one waited
+    waiting_total_seconds: float = 0.0
+    preempted: int = 0
+    preempted_gpu_seconds: float = 0.0
+
+
+@dataclass
 class Tally:
     total_gpus: int
     period: float = 7 * 86400.0
     series_step: float | None = None  # sample the state every this many seconds
     accounts: dict[str, AccountTally] = field(default_factory=dict)
+    qos: dict[str, QosTally] = field(default_factory=dict)
     waits: list[float] = field(default_factory=list)
     size_waits: dict[str, list[float]] = field(default_factory=dict)
     size_slowdowns: dict[str, list[float]] = field(default_factory=dict)
@@ -160,6 +178,12 @@ class Tally:
             return
         busy = allocated * dt
         self.alloc_seconds += busy
+        for q in self.qos.values():       # a handful of QOS: cheaper than settling lazily
+            if q.rate:
+                q.gpu_seconds += q.rate * dt
+            if q.pending:
+                q.waiting_alloc_seconds += busy
+                q.waiting_total_seconds += self.total_gpus * dt
         if pending:
             self.waiting_alloc_seconds += busy
             self.waiting_total_seconds += self.total_gpus * dt
@@ -211,39 +235,62 @@ class Tally:
 
     # -- jobs --------------------------------------------------------------------------
 
-    def queue(self, account: str, share: float) -> None:
+    def qos_tally(self, name: str) -> QosTally:
+        q = self.qos.get(name)
+        if q is None:
+            q = self.qos[name] = QosTally()
+        return q
+
+    def queue(self, account: str, share: float, qos: str | None = None) -> None:
         """A job of ``share`` GPUs joined (positive) or left (negative) the queue."""
+        if qos is not None:
+            self.qos_tally(qos).pending += 1 if share > 0 else -1
         acct = self.account(account)
         acct.queued += share
         if abs(acct.queued) < 1e-9:
             acct.queued = 0.0
 
-    def submit(self, account: str, t: float, demand: float) -> None:
+    def submit(self, account: str, t: float, demand: float, qos: str | None = None) -> None:
         self.submitted += 1
+        if qos is not None:
+            self.qos_tally(qos).submitted += 1
         acct = self.account(account)
         acct.submitted += 1
         acct.demand += demand
         if self.first_submit is None or t < self.first_submit:
             self.first_submit = t
 
-    def start(self, account: str, wait: float | None, bucket: str = "1") -> None:
+    def start(self, account: str, wait: float | None, bucket: str = "1",
+              qos: str | None = None) -> None:
         """A run began; ``wait`` is set on a job's first start only."""
         if wait is None:
             self.restarts += 1
             return
+        if qos is not None:
+            self.qos_tally(qos).waits.append(wait)
         acct = self.account(account)
         acct.started += 1
         acct.waits.append(wait)
         self.waits.append(wait)
         self.size_waits.setdefault(bucket, []).append(wait)
 
-    def run_started(self, account: str, share: float, gpus: float) -> None:
+    def run_started(self, account: str, share: float, gpus: float, qos: str | None = None) -> None:
+        if qos is not None:
+            self.qos_tally(qos).rate += share
         acct = self.account(account)
         acct.rate += share
         acct.rate_allocated += gpus
 
     def run_stopped(self, account: str, share: float, gpus: float, seconds: float,
-                    preempted: bool) -> None:
+                    preempted: bool, qos: str | None = None) -> None:
+        if qos is not None:
+            q = self.qos_tally(qos)
+            q.rate -= share
+            if abs(q.rate) < 1e-9:
+                q.rate = 0.0
+            if preempted:
+                q.preempted += 1
+                q.preempted_gpu_seconds += gpus * seconds
         acct = self.account(account)
         acct.rate -= share
         acct.rate_allocated -= gpus
@@ -321,6 +368,21 @@ class Tally:
                     "wait_s": _stats(a.waits),
                 }
                 for name, a in sorted(self.accounts.items())
+            },
+            "qos": {
+                name: {
+                    "jobs_submitted": q.submitted,
+                    "jobs_started": len(q.waits),
+                    "jobs_pending": q.pending,
+                    "wait_s": _stats(q.waits, with_max=True),
+                    "gpu_hours": _round(q.gpu_seconds / 3600),
+                    "mean_gpus": _round(q.gpu_seconds / span) if span > 0 else None,
+                    "gpu_allocation": (_round(q.waiting_alloc_seconds / q.waiting_total_seconds)
+                                       if q.waiting_total_seconds > 0 else None),
+                    "preempted": q.preempted,
+                    "preempted_gpu_hours": _round(q.preempted_gpu_seconds / 3600),
+                }
+                for name, q in sorted(self.qos.items())
             },
             "fairness": {
                 "jain": _round(sum(j * w for j, w in weighted) / wsum) if wsum > 0 else None,
@@ -507,10 +569,17 @@ def format_text(r: dict[str, Any]) -> str:
         f"{num(frag.get('free_gpus'), '.1f')} free GPUs stranded on average",
         f"Fairness     Jain's index {num(r['fairness']['jain'], '.3f')} (GPU-time against "
         f"fair share, per {dur(r['fairness']['period_s'])} period)",
-        "",
-        f"{'SIZE':<6} {'STARTED':>8} {'MEAN WAIT':>12} {'P50 WAIT':>12} {'P95 WAIT':>12} "
-        f"{'SLOWDOWN':>9}",
     ]
+    if len(r.get("qos", {})) > 1:
+        lines += ["", f"{'QOS':<12} {'STARTED':>8} {'PENDING':>8} {'MEAN WAIT':>12} {'P95 WAIT':>12} "
+                  f"{'GPUS':>8} {'ALLOC':>7} {'PREEMPTED':>10}"]
+        for name, q in r["qos"].items():
+            w = q["wait_s"]
+            lines.append(f"{name[:12]:<12} {q['jobs_started']:>8} {q['jobs_pending']:>8} "
+                         f"{dur(w['mean']):>12} {dur(w['p95']):>12} {num(q['mean_gpus'], '.1f'):>8} "
+                         f"{pct(q['gpu_allocation']):>7} {q['preempted']:>10}")
+    lines += ["", f"{'SIZE':<6} {'STARTED':>8} {'MEAN WAIT':>12} {'P50 WAIT':>12} {'P95 WAIT':>12} "
+                  f"{'SLOWDOWN':>9}"]
     for label, s in r["by_size"].items():
         w = s["wait_s"]
         lines.append(f"{label:<6} {s['jobs_started']:>8} {dur(w['mean']):>12} {dur(w['p50']):>12} "

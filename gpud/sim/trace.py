@@ -68,6 +68,7 @@ class TraceJob:
     qos: str | None = None
     gpu_mem: str | None = None
     mig_profile: str | None = None
+    background: bool = False    # from ``--background``: not waited for by ``--drain``
 
 
 @dataclass
