@@ -3,14 +3,12 @@
 Every function here is pure: records and ``now`` in, text out, so the tests can pin a
 clock.  Tables size their columns to the data (no fixed widths that cut job ids), pad
 with single spaces like squeue, and leave no trailing blanks.
+
+squeue's fast path imports this module on every call: ``json``, ``re`` and ``gpud.units``
+(which imports ``re``) are imported by the functions that need them, not here.
 """
 
 from __future__ import annotations
-
-import json
-import re
-
-from gpud.units import format_duration, format_size_mb
 
 TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
 if TYPE_CHECKING:
@@ -53,6 +51,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Itera
 
 
 def to_json(key: str, records: list[dict[str, Any]]) -> str:
+    import json
+
     return json.dumps({key: records}, indent=2, ensure_ascii=False)
 
 
@@ -132,6 +132,8 @@ def gpu_util(job: dict[str, Any]) -> str:
 
 
 def sacct_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
+    from gpud.units import format_duration
+
     rows = []
     for j in sorted(jobs, key=lambda j: j.get("job_id") or 0):
         rows.append((j.get("job_id", "?"), _clip(j.get("name"), 24), _clip(_user(j), 16),
@@ -154,6 +156,8 @@ def node_state(node: dict[str, Any]) -> str:
 
 def sinfo_nodes_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
     """``sinfo -N``: one line per node."""
+    from gpud.units import format_size_mb
+
     rows = []
     for n in sorted(nodes, key=lambda n: _natural(str(n.get("name", "")))):
         rows.append((n.get("name", "?"), node_state(n),
@@ -194,6 +198,8 @@ def _holders(holders: Iterable[dict[str, Any]]) -> str:
 
 def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
     """``sinfo -G``: one line per GPU (mode, use, jobs), then one per MIG slice."""
+    from gpud.units import format_size_mb
+
     rows: list[tuple[Any, ...]] = []
     for n in sorted(nodes, key=lambda n: _natural(str(n.get("name", "")))):
         name = n.get("name", "?")
@@ -227,11 +233,10 @@ def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str
     return table(("NODELIST", "GPU", "MODEL", "MODE", "USED", "JOBS"), rows, header=header)
 
 
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
-
-
 def _natural(name: str) -> tuple:
-    m = _NUMBERED.match(name)
+    import re
+
+    m = re.match(r"^(.*?)(\d+)$", name)
     return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)
 
 

@@ -45,10 +45,7 @@ that), and, when it sets a new JobSpec field, that field's name in ``_API_KEYS``
 from __future__ import annotations
 
 import os
-import re
 import time
-
-from gpud.units import UnitError, parse_duration, parse_size_mb
 
 from . import unsupported
 
@@ -196,6 +193,8 @@ def _gres(text: str) -> dict[str, Any]:
 
 def _size(key: str, option: str) -> Converter:
     def convert(text: str) -> dict[str, Any]:
+        from gpud.units import UnitError, parse_size_mb   # imports re: only for the options that need it
+
         try:
             mb = parse_size_mb(text)
         except UnitError as e:
@@ -265,6 +264,8 @@ def _switches(text: str) -> dict[str, Any]:
     count, at, wait = text.strip().partition("@")
     out = _int("switches", "--switches", 1, 64)(count)
     if at:
+        from gpud.units import UnitError, parse_duration
+
         try:
             seconds = parse_duration(wait)
         except UnitError as e:
@@ -339,7 +340,8 @@ def _export(text: str) -> dict[str, Any]:
     items = [w.strip() for w in text.split(",") if w.strip()]
     for w in items:
         name = w.split("=", 1)[0]
-        if w.upper() not in ("ALL", "NONE") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        # a NAME is [A-Za-z_][A-Za-z0-9_]*: an ASCII identifier
+        if w.upper() not in ("ALL", "NONE") and not (name.isascii() and name.isidentifier()):
             raise ScriptError(f"--export: {w!r} is not ALL, NONE, NAME or NAME=VALUE")
     if not items:
         raise ScriptError("--export needs ALL, NONE, or a list of NAME[=VALUE]")
@@ -349,6 +351,8 @@ def _export(text: str) -> dict[str, Any]:
 
 
 def _time(text: str) -> dict[str, Any]:
+    from gpud.units import UnitError, parse_duration
+
     try:
         seconds = parse_duration(text)
     except UnitError as e:
@@ -357,11 +361,12 @@ def _time(text: str) -> dict[str, Any]:
     return {"time_limit": seconds if seconds else None}
 
 
-_BAD_NAME = re.compile(r"[\x00-\x1f/]")
+# What a job name may not hold, each mapped to "_" (str.translate: no need for re here).
+_BAD_NAME_CHARS = {**{c: "_" for c in range(0x20)}, ord("/"): "_"}
 
 
 def _name(text: str) -> dict[str, Any]:
-    if not text or len(text) > 200 or _BAD_NAME.search(text):
+    if not text or len(text) > 200 or text.translate(_BAD_NAME_CHARS) != text:
         raise ScriptError(f"invalid job name {text!r}: 1-200 characters, no '/' or control characters")
     return {"name": text}
 
@@ -760,7 +765,7 @@ def export_env(export: str | None, env: Any) -> dict[str, str]:
 
 
 def _safe_name(name: str) -> str:
-    return _BAD_NAME.sub("_", name)[:200] or "job"
+    return name.translate(_BAD_NAME_CHARS)[:200] or "job"
 
 
 def exportable_env(env: Any) -> dict[str, str]:

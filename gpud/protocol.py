@@ -1,6 +1,7 @@
 """The request/response protocol between gpuctl and the head's Unix socket.
 
-Stdlib only: gpuctl imports this on its start-up path.
+Stdlib only: gpuctl imports this on its start-up path, so the lines are written and read
+with ``gpud.jsoncodec`` (json's C accelerator without the ``json`` package's imports).
 
 Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes for a request
 and ``MAX_RESPONSE`` for an answer.
@@ -118,8 +119,10 @@ PARTITION: {"name", "default", "state", "nodes" (patterns), "node_names", "defau
 
 from __future__ import annotations
 
-import json
 import os
+
+from . import jsoncodec
+
 TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
 if TYPE_CHECKING:
     from typing import Any
@@ -141,7 +144,7 @@ class ProtocolError(ValueError):
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return jsoncodec.dumps(obj).encode() + b"\n"
 
 
 def request(op: str, **args: Any) -> bytes:
@@ -161,7 +164,7 @@ def decode_request(line: bytes) -> tuple[str, dict[str, Any]]:
     if len(line) > MAX_LINE:
         raise ProtocolError("request too large")
     try:
-        obj = json.loads(line)
+        obj = jsoncodec.loads(line)
     except (ValueError, UnicodeDecodeError):
         raise ProtocolError("request is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -179,7 +182,7 @@ def decode_request(line: bytes) -> tuple[str, dict[str, Any]]:
 def decode_response(line: bytes) -> dict[str, Any]:
     """The result of a successful response; raises RemoteError with the head's reason."""
     try:
-        obj = json.loads(line)
+        obj = jsoncodec.loads(line)
     except (ValueError, UnicodeDecodeError):
         raise ProtocolError("malformed response from gpud head") from None
     if not isinstance(obj, dict) or "ok" not in obj:
