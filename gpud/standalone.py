@@ -3,6 +3,10 @@
 For a single GPU box and for a first try: no Mosquitto, no key distribution.  The key and
 the socket live in the state directory; the printed ``GPUD_SOCKET=…`` line points gpuctl
 at this cluster.
+
+The head and its own worker speak in the process (``gpud.bus.split``): their messages are
+sealed and verified as on the wire but never leave it.  The embedded broker serves
+everyone else: relays, and other workers pointed at it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import signal
 import sys
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 from .config import Config
 from .keys import generate_key
@@ -39,16 +43,22 @@ async def run_standalone(cfg: Config, *, port: int = 0, loader: Callable[[], Con
 async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -> int:
     from .bus.broker import EmbeddedBroker  # amqtt is only needed here
     from .head.daemon import Head
-    from .head.service import run_head
+    from .keys import KeyFileError, load_key
     from .worker.daemon import Worker, run_worker
 
     os.makedirs(cfg.state_dir, mode=0o755, exist_ok=True)
     if not os.path.exists(cfg.key_file):
         generate_key(cfg.key_file)
+    try:
+        key = load_key(cfg.key_file)
+    except KeyFileError as e:
+        print(f"gpud standalone: error: {e}", file=sys.stderr)
+        return 1
     heads: list[Head] = []
     workers: list[Worker] = []
     async with EmbeddedBroker(port=port) as broker:
         cfg = replace(cfg, broker=replace(cfg.broker, url=broker.url))
+        head_bus, worker_bus = local_buses(cfg, key)
         stopping = asyncio.Event()
 
         def stop() -> None:
@@ -71,8 +81,7 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
             return replace(new, broker=replace(new.broker, url=url))
 
         loop.add_signal_handler(signal.SIGHUP, lambda: [_reload(h) for h in heads])
-        head_task = asyncio.create_task(run_head(cfg, install_signals=False, on_head=heads.append,
-                                                 loader=reload_config), name="head")
+        head_task = asyncio.create_task(_run_head(cfg, head_bus, heads.append, reload_config), name="head")
         while not heads and not head_task.done():
             await asyncio.sleep(0.01)
         if head_task.done():
@@ -85,7 +94,7 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
         print(f"gpud standalone: cluster {cfg.cluster!r} ready; export GPUD_SOCKET={cfg.head.socket}",
               file=sys.stderr, flush=True)
         worker_task = asyncio.create_task(
-            run_worker(cfg, install_signals=False, on_worker=workers.append), name="worker")
+            run_worker(cfg, install_signals=False, on_worker=workers.append, bus=worker_bus), name="worker")
         done, _ = await asyncio.wait({head_task, worker_task}, return_when=asyncio.FIRST_COMPLETED)
         # Either one ending ends the box: stop the other one too.
         if not stopping.is_set():
@@ -96,6 +105,49 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
                 h.stop()
         codes = await asyncio.gather(head_task, worker_task)
     return max(codes)
+
+
+def local_buses(cfg: Config, key: bytes) -> tuple[Any, Any]:
+    """The head's bus (its worker in the process, everyone else over the broker at
+    ``cfg.broker.url``) and its worker's (in the process only)."""
+    from .bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will, node_cmd
+    from .bus.inbox import Inbox
+    from .bus.memory import MemoryBroker, MemoryBus
+    from .bus.mqtt import MAX_INBOX, MqttBus
+    from .bus.split import SplitBus
+    from .head.daemon import HEAD_SENDER
+    from .worker.daemon import worker_sender, worker_subscriptions, worker_will
+
+    name = cfg.worker_name()
+    inbox = Inbox(key, f"gpud/{cfg.cluster}/", max_skew=120.0, limit=MAX_INBOX)
+    remote = MqttBus(  # as `gpud head`'s (gpud.head.service.make_bus), into the shared inbox
+        cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
+        subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
+        will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
+        client_id=f"gpud-head-{cfg.cluster}", persistent=True,
+        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        tls=cfg.broker.tls, inbox=inbox,
+    )
+    hub = MemoryBroker(record=False)
+    local = MemoryBus(hub, cfg.cluster, HEAD_SENDER, key, subscriptions=[HEAD_EVENTS, "node/+/status"],
+                      inbox=inbox)
+    worker = MemoryBus(hub, cfg.cluster, worker_sender(name), key, subscriptions=worker_subscriptions(name),
+                       will=worker_will(name))
+    return SplitBus(local, remote, inbox, local_topics=[node_cmd(name)]), worker
+
+
+async def _run_head(cfg: Config, bus: Any, on_head: Callable[[Any], None],
+                    loader: Callable[[], Config]) -> int:
+    """``gpud head``'s run (gpud.head.service.run_head) on the split bus, without signals."""
+    from .head.daemon import Head
+    from .head.store import Store
+
+    async with Store(cfg.database) as store:
+        head = Head(cfg, bus, store, loader=loader)
+        on_head(head)
+        async with bus:
+            await head.run()
+    return 0
 
 
 def _reload(head) -> None:

@@ -4,6 +4,7 @@
 the same (the fake is only worth its tests if it does), so both hand each payload to an
 ``Inbox``: it checks the envelope (signature, freshness, replay; retained messages and wills
 may be old), drops what fails with one log line, and queues the rest for ``messages()``.
+Two buses may share one inbox (``gpud.bus.split``): one reader, one replay cache.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ class Inbox:
         self.verifier = Verifier(key, max_skew=max_skew)
         self.limit = limit              # None: unbounded (the in-memory fake)
         self.dropped = 0                # verified messages dropped because the reader lags
-        self.connected = asyncio.Event()
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
 
     def accept(self, full_topic: str, payload: Any, retained: bool, now: float) -> None:

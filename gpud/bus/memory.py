@@ -1,4 +1,5 @@
-"""An in-process bus with MQTT's semantics, for fast tests of head and worker logic.
+"""An in-process bus with MQTT's semantics: fast tests of head and worker logic, and the
+hop between ``gpud standalone``'s head and its own worker (``gpud.bus.split``).
 
 Theory of operation
 -------------------
@@ -64,10 +65,15 @@ class _Session:
 
 
 class MemoryBroker:
-    """In-process stand-in for an MQTT broker."""
+    """In-process stand-in for an MQTT broker.
 
-    def __init__(self) -> None:
+    ``record=False`` keeps no ``published`` history: a long-lived process (``gpud
+    standalone``) would otherwise keep every message.
+    """
+
+    def __init__(self, *, record: bool = True) -> None:
         self.up = True
+        self.record = record
         self.retained: dict[str, bytes] = {}        # full topic -> payload
         self._sessions: dict[str, _Session] = {}
         self._attached: list[MemoryBus] = []         # open buses, connected or not
@@ -165,7 +171,8 @@ class MemoryBroker:
     def _route(self, topic: str, payload: bytes, retain: bool) -> None:
         if not self.up:
             return
-        self.published.append((topic, payload, retain))
+        if self.record:
+            self.published.append((topic, payload, retain))
         if retain:
             if payload:
                 self.retained[topic] = payload
@@ -197,6 +204,7 @@ class MemoryBus:
         clock: Callable[[], float] = time.time,
         max_skew: float = 120.0,
         max_queued: int = MAX_QUEUED,
+        inbox: Inbox | None = None,
     ) -> None:
         self.broker = broker
         self.cluster = cluster
@@ -211,8 +219,10 @@ class MemoryBus:
         self._clock = clock
         self._max_queued = max_queued
         self._outbox: deque[tuple[str, bytes, bool, float]] = deque()
-        self._inbox = Inbox(self._key, self.prefix, max_skew=max_skew)
-        self._connected = self._inbox.connected
+        # A shared inbox (gpud.bus.split) belongs to the bus that shares it: it closes it.
+        self._owns_inbox = inbox is None
+        self._inbox = inbox if inbox is not None else Inbox(self._key, self.prefix, max_skew=max_skew)
+        self._connected = asyncio.Event()
         self._will_payload: tuple[str, bytes] | None = None
         self._held_down = False
         self._open = False
@@ -279,7 +289,8 @@ class MemoryBus:
             for t in hooks:
                 t.cancel()
             _, hooks = await asyncio.wait(hooks, timeout=0.05)
-        self._inbox.close()
+        if self._owns_inbox:
+            self._inbox.close()
 
     # -- broker callbacks ----------------------------------------------------------------------
 

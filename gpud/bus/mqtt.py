@@ -222,6 +222,7 @@ class MqttBus:
         max_queued: int = MAX_QUEUED,
         keepalive: int = KEEPALIVE,
         close_timeout: float = 5.0,
+        inbox: Inbox | None = None,
     ) -> None:
         self.host, self.port, url_tls = parse_url(url)
         if not cluster or any(c in cluster for c in "/+#"):
@@ -251,8 +252,11 @@ class MqttBus:
         self._keepalive = keepalive
         self._close_timeout = close_timeout
         self._outbox = _Outbox(max_queued)
-        self._inbox = Inbox(self._key, self.prefix, max_skew=max_skew, limit=MAX_INBOX)
-        self._connected = self._inbox.connected
+        # A shared inbox (gpud.bus.split) belongs to the bus that shares it: it closes it.
+        self._owns_inbox = inbox is None
+        self._inbox = inbox if inbox is not None else Inbox(self._key, self.prefix, max_skew=max_skew,
+                                                            limit=MAX_INBOX)
+        self._connected = asyncio.Event()
         self._stop = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task | None = None
@@ -331,7 +335,8 @@ class MqttBus:
                 await asyncio.wait({self._task}, timeout=STOP_GRACE)
                 await cancel_and_wait([self._task])
             self._connected.clear()
-            self._inbox.close()
+            if self._owns_inbox:
+                self._inbox.close()
 
     # -- connection loop ------------------------------------------------------------------------
 

@@ -589,12 +589,13 @@ def install_stop_handlers(worker: Worker) -> None:
 
 async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuBackend | None = None,
                      executor_factory: Callable[..., Any] = default_executor_factory,
-                     on_worker: Callable[[Worker], None] | None = None) -> int:
+                     on_worker: Callable[[Worker], None] | None = None, bus: Any = None) -> int:
     """Build the real pieces around ``Worker`` and run it; the exit code for ``gpud worker``.
 
     ``install_signals=False`` leaves SIGTERM/SIGINT to a caller that runs more than the
     worker in its process (``gpud standalone``): ``on_worker`` hands it the ``Worker`` so
-    it can call ``stop()`` (and wait on ``ready``).
+    it can call ``stop()`` (and wait on ``ready``), and ``bus``, when given, replaces the
+    MQTT bus (standalone's in-process one).
     """
     from ..gpu.backend import GpuError, open_backend
     from ..keys import KeyFileError, load_key
@@ -608,7 +609,8 @@ async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuB
         print(f"gpud worker: error: {e}", file=sys.stderr)
         return 1
     try:
-        bus = make_bus(cfg, name, key)
+        if bus is None:
+            bus = make_bus(cfg, name, key)
         worker = Worker(cfg, bus, backend, executor_factory=executor_factory)
         if install_signals:
             install_stop_handlers(worker)
