@@ -17,7 +17,13 @@ define them:
 
 * the background QOS: priority above every configured QOS, ``Preempt=`` every other QOS,
   requeue (``preempt_mode = "requeue"``); the config's ``[preemption]`` caps apply
-  (exempt time, preemptions per job and per minute), as the head applies them;
+  (exempt time, preemptions per job and per minute), as the head applies them.  The
+  ``qos`` priority weight is raised, when lower, to the other weights together plus one,
+  so that its jobs come before every other job in the queue.  Without that, a QOS is one
+  factor among five: fair-share (weight 10,000 by default against 2,000) ranks a batch
+  job of a light account above an instance of a service that holds hundreds of GPUs, and
+  the GPUs a preemption frees go to the batch job, often the requeued victim itself, which
+  is then preempted again until its ``max_per_job`` cap;
 * the main QOS: priority 0, no preemption, requeued when preempted.
 
 A QOS the config defines is used as configured.  The policies then rewrite the config as
@@ -51,13 +57,20 @@ def with_stream_qos(config: SchedConfig, background_qos: str | None,
     qos = dict(config.qos)
     if main_qos is not None and main_qos not in qos:
         qos[main_qos] = QosConfig(name=main_qos)
+    weights = config.weights
     if background_qos is not None and background_qos not in qos:
         top = max((q.priority for q in qos.values()), default=0)
         qos[background_qos] = QosConfig(
             name=background_qos, priority=max(1, top + 1),
             preempt=tuple(sorted(n for n in qos if n != background_qos)),
             preempt_mode="requeue")
-    return config if qos == config.qos else replace(config, qos=qos)
+        w = weights
+        first = w.age + w.fairshare + w.job_size + w.partition + 1.0
+        if w.qos < first:
+            weights = replace(w, qos=first)
+    if qos == config.qos:
+        return config
+    return replace(config, qos=qos, weights=weights)
 
 
 def merge_streams(main: Iterable[TraceJob], background: Iterable[TraceJob],
