@@ -1,21 +1,23 @@
 """The three policies on the shared real traces, for docs/simulation.md:
-``python bench/bench_sim_traces.py [--no-doc]``.
+``python bench/bench_sim_traces.py [--no-doc] [--only NAME ...]``.
 
 Runs ``gpud simulate --compare --json`` on each trace under ``../shared/traces`` (read in
-place, never copied) with the settings below, and writes one table per trace into the
-``sim-traces`` section of docs/simulation.md.  Traces that are not there are skipped.
+place, never copied) with the settings below, and writes one table per run into the
+``sim-traces`` section of docs/simulation.md.  Runs whose traces are not there are
+skipped.  ``--only`` runs the named runs alone and rewrites only their tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
 import time
 
-from common import ROOT, stamp, write_section
+from common import ROOT, machine, stamp, write_section
 
 from gpud.sim.compare import format_compare  # noqa: E402
 
@@ -36,38 +38,93 @@ RUNS = [
      "skipped; instances alive at the start all arrive at 0) on 400 nodes of 8 GPUs, about "
      "the peak demand, `--ignore-gpu-type` (its gpu_type is a node class)",
      ["--cluster", "400x8xH100-80GB", "--ignore-gpu-type", "--until", "31d"]),
+    ("alibaba_dlrm_2025_background", "Alibaba DLRM 2025 as what it is, a high-priority "
+     "background load: its first two weeks of serving instances (those alive at the start "
+     "are the initial state, about 3,100 GPUs; its peak in these weeks is 3,194) in QOS "
+     "`serving`, which preempts (requeues) batch jobs, beside a batch stream of 22,000 "
+     "synthetic `mixed` jobs offering 13 % of the cluster's GPU-time (about 470 GPUs, a "
+     "little more than serving leaves) in QOS `normal`, on 450 nodes of 8 GPUs (3,600); "
+     "batch arrivals stop at 14 days and the run drains them (serving instances still "
+     "running then are cut); one pass per 5 simulated minutes",
+     ["--synthetic", "mixed", "--jobs", "22000", "--load", "0.13", "--seed", "1",
+      "--background", "{alibaba_dlrm_2025}", "--cluster", "450x8xH100-80GB",
+      "--ignore-gpu-type", "--until", "14d", "--drain", "--pass-interval", "5m"]),
 ]
+_TRACE_ARG = re.compile(r"^\{(\w+)\}$")
+
+
+def _command_args(name: str, args: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(arguments to run, as shown, traces needed): a trace run reads its own jobs.csv; a
+    ``{trace}`` argument names another one."""
+    run, shown, needs = [], [], []
+    if not any(a == "--synthetic" for a in args):
+        run, shown, needs = ["--trace", str(TRACES / name / "jobs.csv")], \
+            ["--trace", f"…/{name}/jobs.csv"], [name]
+    for a in args:
+        m = _TRACE_ARG.match(a)
+        if m:
+            needs.append(m.group(1))
+            run.append(str(TRACES / m.group(1) / "jobs.csv"))
+            shown.append(f"…/{m.group(1)}/jobs.csv")
+        else:
+            run.append(a)
+            shown.append(a)
+    return run, shown, needs
+
+
+def _merge_tables(old: str, new: dict[str, str]) -> str:
+    """The section ``old`` with the ``### name`` tables in ``new`` replaced (or added)."""
+    head, *tables = re.split(r"\n(?=### )", old.strip())
+    names = [t.split("\n", 1)[0][4:].strip() for t in tables]
+    out = dict(zip(names, tables))
+    out.update(new)
+    return "\n\n".join([head.strip(), *(t.strip() for t in out.values())])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--only", action="append", metavar="NAME", choices=[r[0] for r in RUNS],
+                    help="run only this one (repeatable); its table alone is rewritten")
     a = ap.parse_args()
     parts = ["## The three policies on the shared traces", "",
              "`python bench/bench_sim_traces.py` runs `gpud simulate --compare` with the options "
              "shown (default config: fair-share with a 7-day half-life, backfill depth 100, "
              "binpack; `--limits user`).", "", stamp()]
+    tables: dict[str, str] = {}
     for name, what, args in RUNS:
-        path = TRACES / name / "jobs.csv"
-        if not path.exists():
-            print(f"{name}: skipped, {path} not present")
+        if a.only and name not in a.only:
+            continue
+        run_args, shown_args, needs = _command_args(name, args)
+        missing = [n for n in needs if not (TRACES / n / "jobs.csv").exists()]
+        if missing:
+            print(f"{name}: skipped, {TRACES / missing[0] / 'jobs.csv'} not present")
             continue
         t = time.perf_counter()
-        cmd = [sys.executable, "-m", "gpud.cli", "simulate", "--trace", str(path), *args,
-               "--compare", "--json"]
+        cmd = [sys.executable, "-m", "gpud.cli", "simulate", *run_args, "--compare", "--json"]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if r.returncode != 0:
             raise SystemExit(f"{name}: {r.stderr.strip()}")
         reports = json.loads(r.stdout)["policies"]
-        shown = " ".join(shlex.quote(a) for a in args)
+        shown = " ".join(shlex.quote(x) for x in shown_args)
         text = format_compare(reports)
         print(f"== {name} ({time.perf_counter() - t:.0f} s)\n{text}", flush=True)
-        parts += ["", f"### {name}", "", what + ".", "",
-                  f"`gpud simulate --trace …/{name}/jobs.csv {shown} --compare` "
-                  f"({time.perf_counter() - t:.0f} s for the three runs):", "", "```", text, "```"]
-    md = "\n".join(parts)
+        when = f" (measured {machine().rsplit('; ', 1)[-1]})" if a.only else ""
+        tables[name] = "\n".join([
+            f"### {name}", "", what + ".", "",
+            f"`gpud simulate {shown} --compare` "
+            f"({time.perf_counter() - t:.0f} s for the three runs{when}):", "", "```", text, "```"])
+    doc = ROOT / "docs" / "simulation.md"
+    if a.only:
+        old = re.search(r"<!-- bench:sim-traces -->\n(.*?)<!-- /bench:sim-traces -->",
+                        doc.read_text(), re.S)
+        md = _merge_tables(old.group(1) if old else "\n".join(parts), tables)
+    else:
+        md = "\n\n".join(["\n".join(parts), *tables.values()])
     if not a.no_doc:
-        write_section("sim-traces", md, doc=ROOT / "docs" / "simulation.md")
+        write_section("sim-traces", md, doc=doc)
+    else:
+        print(md if a.only else "", end="")
 
 
 if __name__ == "__main__":
