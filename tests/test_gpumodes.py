@@ -4,6 +4,7 @@ head's mig commands, and what launches on shared GPUs get."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -411,3 +412,29 @@ def test_mps_launches_get_their_environment_and_one_user_at_a_time(tmp_path):
         m.prepare_launch(launch(2, [share], user="bob"))
     m.sync_mps([])
     assert runner.events == [("start", 0, "alice"), ("stop", 0, "alice")]
+
+
+def test_pending_work_is_known_without_the_lock(backend):
+    backend.set_mig_mode(0, True)
+    backend.create_slice(0, "3g.40gb", 4)
+    m = manager(backend, {"0": "mig:all-1g.10gb"})
+    m.apply_at_start({(0, 4)})
+    assert m.anything_pending()          # a busy slice holds the layout back
+    assert m.converge(set())
+    assert not m.anything_pending() and not m.converge(set())
+
+
+def test_prepare_launch_now_decides_on_the_loop_only_what_cannot_block(tmp_path):
+    m = manager(SimBackend("2xH100-80GB", "n1"), {})
+    m.apply_at_start()
+    whole = launch(1, [{"index": 0, "uuid": "GPU-x"}])
+    assert m.prepare_launch_now(whole) is whole
+    with pytest.raises(LaunchRefused, match="GPU 5 does not exist"):
+        m.prepare_launch_now(launch(2, [{"index": 5, "uuid": "GPU-y"}]))
+    assert m.prepare_launch_now(launch(3, [{"index": 0, "uuid": "GPU-x", "kind": "mps"}])) is None
+    with m._lock:   # a re-layout in a thread holds it: the loop does not wait
+        got = []
+        t = threading.Thread(target=lambda: got.append(m.prepare_launch_now(whole)))
+        t.start()
+        t.join()
+        assert got == [None]

@@ -361,8 +361,11 @@ class Worker:
     async def _after_job_end(self) -> None:
         try:
             launches = self._launches()
-            await asyncio.to_thread(self.gpus.sync_mps, launches)
-            if await asyncio.to_thread(self.gpus.converge, gpumodes.devices_in_use(launches)):
+            if self.gpus.mps is not None:
+                await asyncio.to_thread(self.gpus.sync_mps, launches)
+            # Whole GPUs and settled layouts (most job ends) need no trip to a thread.
+            if self.gpus.anything_pending() and \
+                    await asyncio.to_thread(self.gpus.converge, gpumodes.devices_in_use(launches)):
                 self.node = replace(self.node, gpus=self.gpus.infos())
                 await self.register()
         except Exception as e:  # a clean-up must never take the worker down
@@ -419,7 +422,9 @@ class Worker:
         self._users[(launch.job_id, launch.attempt)] = str(user)
         log.info("job %s.%s (user %s) launching on %s", launch.job_id, launch.attempt, user, self.name)
         try:
-            launch = await asyncio.to_thread(self.gpus.prepare_launch, launch)
+            prepared = self.gpus.prepare_launch_now(launch)
+            launch = prepared if prepared is not None else \
+                await asyncio.to_thread(self.gpus.prepare_launch, launch)
         except GpuError as e:
             log.warning("job %s.%s (user %s) refused on %s: %s", launch.job_id, launch.attempt,
                         user, self.name, e)

@@ -152,6 +152,7 @@ class Executor:
         self._outcomes: dict[Key, Outcome] = {}
         self._closed = False
         self._last_prune = float("-inf")
+        self._trash: list[str] = []   # acknowledged directories to remove (on a thread)
         self.cpu_binder: Any = None   # a gpud.worker.cpubind.CpuBinder, set by the worker; None: unbound
 
     # -- the API the worker daemon calls ------------------------------------------------------
@@ -182,8 +183,8 @@ class Executor:
         if self.cpu_binder is not None:
             job.cpus = tuple(self.cpu_binder.choose(key, [g.index for g in launch.gpus], launch.cpus))
         _reap_detached()
-        try:  # one trip to a thread: the files and the wrapper
-            popen, pid, job.pidfd, create_time = await asyncio.to_thread(self._start, job)
+        try:  # one trip to a thread: the files, the wrapper and the record that names it
+            popen, pid, job.pidfd, create_time, start_time = await asyncio.to_thread(self._start, job)
         except _LaunchError as e:
             await self._finish(key, self._outcome(job, None, None, "launch_failed", str(e)))
             return
@@ -193,10 +194,10 @@ class Executor:
                                                   f"internal error while starting the job: {e}"))
             return
         job.popen, job.pid, job.create_time = popen, pid, create_time
-        job.start_time = self._clock()
-        if launch.time_limit is not None:
-            job.deadline = job.start_time + launch.time_limit
-        self._save_record(job)
+        job.start_time = start_time
+        job.deadline = _deadline(launch, start_time)
+        if job.stop_reason is not None:  # stopped while spawning: the thread's record lacks it
+            self._save_record(job)
         for sig in job.early:
             self._signal_group(job, sig)
         log.info("job %d.%d started as %s (pid %d)", *key, launch.user, job.pid)
@@ -260,10 +261,12 @@ class Executor:
             return
         moved = self.store.acknowledge(key)
         if moved is not None:  # its files go on a thread: the ack path stays a few syscalls
-            try:
-                asyncio.get_running_loop().run_in_executor(None, self.store.discard, moved)
-            except RuntimeError:  # no event loop: remove them now
-                self.store.discard(moved)
+            self._trash.append(moved)
+            if len(self._trash) == 1:  # none waiting for a thread: start one; it takes them all
+                try:
+                    asyncio.get_running_loop().run_in_executor(None, self._empty_trash)
+                except RuntimeError:  # no event loop: remove them now
+                    self._empty_trash()
         if self._clock() - self._last_prune >= PRUNE_EVERY:
             self._last_prune = self._clock()
             self.store.prune_tombstones()
@@ -376,21 +379,31 @@ class Executor:
         except OSError as e:
             raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
 
-    def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None]:
-        """(thread) Write the allocation's files and start the wrapper: (its Popen or None
-        when the fork server made it, pid, pidfd, start time).  The job's fields are set by
-        the caller, on the event loop."""
+    def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None, float]:
+        """(thread) Write the allocation's files, start the wrapper and record it: (its
+        Popen or None when the fork server made it, pid, pidfd, process start time, job
+        start time).  The job's fields are set by the caller, on the event loop; a stop
+        that came meanwhile is saved there again."""
         self._prepare(job)
+        popen, pidfd = None, None
         if self._server is not None:
             try:
                 pid, pidfd = self._server.spawn(self.store.dir(job.key))
             except OSError as e:  # the server cannot: exec the wrapper as before
                 log.warning("job %d.%d: the job wrapper server failed (%s); starting the wrapper "
                             "directly", *job.key, e)
-            else:
-                return None, pid, pidfd, procs.create_time(pid)
-        popen = self._spawn(job)
-        return popen, popen.pid, None, procs.create_time(popen.pid)
+        if pidfd is None:
+            popen = self._spawn(job)
+            pid = popen.pid
+        create_time, start_time = procs.create_time(pid), self._clock()
+        record = job.record()
+        record.update(pid=pid, create_time=create_time, start_time=start_time,
+                      deadline=_deadline(job.launch, start_time))
+        try:
+            self.store.save_record(job.key, record)
+        except OSError as e:
+            log.error("job %d.%d: cannot save its record: %s", *job.key, e.strerror)
+        return popen, pid, pidfd, create_time, start_time
 
     def _identity(self, launch: Launch) -> tuple[str, str, list[int], bool]:
         """(user, home, groups, switch_user): the job's user when root, else ourselves."""
@@ -553,19 +566,20 @@ class Executor:
             if rc is None:
                 rc = await asyncio.to_thread(job.popen.wait)
             self._signal_group(job, signals.SIGKILL)  # just reaped: the group id is still ours
-            status = await asyncio.to_thread(self.store.status, job.key)
-        else:
-            status = await asyncio.to_thread(self._status_and_sweep, job)
-        await self._finish(job.key, self._outcome_from(job, status, rc))
+        # One trip to a thread: status, sweep, outcome saved.
+        outcome = await asyncio.to_thread(self._outcome_saved, job, rc)
+        await self._finish(job.key, outcome, saved=True)
 
-    def _status_and_sweep(self, job: _Job) -> dict | None:
-        """(thread) The status of a wrapper that was not our child, and what is left of its
-        group.  A wrapper that wrote its status went on to SIGKILL its whole group, so only
-        one that did not (killed, crashed) can have left processes to sweep."""
+    def _outcome_saved(self, job: _Job, rc: int | None) -> Outcome:
+        """(thread) The ended wrapper's outcome, saved.  A wrapper that was not our child
+        and wrote no status may have left processes in its group: they are swept (one that
+        wrote its status went on to SIGKILL its whole group itself)."""
         status = self.store.status(job.key)
-        if status is None and job.pid is not None:
+        if status is None and job.popen is None and job.pid is not None:
             procs.sweep_group(job.pid, job.create_time)
-        return status
+        outcome = self._outcome_from(job, status, rc)
+        self._save_outcome(job.key, outcome)
+        return outcome
 
     def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
         if status is not None and isinstance(status.get("error"), str):
@@ -601,18 +615,28 @@ class Executor:
         return Outcome(job.launch.job_id, job.launch.attempt, exit_code, sig, reason, message,
                        job.start_time, self._clock())
 
-    async def _finish(self, key: Key, outcome: Outcome) -> None:
-        try:
-            await asyncio.to_thread(self.store.save_outcome, key, outcome)
-        except OSError as e:
-            log.error("job %d.%d: cannot save its outcome (%s); it lasts until restart",
-                      *key, e.strerror)
+    async def _finish(self, key: Key, outcome: Outcome, *, saved: bool = False) -> None:
+        if not saved:
+            await asyncio.to_thread(self._save_outcome, key, outcome)
         self._jobs.pop(key, None)
         if self.cpu_binder is not None:
             self.cpu_binder.release(key)
         self._outcomes[key] = outcome
         log.info("job %d.%d ended: %s: %s", *key, outcome.reason, outcome.message)
         await _call(self._on_finished, outcome)
+
+    def _empty_trash(self) -> None:
+        """(thread) Remove every directory ``ack`` moved aside, including those added meanwhile."""
+        while self._trash:
+            self.store.discard(self._trash.pop())
+
+    def _save_outcome(self, key: Key, outcome: Outcome) -> None:
+        """(thread)"""
+        try:
+            self.store.save_outcome(key, outcome)
+        except OSError as e:
+            log.error("job %d.%d: cannot save its outcome (%s); it lasts until restart",
+                      *key, e.strerror)
 
     def _save_record(self, job: _Job) -> None:
         if job.pid is None:  # still spawning: the record written after the spawn has it all
@@ -644,6 +668,10 @@ def _alive(pid: int | None, create_time: float | None, job_dir: str) -> bool:
                 and p.create_time() <= os.stat(os.path.join(job_dir, "wrapper.pid")).st_mtime + 0.1)
     except (psutil.Error, OSError):
         return False
+
+
+def _deadline(launch: Launch, start_time: float) -> float | None:
+    return None if launch.time_limit is None else start_time + launch.time_limit
 
 
 def _reap_detached() -> None:

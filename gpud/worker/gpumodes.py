@@ -295,6 +295,11 @@ class GpuModes:
                     self._converge_one(i, busy, (), at_start=False)
             return self._state != before
 
+    def anything_pending(self) -> bool:
+        """Whether ``converge`` has anything to do (from the cache, without the lock: the
+        event loop asks after every job end and calls it only then)."""
+        return any(self._pending(i) for i in self.base)
+
     def _pending(self, index: int) -> bool:
         """Whether the GPU is not yet in its configured state (cheap: from the cache)."""
         mode, (on, slices) = self.modes[index], self._state[index]
@@ -526,6 +531,19 @@ class GpuModes:
         if not extra:
             return launch
         return replace(launch, extra_env={**launch.extra_env, **extra})
+
+    def prepare_launch_now(self, launch: Any) -> Any:
+        """``prepare_launch`` when it cannot block, for the event loop: None when it might (an
+        MPS device, whose daemon may have to start, or a re-layout holding the lock); the
+        caller then runs ``prepare_launch`` in a thread."""
+        if any(getattr(dev, "kind", "gpu") == "mps" for dev in launch.gpus):
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self.prepare_launch(launch)
+        finally:
+            self._lock.release()
 
     def adopt_launches(self, launches: Iterable[Any]) -> None:
         """At start: the MPS clients of jobs that outlived the last worker."""
