@@ -11,7 +11,9 @@ GPUs.  Two measures:
   writing the time it began; the latency is that time minus the moment before the
   submission request (same clock); the head's job event log splits it into stages.
 
-``--profile FILE`` writes a cProfile of the standalone process's event loop.
+``--profile FILE`` writes a cProfile of the standalone process's event loop.  ``--cpu``
+also prints the standalone process's CPU time (all its threads; not the jobs') per job
+of each measure, on standard error.
 
 Targets (docs/benchmarks.md): at least 100 trivial jobs/s end to end on 8 GPUs;
 submit-to-running p50 under 50 ms.
@@ -38,8 +40,22 @@ from gpuctl.script import api_settings, build_spec, wrap_script  # noqa: E402
 from tests.cluster import env_for_children, wait_for  # noqa: E402
 
 
+class ProcessCpu:
+    """CPU seconds (user + system, every thread) a process has used, from /proc."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+
+    def __call__(self) -> float:
+        if self.pid is None:
+            return 0.0
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def standalone(d: Path, gpus: int = 8, profile: str | None = None) -> Iterator[str]:
+def standalone(d: Path, gpus: int = 8, profile: str | None = None,
+               cpu: ProcessCpu | None = None) -> Iterator[str]:
     sock = str(d / "gpud.sock")
     key = str(d / "cluster.key")
     env = env_for_children()
@@ -52,6 +68,8 @@ def standalone(d: Path, gpus: int = 8, profile: str | None = None) -> Iterator[s
                           "--key-file", key, "--socket", sock, "--name", "bench",
                           "--sim", f"{gpus}xH100-80GB", "--log-level", "warning"],
                          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)
+    if cpu is not None:
+        cpu.pid = p.pid
     try:
         def ready() -> bool:
             if p.poll() is not None:
@@ -132,16 +150,26 @@ def main() -> None:
     ap.add_argument("--latency", type=int, default=50)
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the standalone process into FILE")
+    ap.add_argument("--cpu", action="store_true", help="print the standalone process's CPU time per job")
     a = ap.parse_args()
+    cpu = ProcessCpu()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         os.chmod(d, 0o755)
-        with standalone(d, profile=a.profile and os.path.abspath(a.profile)) as sock:
+        with standalone(d, profile=a.profile and os.path.abspath(a.profile), cpu=cpu if a.cpu else None) as sock:
+            used = [cpu()]
             rate = throughput(sock, a.jobs, d, pipelined=False)
+            used.append(cpu())
             piped = throughput(sock, a.jobs, d, pipelined=True)
+            used.append(cpu())
             lat_ids: list[int] = []
             lat = sorted(latency(sock, a.latency, d, lat_ids))
+            used.append(cpu())
         steps = stages(d / "state" / "head.db", lat_ids)
+    if a.cpu:
+        for name, n, before, after in zip(["one at a time", "pipelined", "latency"],
+                                          [a.jobs, a.jobs, a.latency], used, used[1:]):
+            print(f"standalone CPU, {name}: {(after - before) / n * 1000:.1f} ms a job", file=sys.stderr)
     p50, p95 = statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
     md = "\n".join([
         "## End-to-end short jobs",
