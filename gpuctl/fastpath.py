@@ -26,7 +26,12 @@ tests/test_gpuctl_fastpath.py runs a corpus of command lines through both and co
 the request, stdout, stderr and exit code.
 
 Imports: the client, nothing else at start-up; the script table (``gpuctl.script``) once
-the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.
+the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.  Neither
+path loads ``json`` or ``re`` (with ``enum``, ``functools`` and ``collections`` they cost
+more than all the rest in a plain virtual environment): requests and answers go through
+``gpud.jsoncodec``, and the installed ``gpuctl`` is the script ``gpuctl/bin/gpuctl``, not
+pip's wrapper, which imports ``re``.  Options that parse durations or sizes, directives
+(``shlex``) and ANSI escapes in messages still load ``re``, when they are used.
 """
 
 from __future__ import annotations

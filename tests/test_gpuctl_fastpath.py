@@ -300,9 +300,28 @@ except SystemExit as e:
     code, *modules = lines[1].split()
     assert code == "0"
     for heavy in ("click", "gpuctl.main", "gpuctl.commands", "gpuctl.format", "asyncio", "sqlite3",
-                  "pathlib", "importlib.resources", "tomllib", "gpud.model", "gpud.config"):
+                  "pathlib", "importlib.resources", "tomllib", "gpud.model", "gpud.config",
+                  "json", "re", "enum", "shlex", "gpud.units"):
         assert heavy not in modules, heavy
     assert head.last("submit")["spec"]["gpus"] == 1
+
+
+def test_installed_script_is_the_console_script_and_imports_neither_re_nor_json(head):
+    """gpuctl/bin/gpuctl (what pip installs as ``gpuctl``) runs fastpath.main, and neither it
+    nor an sbatch or squeue through it loads re or json (pip's own wrapper imports re)."""
+    script = str(ROOT / "gpuctl" / "bin" / "gpuctl")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    head.reply("jobs", {"jobs": [], "folded": True})      # a head that folds
+    for argv, out in ((["sbatch", "--parsable", "--wrap", "true"], "1\n"),
+                      (["squeue", "-h", "-u", "nobody"], "")):
+        r = subprocess.run([sys.executable, "-S", "-X", "importtime", script, "--socket", head.path, *argv],
+                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        assert (r.returncode, r.stdout) == (0, out), r.stderr
+        loaded = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+        assert "gpuctl.fastpath" in loaded and not loaded & {"re", "json", "enum"}, sorted(loaded)
+    r = subprocess.run([sys.executable, script, "--socket", head.path, "sbatch", "--bogus"],   # click's
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("sbatch: error: No such option '--bogus'"), r.stderr
 
 
 def test_python_dash_m_gpuctl_is_the_console_script(head):

@@ -114,4 +114,4 @@ def test_gpuctl_loads_only_what_the_verb_needs(head):
     for heavy in ("asyncio", "aiosqlite", "aiomqtt", "pynvml", "sqlite3", "gpud.model", "gpud.config",
                   "gpuctl.format", "gpuctl.commands.squeue"):
         assert heavy not in loaded, heavy
-    assert {m for m in loaded if m.startswith("gpud.")} <= {"gpud.protocol", "gpud.units"}
+    assert {m for m in loaded if m.startswith("gpud.")} <= {"gpud.protocol", "gpud.jsoncodec", "gpud.units"}
