@@ -1,11 +1,10 @@
 """The pass's shortcuts give what the straightforward computation gives.
 
 Each shortcut of the hot path (the queue order by one float key, Fair Tree factors without
-sshare's rows, factors shared by identical jobs, the timeline's merged release stream, the
-quota book that keeps no counts when nothing reads them) is checked against the plain way
-of computing the same thing, on random inputs; and whole plans must not depend on the order
-pending jobs arrive in, which the shared-factor shortcut (it looks at the job before) must
-not change.
+sshare's rows, factors built when read, the timeline's merged release stream, the quota
+book that keeps no counts when nothing reads them, a start's GPUs taken as a slice) is
+checked against the plain way of computing the same thing, on random inputs; and whole
+plans must not depend on the order pending jobs arrive in.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from gpud.sched.priority import PriorityModel, _queue_order, fairshare_factors, 
 from gpud.sched.quota import QuotaBook
 from gpud.sched.snapshot import Snapshot
 
-from .sched_builders import config, nodes, pending, running, snapshot
+from .sched_builders import config, node, nodes, pending, running, snapshot
 
 CFG = config(
     qos={"normal": {}, "high": {"priority": 100, "preempt": ["low"]}, "low": {}},
@@ -64,8 +63,9 @@ def test_fairshare_factors_are_the_tables_users(usage, members):
 @settings(max_examples=100, deadline=None)
 @given(jobs, st.floats(0.0, 1e6))
 def test_for_jobs_matches_each_jobs_own_factors(pend, now):
-    """Shared factor dicts hold exactly what each job's own computation gives, and the queue
-    is the jobs sorted by (-priority, submit time, job id)."""
+    """The factors read from the pass hold exactly what each job's own computation gives, they
+    sum to its priority as the pass computed it, and the queue is the jobs sorted by
+    (-priority, submit time, job id)."""
     members = {(j.account, j.user) for j in pend}
     model = PriorityModel(CFG, {}, members, {"gpu": 8}, now)
     factors, priorities, queue = model.for_jobs(pend)
@@ -73,6 +73,9 @@ def test_for_jobs_matches_each_jobs_own_factors(pend, now):
     for j in pend:
         own = fresh.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
         assert factors[j.job_id] == own
+        fixed = own["fairshare"] + own["job_size"] + own["qos"] + own["partition"]
+        assert priorities[j.job_id] == own["age"] + fixed + own["nice"]     # bit for bit
+    assert list(factors) == [j.job_id for j in pend] and len(factors) == len(pend)
     assert queue == sorted(pend, key=lambda j: (-priorities[j.job_id], j.submit_time, j.job_id))
 
 
@@ -215,3 +218,25 @@ def test_remembered_windows_and_first_instants_match_a_fresh_computation(ops):
             fresh = next((t for t, free in zip(tl.profile(i, None).times, tl.profile(i, None).gpus)
                           if free >= g), float("inf"))
             assert tl.first_instant(i, None, g) == fresh
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 1, 2, 3, 8]), st.sampled_from([None, "A100", "H100"])),
+                max_size=20))
+def test_take_is_pick_then_allocate(asks):
+    """A start's GPUs taken in one step (a slice of the free list where it can be) are the
+    ones ``pick`` chooses, and leave the cluster as ``allocate`` would."""
+    mixed = (node("n001"), node("n002", models=["A100"] * 4 + ["H100"] * 4), node("n003", gpus=4), node("n004"))
+    run = [running(1, "n001", (1, 5)), running(2, "n002", (0, 6)), running(3, "n004", (3,))]
+    one, other = Cluster(mixed, run, CFG), Cluster(mixed, run, CFG)
+    for c in (one, other):
+        c.index("gpu", None), c.index("gpu", "H100")     # buckets that follow each start
+    for i, gpus, model in asks:
+        if one.free_count(i, model) < gpus:
+            continue
+        expected = other.pick(i, gpus, model)
+        other.allocate(i, expected, 1, 1024)
+        assert one.take(i, gpus, model, 1, 1024) == expected
+        assert (one.free, one.cpus, one.mem) == (other.free, other.cpus, other.mem)
+        assert ([[list(b) for b in idx.buckets] for idx in one._indexes.values()]
+                == [[list(b) for b in idx.buckets] for idx in other._indexes.values()])   # order too

@@ -49,6 +49,8 @@ tests/test_sched_fastpath.py holds them to the plain computation.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .backfill import Timeline
 from .gang import Gangs, Request, switch_limit
 from .placement import Cluster
@@ -94,8 +96,7 @@ class _Pass:
         # shape, [placement failed for that shape]): one lookup per job instead of three
         self.verdicts: dict[tuple, tuple[str | None, tuple, list[bool]]] = {}
         self.shape_failed: dict[tuple, list[bool]] = {}
-        self.policies: dict[str, str] = {}            # partition -> binpack or spread
-        self.vetoes: dict[tuple, dict[int, tuple[int, bool]]] = {}  # request -> node -> (node version, vetoed)
+        self.searches: dict[tuple, Callable[[], tuple[int | None, bool]]] = {}   # request shape -> search_for
         self.waiting: set[str] = set()                # partitions with a higher job waiting
         self.depth_left = self.cfg.backfill_depth if self.cfg.backfill else 0
 
@@ -126,9 +127,10 @@ class _Pass:
         A whole-GPU single-node job (nearly every job of a big queue) is decided here inline,
         exactly as ``consider`` does, with the pass's state held in locals: this loop runs
         once per pending job, and most of its jobs only find their shape already failed."""
-        reasons, verdicts, waiting = self.reasons, self.verdicts, self.waiting
+        reasons, verdicts, waiting, searches = self.reasons, self.verdicts, self.waiting, self.searches
         book, may_preempt = self.book, self.may_preempt
         quota_on, limits_on, strict = book.enabled, book.any_limits, not self.cfg.backfill
+        plain = not (quota_on or limits_on or strict)     # no step but d-g can hold a job back
         later: list[PendingJob] = []
         for job in jobs:
             # a. not eligible now
@@ -152,6 +154,15 @@ class _Pass:
             if refusal:
                 reasons[job.job_id] = refusal
                 continue
+            if plain and failed[0] and self.depth_left <= 0 and not may_preempt.get(job.qos, True):
+                # the rest of a busy queue: its shape cannot start, reserve or preempt (steps
+                # c-g change nothing), so only step h is left
+                if partition in waiting:
+                    reasons[job.job_id] = "Priority"
+                else:
+                    reasons[job.job_id] = "Resources"
+                    waiting.add(partition)
+                continue
             # c. limits
             if limits_on:
                 limit = book.limit_reason(job.qos, job.user, job.account, job.gpus)
@@ -167,7 +178,10 @@ class _Pass:
             if strict and partition in waiting:
                 blocked = True   # strict priority order without backfill
             elif not failed[0]:
-                node, blocked = self.find(job, shape)
+                search = searches.get(shape)
+                if search is None:
+                    search = searches[shape] = self.search_for(shape)
+                node, blocked = search()
                 if node is not None:
                     self.start(job, node, borrowed=not within)
                     continue
@@ -218,11 +232,12 @@ class _Pass:
     def end_of(self, job: PendingJob) -> float:
         return INF if job.time_limit is None else self.now + job.time_limit
 
-    def find(self, job: PendingJob, shape: tuple) -> tuple[int | None, bool]:
-        c, tl, end = self.cluster, self.timeline, self.end_of(job)
-        vetoes = self.vetoes.get(shape)
-        if vetoes is None:
-            vetoes = self.vetoes[shape] = {}
+    def search_for(self, shape: tuple) -> Callable[[], tuple[int | None, bool]]:
+        """The placement search for one request shape, built once: the shape fixes all it needs."""
+        partition, gpus, cpus, mem, model, time_limit = shape
+        c, tl = self.cluster, self.timeline
+        end = INF if time_limit is None else self.now + time_limit
+        vetoes: dict[int, tuple[int, bool]] = {}     # node -> (node version, vetoed)
         versions = tl.versions
 
         def delays_reservation(i: int) -> bool:
@@ -230,20 +245,15 @@ class _Pass:
             version = versions.get(i, 0)
             hit = vetoes.get(i)
             if hit is None or hit[0] != version:
-                hit = vetoes[i] = (version, not tl.no_delay(
-                    i, c.pick(i, job.gpus, job.gpu_type), job.cpus, job.mem_mb, end))
+                hit = vetoes[i] = (version, not tl.no_delay(i, c.pick(i, gpus, model), cpus, mem, end))
             return hit[1]
 
-        policy = self.policies.get(job.partition)
-        if policy is None:
-            policy = self.policies[job.partition] = self.cfg.placement_for(job.partition)
-        return c.find(job.partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, policy, tl.reserved,
-                      delays_reservation)
+        return c.finder(partition, gpus, cpus, mem, model, self.cfg.placement_for(partition), tl.reserved,
+                        delays_reservation)
 
     def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
         c = self.cluster
-        gpus = c.pick(i, job.gpus, job.gpu_type)
-        c.allocate(i, gpus, job.cpus, job.mem_mb)
+        gpus = c.take(i, job.gpus, job.gpu_type, job.cpus, job.mem_mb)
         self.timeline.add_start(i, gpus, job.cpus, job.mem_mb, self.end_of(job), job.job_id)
         if self.book.counting:
             self.book.on_start(job.account, job.qos, job.user, job.gpus)

@@ -209,22 +209,32 @@ class Cluster:
     def find(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
              vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
         """(node index or None, whether a node had room but was vetoed)."""
+        return self.finder(partition, gpus, cpus, mem, model, policy, vetoed, veto)()
+
+    def finder(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
+               vetoed: set[int], veto: Callable[[int], bool]) -> Callable[[], tuple[int | None, bool]]:
+        """``find`` for one request, to be asked again as the pass goes on: the buckets to
+        look in are chosen once (they are updated in place as nodes fill)."""
         idx = self.index(partition, model)
         if gpus > idx.maxk:
-            return None, False
+            return lambda: (None, False)
         ks = range(gpus, idx.maxk + 1) if policy == "binpack" else range(idx.maxk, gpus - 1, -1)
-        blocked = False
-        free_cpus, free_mem = self.cpus, self.mem
         if self.any_topology and gpus > 1:
-            return self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, veto)
-        for k in ks:
-            for i in idx.buckets[k]:
-                if free_cpus[i] >= cpus and free_mem[i] >= mem:
-                    if i in vetoed and veto(i):
-                        blocked = True
-                        continue
-                    return i, blocked
-        return None, blocked
+            return lambda: self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, veto)
+        buckets = [idx.buckets[k] for k in ks]
+        free_cpus, free_mem = self.cpus, self.mem
+
+        def find() -> tuple[int | None, bool]:
+            blocked = False
+            for bucket in buckets:
+                for i in bucket:
+                    if free_cpus[i] >= cpus and free_mem[i] >= mem:
+                        if i in vetoed and veto(i):
+                            blocked = True
+                            continue
+                        return i, blocked
+            return None, blocked
+        return find
 
     def _find_by_island(self, idx: FreeIndex, ks: range, gpus: int, cpus: int, mem: int, model: str | None,
                         vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
@@ -267,6 +277,24 @@ class Cluster:
             m = self.model_of[i]
             return tuple([g for g in self.free[i] if m[g] == model][:gpus])
         return t.pick(self.matching_free(i, model), gpus)
+
+    def take(self, i: int, gpus: int, model: str | None, cpus: int, mem: int) -> tuple[int, ...]:
+        """``pick`` and ``allocate`` in one: the GPUs taken.  Without topology or a model the
+        lowest free indices are a slice of the sorted free list (every start comes here)."""
+        if model is not None or self.topology[i] is not None:
+            taken = self.pick(i, gpus, model)
+            self.allocate(i, taken, cpus, mem)
+            return taken
+        free = self.free[i]
+        if cpus > self.cpus[i] or mem > self.mem[i]:
+            raise AssertionError(f"over-allocation on {self.nodes[i].name}")  # a bug, never input
+        taken, left = tuple(free[:gpus]), free[gpus:]
+        self.free[i] = left
+        self.cpus[i] -= cpus
+        self.mem[i] -= mem
+        for idx in self.node_indexes[i]:
+            idx.move(i, len(left) if idx.model is None else self.free_count(i, idx.model))
+        return taken
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
         taken = set(gpu_indices)

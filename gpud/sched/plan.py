@@ -9,6 +9,7 @@ job that does not start appears in ``reasons`` (Slurm's names: ``Priority``, ``R
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from ..gpu.mig import Slice
 from .snapshot import Device, Part
@@ -54,8 +55,9 @@ class Plan:
     priorities: dict[int, float] = field(default_factory=dict)    # pending job -> priority
     expected_starts: dict[int, float] = field(default_factory=dict)  # backfill reservations
     # pending job -> weighted priority factors ("age", "fairshare", "job_size", "qos",
-    # "partition", "nice"), for ``gpuctl sprio``; they sum to the job's priority
-    factors: dict[int, dict[str, float]] = field(default_factory=dict)
+    # "partition", "nice"), for ``gpuctl sprio``; they sum to the job's priority.  A read-only
+    # mapping whose dicts are built when read (priority.Factors): only sprio looks at them
+    factors: Mapping[int, dict[str, float]] = field(default_factory=dict)
     # pending job -> node its reservation is on (with expected_starts), for ``squeue --start``
     reserved_nodes: dict[int, str] = field(default_factory=dict)
     # MIG GPUs to re-cut for pending slice demand (jobs waiting on them: reason MigReconfig)

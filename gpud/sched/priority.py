@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from itertools import compress, count, islice
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .config import SchedConfig
 
@@ -197,41 +198,28 @@ class PriorityModel:
         fixed = self._fixed[(account, user, qos, partition, gpus)] = (*parts, sum(parts))
         return fixed
 
-    def for_jobs(self, jobs: Iterable) -> tuple[dict[int, dict[str, float]], dict[int, float], list]:
+    def for_jobs(self, jobs: Iterable) -> tuple["Factors", dict[int, float], list]:
         """(job -> weighted factors, job -> priority, the jobs in queue order) for pending jobs.
 
-        Queue order: priority, then submit time, then job id.  This is the hot loop of a pass.
-        A job identical to the one before it in what its priority depends on (an array's
-        tasks: same account, user, QOS, partition, size, submit time and nice) shares that
-        job's factors dict: read-only, like the rest of the plan.
+        Queue order: priority, then submit time, then job id.  This is the hot loop of a pass:
+        only the priority is computed per job here; the factors, which only ``sprio`` reads,
+        are built when asked for (``Factors``), by the same arithmetic.
         """
-        factors: dict[int, dict[str, float]] = {}
-        priorities: dict[int, float] = {}
-        listed: list = []
+        listed = jobs if isinstance(jobs, (list, tuple)) else list(jobs)
+        ids: list[int] = []
         neg: list[float] = []          # -priority, by position in ``listed``
-        fixed_of, now, max_age, w_age = self._fixed, self.now, self.cfg.max_age, self.w.age
-        prev_fixed = prev_submit = prev_nice = prev_factors = None
-        p = 0.0
-        for j in jobs:
-            key = (j.account, j.user, j.qos, j.partition, j.gpus)
-            fixed = fixed_of.get(key)
+        fixed_of, fixed_for, now, max_age, w_age = self._fixed, self._fixed_for, self.now, self.cfg.max_age, self.w.age
+        add_id, add_neg = ids.append, neg.append
+        for j in listed:
+            fixed = fixed_of.get((j.account, j.user, j.qos, j.partition, j.gpus))
             if fixed is None:
-                fixed = self._fixed_for(*key)
-            submit, nice, job_id = j.submit_time, j.nice, j.job_id
-            if fixed is not prev_fixed or submit != prev_submit or nice != prev_nice:
-                age = (now - submit) / max_age
-                age = w_age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age))
-                n = float(-nice)
-                prev_factors = {"age": age, "fairshare": fixed[0], "job_size": fixed[1], "qos": fixed[2],
-                                "partition": fixed[3], "nice": n}
-                p = age + fixed[4] + n
-                prev_fixed, prev_submit, prev_nice = fixed, submit, nice
-            factors[job_id] = prev_factors
-            priorities[job_id] = p
-            listed.append(j)
-            neg.append(-p)
-        return factors, priorities, _queue_order(listed, neg)
-
+                fixed = fixed_for(j.account, j.user, j.qos, j.partition, j.gpus)
+            age = (now - j.submit_time) / max_age
+            # age + the fixed factors' sum + float(-nice), as the factors add up (a - b == a + -b)
+            add_neg(-(w_age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - j.nice))
+            add_id(j.job_id)
+        priorities = dict(zip(ids, map(float.__neg__, neg)))
+        return Factors(self, dict(zip(ids, listed))), priorities, _queue_order(listed, neg)
 
     def priority(self, account: str, user: str, qos: str, partition: str, gpus: int,
                  submit_time: float, nice: int) -> float:
@@ -244,20 +232,42 @@ class PriorityModel:
         return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
 
 
-def _queue_order(jobs: list, neg: list[float]) -> list:
+def _queue_order(jobs: Sequence, neg: list[float]) -> list:
     """``jobs`` sorted by (-priority, submit time, job id), ``neg[k]`` being job k's -priority.
 
     One sort on a plain float key (much cheaper than sorting tuples), then each run of equal
     priorities (an array's tasks, say) sorted by submit time and job id."""
     order = sorted(range(len(jobs)), key=neg.__getitem__)
-    keys = [neg[k] for k in order]
-    ties = [k for k, (a, b) in enumerate(zip(keys, keys[1:])) if a == b]   # keys[k] == keys[k + 1]
-    t = 0
-    while t < len(ties):
-        first = ties[t]
-        while t + 1 < len(ties) and ties[t + 1] == ties[t] + 1:
+    if len(set(neg)) < len(neg):       # some priorities tie: find the runs
+        keys = list(map(neg.__getitem__, order))
+        ties = list(compress(count(), map(float.__eq__, keys, islice(keys, 1, None))))   # keys[k] == keys[k + 1]
+        t = 0
+        while t < len(ties):
+            first = ties[t]
+            while t + 1 < len(ties) and ties[t + 1] == ties[t] + 1:
+                t += 1
+            last = ties[t] + 1
+            order[first:last + 1] = sorted(order[first:last + 1], key=lambda k: (jobs[k].submit_time, jobs[k].job_id))
             t += 1
-        last = ties[t] + 1
-        order[first:last + 1] = sorted(order[first:last + 1], key=lambda k: (jobs[k].submit_time, jobs[k].job_id))
-        t += 1
-    return [jobs[k] for k in order]
+    return list(map(jobs.__getitem__, order))
+
+
+class Factors(Mapping):
+    """Pending job -> its weighted priority factors (``gpuctl sprio``), each built when read
+    by the pass's model with the arithmetic that gave the job its priority."""
+
+    def __init__(self, model: PriorityModel, jobs: dict[int, Any]) -> None:
+        self._model, self._jobs = model, jobs
+
+    def __getitem__(self, job_id: int) -> dict[str, float]:
+        j = self._jobs[job_id]
+        return self._model.factors(j.account, j.user, j.qos, j.partition, j.gpus, j.submit_time, j.nice)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
