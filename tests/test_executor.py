@@ -349,7 +349,10 @@ async def test_launch_is_idempotent_through_finish_ack_and_restart(h):
     await ex.launch(launch)          # finished, not acknowledged
     assert len(h.started) == 1 and len(ex.outcomes()) == 1
     ex.ack(1, 0)
-    assert ex.outcomes() == [] and not os.path.exists(os.path.join(h.state_dir, "jobs", "1.0"))
+    assert ex.outcomes() == []
+    await ex.launch(launch)          # acknowledged, files not yet written: the directory remembers
+    await ex.settle()
+    assert not os.path.exists(os.path.join(h.state_dir, "jobs", "1.0"))
     await ex.launch(launch)          # acknowledged: the tombstone remembers
     await ex.close()
     again = h.executor()
@@ -369,6 +372,7 @@ async def test_outcomes_survive_a_restart_until_acked(h):
     await again.start()
     assert again.outcomes() == [first]
     again.ack(1, 0)
+    await again.settle()
     third = h.executor()
     await third.start()
     assert third.outcomes() == []

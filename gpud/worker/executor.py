@@ -36,6 +36,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -152,7 +153,8 @@ class Executor:
         self._outcomes: dict[Key, Outcome] = {}
         self._closed = False
         self._last_prune = float("-inf")
-        self._trash: list[str] = []   # acknowledged directories to remove (on a thread)
+        self._acked: deque[Key] = deque()   # acknowledged, tombstones not yet written
+        self._ack_writes: set[asyncio.Future] = set()   # threads writing them
         self.cpu_binder: Any = None   # a gpud.worker.cpubind.CpuBinder, set by the worker; None: unbound
 
     # -- the API the worker daemon calls ------------------------------------------------------
@@ -176,7 +178,7 @@ class Executor:
         if self._closed:
             log.warning("job %d.%d: executor closed; launch ignored", *key)
             return
-        if key in self._jobs or key in self._outcomes or self.store.seen(key):
+        if key in self._jobs or key in self._outcomes:
             log.debug("job %d.%d: launched here before; repeat ignored", *key)
             return
         job = self._jobs[key] = _Job(launch)
@@ -184,7 +186,14 @@ class Executor:
             job.cpus = tuple(self.cpu_binder.choose(key, [g.index for g in launch.gpus], launch.cpus))
         _reap_detached()
         try:  # one trip to a thread: the files, the wrapper and the record that names it
-            popen, pid, job.pidfd, create_time, start_time = await asyncio.to_thread(self._start, job)
+            started = await asyncio.to_thread(self._start, job)
+            if started is None:  # its directory or tombstone is on disk: a repeat
+                self._jobs.pop(key, None)
+                if self.cpu_binder is not None:
+                    self.cpu_binder.release(key)
+                log.debug("job %d.%d: launched here before; repeat ignored", *key)
+                return
+            popen, pid, job.pidfd, create_time, start_time = started
         except _LaunchError as e:
             await self._finish(key, self._outcome(job, None, None, "launch_failed", str(e)))
             return
@@ -255,25 +264,33 @@ class Executor:
         return [self._outcomes[k] for k in sorted(self._outcomes)]
 
     def ack(self, job_id: int, attempt: int) -> None:
-        """The head recorded this outcome: forget it, keeping only a tombstone."""
+        """The head recorded this outcome: forget it, keeping only a tombstone.  The files
+        change on a thread, in batches (``settle`` waits for them); until then the
+        allocation's directory is still there, so a repeated launch is still refused."""
         key = (job_id, attempt)
         if self._outcomes.pop(key, None) is None:
             return
-        moved = self.store.acknowledge(key)
-        if moved is not None:  # its files go on a thread: the ack path stays a few syscalls
-            self._trash.append(moved)
-            if len(self._trash) == 1:  # none waiting for a thread: start one; it takes them all
-                try:
-                    asyncio.get_running_loop().run_in_executor(None, self._empty_trash)
-                except RuntimeError:  # no event loop: remove them now
-                    self._empty_trash()
-        if self._clock() - self._last_prune >= PRUNE_EVERY:
-            self._last_prune = self._clock()
-            self.store.prune_tombstones()
+        self._acked.append(key)
+        if len(self._acked) > 1:   # a thread is on its way and takes this one too
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:   # no event loop: write it now
+            self._write_acks()
+            return
+        fut = loop.run_in_executor(None, self._write_acks)
+        self._ack_writes.add(fut)
+        fut.add_done_callback(self._ack_writes.discard)
+
+    async def settle(self) -> None:
+        """Wait until every ack so far is on disk."""
+        while self._ack_writes:
+            await asyncio.gather(*self._ack_writes, return_exceptions=True)
 
     async def close(self) -> None:
         """Stop watching.  Jobs keep running; the next executor on this state_dir adopts them."""
         self._closed = True
+        await self.settle()
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
         for t in tasks:
             t.cancel()
@@ -379,11 +396,13 @@ class Executor:
         except OSError as e:
             raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
 
-    def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None, float]:
+    def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None, float] | None:
         """(thread) Write the allocation's files, start the wrapper and record it: (its
         Popen or None when the fork server made it, pid, pidfd, process start time, job
-        start time).  The job's fields are set by the caller, on the event loop; a stop
-        that came meanwhile is saved there again."""
+        start time); None when it was launched here before.  The job's fields are set by
+        the caller, on the event loop; a stop that came meanwhile is saved there again."""
+        if self.store.seen(job.key):
+            return None
         self._prepare(job)
         popen, pidfd = None, None
         if self._server is not None:
@@ -625,10 +644,23 @@ class Executor:
         log.info("job %d.%d ended: %s: %s", *key, outcome.reason, outcome.message)
         await _call(self._on_finished, outcome)
 
-    def _empty_trash(self) -> None:
-        """(thread) Remove every directory ``ack`` moved aside, including those added meanwhile."""
-        while self._trash:
-            self.store.discard(self._trash.pop())
+    def _write_acks(self) -> None:
+        """(thread) Tombstones for every key ``ack`` queued, including those added meanwhile,
+        then the directories' files removed (the slow part, after all the tombstones)."""
+        try:
+            while self._acked:
+                moved = []
+                while self._acked:
+                    path = self.store.acknowledge(self._acked.popleft())
+                    if path is not None:
+                        moved.append(path)
+                for path in moved:
+                    self.store.discard(path)
+            if self._clock() - self._last_prune >= PRUNE_EVERY:
+                self._last_prune = self._clock()
+                self.store.prune_tombstones()
+        except Exception:  # noqa: BLE001 - a stray file error must not be lost silently
+            log.exception("writing acknowledgements failed")
 
     def _save_outcome(self, key: Key, outcome: Outcome) -> None:
         """(thread)"""

@@ -71,10 +71,12 @@ class JobStore:
                         "scripts: chmod o+x every directory above it", self.jobs_dir)
 
     def seen(self, key: Key) -> bool:
-        """Launched here before: running, finished or acknowledged."""
+        """Launched here before: running, finished or acknowledged.  The directory is
+        looked at first: ``acknowledge`` (maybe on another thread) writes the tombstone
+        before it moves the directory away, so one of the two is always found."""
         name = f"{key[0]}.{key[1]}"
-        return (os.path.exists(os.path.join(self.acked_dir, name))
-                or os.path.exists(os.path.join(self.jobs_dir, name)))
+        return (os.path.exists(os.path.join(self.jobs_dir, name))
+                or os.path.exists(os.path.join(self.acked_dir, name)))
 
     def create(self, key: Key, script: str, owner: tuple[int, int] | None,
                exec_spec: dict[str, Any], record: dict[str, Any]) -> None:
