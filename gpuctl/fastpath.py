@@ -25,8 +25,8 @@ The fast path only re-creates click's framing of failures: ``sbatch: error: ...`
 tests/test_gpuctl_fastpath.py runs a corpus of command lines through both and compares
 the request, stdout, stderr and exit code.
 
-Imports: the client, nothing else at start-up; the script table (``gpuctl.script``) once
-the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.  Neither
+Imports: the client, nothing else at start-up; the script table (``gpuctl.script``) and
+``gpuctl.unsupported`` once the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.  Neither
 path loads ``json`` or ``re`` (with ``enum``, ``functools`` and ``collections`` they cost
 more than all the rest in a plain virtual environment): requests and answers go through
 ``gpud.jsoncodec``, and the installed ``gpuctl`` is the script ``gpuctl/bin/gpuctl``, not
@@ -42,7 +42,6 @@ import time
 
 from gpud.protocol import ProtocolError, RemoteError
 
-from . import unsupported
 from .client import Client, HeadUnavailable
 
 TYPE_CHECKING = False   # typing costs gpuctl's start-up; the annotations are strings anyway
@@ -165,6 +164,8 @@ def parse_command_line(argv: list[str]) -> CommandLine | None:
     if i >= len(argv):
         return None
     longs, shorts, value_options = _tables()
+    from . import unsupported   # here, not at start-up, like the table: only sbatch needs it
+
     # Unsupported Slurm options go first, with the very function the click command uses.
     words, line.warnings = unsupported.split_command_line(argv[i + 1:], value_options)
     j = 0

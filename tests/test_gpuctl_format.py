@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuctl import format as fmt
 from tests.fake_head import job, node
@@ -23,6 +25,23 @@ def test_squeue_table():
     ]
     assert fmt.squeue_table(jobs, T0, header=False).startswith("12 gpu train ")
     assert fmt.squeue_table([], T0, header=False) == ""
+
+
+def padded_cell_by_cell(headers, rows, right, header):
+    """What table means: every cell padded to its column's widest, one space apart."""
+    cells = ([list(headers)] if header else []) + [[str(c) for c in row] for row in rows]
+    widths = [max([len(r[i]) for r in cells], default=0) for i in range(len(headers))]
+    return "\n".join(" ".join(c.rjust(widths[i]) if i in right else c if i == len(headers) - 1 else c.ljust(widths[i])
+                               for i, c in enumerate(r)).rstrip() for r in cells)
+
+
+@given(st.integers(1, 5).flatmap(lambda n: st.tuples(
+    st.lists(st.text(max_size=6), min_size=n, max_size=n),
+    st.lists(st.lists(st.text(max_size=6) | st.integers() | st.none(), min_size=n, max_size=n), max_size=5),
+    st.sets(st.integers(0, n - 1)), st.booleans())))
+def test_table_pads_every_cell_to_its_column(case):
+    headers, rows, right, header = case
+    assert fmt.table(headers, rows, right=right, header=header) == padded_cell_by_cell(headers, rows, right, header)
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0:00"), (59, "0:59"), (61, "1:01"), (3600, "1:00:00"),
