@@ -1,4 +1,4 @@
-"""The head with many pending jobs: ``python bench/bench_squeue_rss.py [--sizes 1000,100000]``.
+"""The head with many pending jobs: ``python bench/bench_squeue_rss.py [--sizes 1000,100000] [--no-r] [--runs N]``.
 
 A real head (own process, no workers) is filled with pending 1-GPU jobs through job
 arrays of up to 10,000 tasks, then measured at each size: ``gpuctl squeue`` as a user
@@ -10,6 +10,9 @@ on one open connection (the head's side of squeue, and how long its event loop t
 answer anything while scheduler passes over that queue run), and the head's resident
 memory (VmRSS).
 
+``--no-r`` skips ``squeue -r`` (seconds a run at 100,000); ``--runs`` sets how many of each
+are taken.  The head process's CPU time while it is measured goes to stderr.
+
 Targets (docs/benchmarks.md): ``squeue`` no slower than Slurm's at 1,000 jobs (28-45 ms
 measured here) and under 200 ms at 100,000; head RSS under 500 MB with 100,000 pending.
 """
@@ -17,6 +20,7 @@ measured here) and under 200 ms at 100,000; head RSS under 500 MB with 100,000 p
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +33,7 @@ from gpuctl.commands.squeue import Query
 
 SPEC = {"script": "#!/bin/bash\ntrue\n", "name": "bench", "work_dir": "/tmp", "env": {}, "gpus": 1}
 ARRAY_MAX = 10_000
-RUNS = 5
+RUNS = 5          # --runs
 
 
 def rss_mb(pid: int) -> float:
@@ -37,6 +41,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_ms(cmd: list[str], env: dict[str, str]) -> float:
@@ -79,8 +89,12 @@ def call_ms(client, op: str, **args) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,100000")
+    ap.add_argument("--no-r", action="store_true", help="skip squeue -r")
+    ap.add_argument("--runs", type=int, default=5, help="measurements of each (median)")
     ap.add_argument("--no-doc", action="store_true")
     a = ap.parse_args()
+    global RUNS
+    RUNS = a.runs
     sizes = sorted(int(s) for s in a.sizes.split(","))
     rows = []
     with head_cluster() as c:
@@ -96,13 +110,16 @@ def main() -> None:
                     have += k
                 client.ping()
                 time.sleep(2)     # not a synchronisation: lets a scheduler pass or two run first
+                t, cpu = time.perf_counter(), cpu_s(c.head.pid)
                 cell, ms, bare = measure(c)
-                cell_r, _, bare_r = measure(c, "-r")
+                cell_r, _, bare_r = ("skipped", None, bare) if a.no_r else measure(c, "-r")
                 ratio = f"{ms / bare:.1f}x" if ms is not None and bare else "-"
                 asked = Query(refs=[], states=[], users=[], partitions=[], accounts=[]).request()
                 rows.append([f"{size:,}", cell, cell_r, f"{statistics.median([bare, bare_r]):.0f} ms", ratio,
                              f"{call_ms(client, 'jobs', **asked):.0f} ms", f"{call_ms(client, 'ping'):.0f} ms",
                              f"{rss_mb(c.head.pid):.0f} MB"])
+                print(f"{size:,} pending: head CPU {100 * (cpu_s(c.head.pid) - cpu) / (time.perf_counter() - t):.0f} %"
+                      " of one CPU while measured", file=sys.stderr)
     md = "\n".join([
         "## squeue and head memory with many pending jobs",
         "",

@@ -1,5 +1,5 @@
 """Submission throughput through the real socket and SQLite path:
-``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--no-install] [--no-doc]``.
+``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--no-install] [--no-starts] [--no-doc]``.
 
 Against a real head (its own process, SQLite in WAL with synchronous=FULL, Mosquitto on
 loopback, no workers so nothing starts):
@@ -17,6 +17,9 @@ loopback, no workers so nothing starts):
 * the same connection pipelining (``Client.submit_many``): many requests in flight, each
   still acknowledged only after its commit, so the head's group commit can share fsyncs;
 * one job array of N tasks in one request.
+
+``--no-starts`` leaves out the process starts (their rows), for comparing the head's side
+alone; the head process's CPU time per pipelined submission goes to stderr.
 
 Targets (docs/benchmarks.md): a ``gpuctl sbatch`` process within 1.3x of a bare Python
 start; at least 2,000 acknowledged submissions/s on one connection.
@@ -84,14 +87,21 @@ def console_script() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gpuctl"]
 
 
-def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool) -> dict:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too: bool = True) -> dict:
     r: dict = {}
     for tree in ("gpud", "gpuctl"):
         compileall.compile_dir(str(ROOT / tree), quiet=1)
     with head_cluster() as c:
         env = {k: v for k, v in c.env.items() if k != "PYTHONPATH"}   # each environment its own gpud
-        r["dev"] = starts(sys.executable, console_script(), c.socket, n_sbatch, env)
-        if install:
+        if starts_too:
+            r["dev"] = starts(sys.executable, console_script(), c.socket, n_sbatch, env)
+        if install and starts_too:
             with installed() as (python, gpuctl):
                 r["installed"] = starts(python, gpuctl, c.socket, n_sbatch, env)
         with c.client() as client:
@@ -105,9 +115,10 @@ def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool) -> dict:
             r["loop_rate"] = n_loop / (time.perf_counter() - t)
             lat.sort()
             r["loop_p50"], r["loop_p99"] = lat[len(lat) // 2], lat[int(0.99 * (len(lat) - 1))]
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), cpu_s(c.head.pid)
             ids = client.submit_many([SPEC] * n_loop)
             r["pipelined_rate"] = len(ids) / (time.perf_counter() - t)
+            r["pipelined_head_cpu_us"] = (cpu_s(c.head.pid) - cpu) / len(ids) * 1e6
             t = time.perf_counter()
             client.submit_spec({**SPEC, "array": f"0-{n_array - 1}"})
             r["array_s"] = time.perf_counter() - t
@@ -128,7 +139,7 @@ def start_rows(label: str, s: dict, n: int) -> list[list[str]]:
 
 
 def markdown(r: dict) -> str:
-    rows = start_rows("development venv (editable)", r["dev"], r["n_sbatch"])
+    rows = start_rows("development venv (editable)", r["dev"], r["n_sbatch"]) if "dev" in r else []
     if "installed" in r:
         rows += start_rows("`pip install .` venv", r["installed"], r["n_sbatch"])
     rows += [
@@ -163,9 +174,12 @@ def main() -> None:
     ap.add_argument("--loop", type=int, default=5000)
     ap.add_argument("--array", type=int, default=10_000)
     ap.add_argument("--no-install", action="store_true", help="skip the pip-installed environment")
+    ap.add_argument("--no-starts", action="store_true", help="skip the gpuctl process starts")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    md = markdown(measure(a.sbatch, a.loop, a.array, not a.no_install))
+    r = measure(a.sbatch, a.loop, a.array, not a.no_install, not a.no_starts)
+    print(f"head CPU per pipelined submission: {r['pipelined_head_cpu_us']:.0f} us", file=sys.stderr)
+    md = markdown(r)
     print(md)
     if not a.no_doc:
         write_section("submit", md)
