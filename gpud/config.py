@@ -115,6 +115,13 @@ def count(lo: int = 0) -> Parser:
     return parse
 
 
+def share(v: Any) -> float:
+    """A fraction in (0, 1]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError(f"must be a number above 0 and at most 1, not {_show(v)}")
+    return float(v)
+
+
 def duration(*, positive: bool = False) -> Parser:
     """Seconds: a number of seconds or "90s", "10m", "1h30m", "1-00:00:00"."""
     def parse(v: Any) -> float:
@@ -255,6 +262,7 @@ class HeadConfig:
     node_timeout: float = setting(30.0, duration(positive=True), live=True)   # no heartbeat -> DOWN
     schedule_interval: float = setting(5.0, duration(positive=True), live=True)  # a pass this often
     schedule_debounce: float = setting(0.005, duration(), live=True)  # gather events before a pass
+    schedule_max_share: float = setting(0.5, share, live=True)  # of the head's time, passes back to back
     kill_grace: float = setting(30.0, duration(), live=True)  # SIGTERM -> SIGKILL
     metrics_listen: str | None = setting(None, listen_address)   # Prometheus /metrics; None: off
     telemetry_resolution: float = setting(60.0, duration(positive=True))  # series bucket (seconds)

@@ -12,8 +12,10 @@ Four tasks in one TaskGroup:
                together go in one group commit, then one ack per node.
 ``scheduler``  runs a pass when kicked (submit, finish, node change) or on a timer:
                snapshot -> pure core -> re-checked plan -> one commit -> messages.  A kick
-               after an idle spell starts a pass at once; kicks within ``schedule_debounce``
-               of the last pass wait out the rest of it, so a burst makes one pass.
+               after an idle spell starts a pass at once; kicks soon after the last pass wait
+               out the rest of ``schedule_debounce``, or of as long as the pass took
+               (``schedule_max_share``), so a burst makes one pass and passes over a long
+               queue leave the head time to answer between them.
 ``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat; their jobs are
                requeued (or NODE_FAIL with --no-requeue).  Time while the head itself is cut
                off from the broker does not count against the nodes.
@@ -39,6 +41,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import sys
 import time
 from typing import Any, Callable
 
@@ -62,8 +65,8 @@ from .steps import OPS as STEP_OPS, Steps
 from .relay import RelayedRequests
 from .endreports import WorkerReports
 from ..sched.plan import Plan
-from .scheduling import (DOWN, UP, Applied, annotate, build_snapshot, node_view, plan_to_txn, run_core,
-                         running_view)
+from .scheduling import (DOWN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
+                         plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
 from .store import JobRecord, NodeRecord, Store, Txn
 from .telemetry import Telemetry
@@ -76,6 +79,7 @@ LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's laun
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
 MAX_REPORT_BATCH = 1000         # worker messages taken from the bus at once
+CORE_SWITCH_INTERVAL = 0.001    # seconds: the GIL hand-over while the core's thread runs
 
 
 class Head:
@@ -94,6 +98,8 @@ class Head:
         })
         self._kick = asyncio.Event()
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
+        self._gap = 0.0                       # the least time from it to the next pass
+        self.views = PendingViews()           # pending jobs' snapshot views, kept between passes
         self._stop = asyncio.Event()
         # (the jobs of one submission: one, or an array's tasks; its future)
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
@@ -226,19 +232,22 @@ class Head:
                 await asyncio.wait_for(self._kick.wait(), self.cfg.head.schedule_interval)
             except asyncio.TimeoutError:
                 pass
-            # Idle (no pass within the debounce): start at once, the latency of a lone job.
-            # Busy: wait out the debounce since the last pass, so a burst of submissions and
-            # ends is gathered into one pass instead of one pass each.
-            wait = self._last_pass + self.cfg.head.schedule_debounce - time.monotonic()
+            # Idle (no pass within the gap): start at once, the latency of a lone job.
+            # Busy: wait out the gap since the last pass, so a burst of submissions and ends
+            # is gathered into one pass instead of one pass each, and long passes leave the
+            # loop time for requests between them.
+            wait = self._last_pass + self._gap - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             self._kick.clear()
+            started = time.monotonic()
             try:
                 await self.schedule_pass()
             except Exception:
                 log.exception("scheduler pass failed; will retry")
                 await asyncio.sleep(1)
             self._last_pass = time.monotonic()
+            self._gap = pass_gap(self._last_pass - started, self.cfg.head)
 
     async def schedule_pass(self) -> Applied:
         async with self.lock:
@@ -246,14 +255,14 @@ class Head:
             now = self.clock()
             recent = tuple(await self.store.recent_preemptions(now - 60))
             snap = build_snapshot(self.store, self.cfg.sched, {}, recent,
-                                  await self.slurm.before_pass(now))
+                                  await self.slurm.before_pass(now), self.views)
             snap = dataclasses.replace(snap, usage=self.usage.advance(snap.running, snap.nodes,
                                                                         self.cfg.sched, now))
             snap = self.mig.adjust(snap, now)
         # The pure core runs on a thread, outside the lock: submissions, cancels and worker
         # reports go on meanwhile, and plan_to_txn re-checks every decision against what
         # changed before anything is committed.
-        plan = await asyncio.to_thread(run_core, snap, now)
+        plan = await self._core(snap, now)
         async with self.lock:
             txn, applied = plan_to_txn(self.store, plan, now)
             await self.store.commit(txn)
@@ -271,6 +280,18 @@ class Head:
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
             await self.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
         return applied
+
+    async def _core(self, snap, now: float) -> Plan:
+        """``run_core`` on a thread.  Meanwhile the loop gets the GIL back within
+        CORE_SWITCH_INTERVAL instead of Python's default 5 ms after each of its system
+        calls: a request answered while the core ran over a long queue waited that long
+        at every read, write and poll (ping 15 ms median instead of 1-3)."""
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(min(before, CORE_SWITCH_INTERVAL))
+        try:
+            return await asyncio.to_thread(run_core, snap, now)
+        finally:
+            sys.setswitchinterval(before)
 
     # -- messages to workers ------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections import defaultdict
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -101,6 +102,31 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
     fold = bool(args.get("fold"))
     records = fold_arrays(jobs, fields) if fold else [public(j, fields) for j in jobs]
     return {"jobs": records, "folded": True} if fold else {"jobs": records}
+
+
+async def op_jobs_listing(head: "Head", caller: Caller, args: dict) -> dict:
+    """``jobs``: squeue's folded table (``fold`` with ``fields`` from the table's
+    columns) is kept until a job changes, as many squeue runs between two passes over
+    100,000 pending jobs each folded them all again; anything else is answered afresh."""
+    fields = args.get("fields")
+    if not (args.get("fold") and not args.get("all") and isinstance(fields, list) and fields
+            and all(isinstance(f, str) and f in _FIELD for f in fields)):
+        return await op_jobs(head, caller, args)
+    key = repr(sorted(args.items()))    # a JSON object's keys: strings, each once
+    store = head.store
+    kept = _LISTINGS.get(store)
+    if kept is None or kept[0] != store.changes:
+        kept = _LISTINGS[store] = (store.changes, {})
+    reply = kept[1].get(key)
+    if reply is None:
+        reply = await op_jobs(head, caller, args)
+        if kept[0] == store.changes and len(kept[1]) < _LISTINGS_KEPT:
+            kept[1][key] = reply
+    return reply
+
+
+_LISTINGS: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, dict]]]" = weakref.WeakKeyDictionary()
+_LISTINGS_KEPT = 16     # different questions answered from one state of the jobs
 
 
 # JOB record fields cheap enough to read one by one (what squeue's table asks for); any
@@ -326,4 +352,4 @@ def _str_list(v: Any, name: str) -> list[str] | None:
     return v
 
 
-OPS = {"ping": op_ping, "submit": op_submit, "jobs": op_jobs, "cancel": op_cancel, "nodes": op_nodes}
+OPS = {"ping": op_ping, "submit": op_submit, "jobs": op_jobs_listing, "cancel": op_cancel, "nodes": op_nodes}

@@ -12,9 +12,11 @@ rank 0 and the job starts on all its nodes in the same transaction, or not at al
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ..model import GpuInfo, JobState, NodeInfo
 from ..sched.core import schedule
@@ -71,28 +73,62 @@ def running_view(j: JobRecord) -> RunningJob:
 
 
 def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...],
-                   blocked: dict[int, str] | None = None) -> Snapshot:
-    """``blocked``: why pending jobs may not start now (slurm.SlurmSupport.before_pass)."""
+                   blocked: dict[int, str] | None = None, views: "PendingViews | None" = None) -> Snapshot:
+    """``blocked``: why pending jobs may not start now (slurm.SlurmSupport.before_pass).
+    ``views``: the pending jobs' views kept from the last pass (a fresh set without it)."""
     blocked = blocked or {}
     nodes = [v for v in (node_view(store, name) for name in store.nodes) if v is not None]
-    pending, running = [], []
-    for j in store.active.values():
-        if j.state is JobState.PENDING:
-            pending.append(PendingJob(
-                job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
-                qos=j.qos, gpus=j.gpus, cpus=j.cpus, mem_mb=j.mem_mb, time_limit=j.time_limit,
-                submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
-                preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked.get(j.job_id),
-                mig_profile=j.spec.mig_profile, gpu_mem_mb=j.spec.gpu_mem_mb,
-                **_gang_request(j),
-            ))
-        elif j.state.active and j.node is not None:
-            running.append(running_view(j))
+    pending, others = (views if views is not None else PendingViews()).pending(store, blocked)
+    running = [running_view(j) for j in others if j.state.active and j.node is not None]
     nodes.sort(key=lambda n: n.name)
-    pending.sort(key=lambda p: p.job_id)
-    running.sort(key=lambda r: r.job_id)
+    pending.sort(key=_JOB_ID)
+    running.sort(key=_JOB_ID)
     return Snapshot(nodes=tuple(nodes), pending=tuple(pending), running=tuple(running),
                     config=config, usage=dict(usage), recent_preemptions=recent_preemptions)
+
+
+_JOB_ID = attrgetter("job_id")
+
+
+def pending_view(j: JobRecord, blocked_reason: str | None) -> PendingJob:
+    return PendingJob(
+        job_id=j.job_id, user=j.user, account=j.account, partition=j.partition,
+        qos=j.qos, gpus=j.gpus, cpus=j.cpus, mem_mb=j.mem_mb, time_limit=j.time_limit,
+        submit_time=j.submit_time, gpu_type=j.spec.gpu_type, nice=j.spec.nice,
+        preempt_count=j.preempt_count, held=j.spec.hold, blocked_reason=blocked_reason,
+        mig_profile=j.spec.mig_profile, gpu_mem_mb=j.spec.gpu_mem_mb,
+        **_gang_request(j),
+    )
+
+
+class PendingViews:
+    """Each pending job's ``PendingJob``, kept from one pass to the next.
+
+    A view is made again only when its job's record is another object or its blocked
+    reason changed: every change of a job's columns replaces its record (``Txn.transition``;
+    only the pass's own annotations are written in place), so the same record means the
+    same view.  Making 100,000 views took over a second of the head's loop per pass.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[JobRecord, PendingJob]] = {}
+
+    def pending(self, store: Store, blocked: dict[int, str]) -> tuple[list[PendingJob], list[JobRecord]]:
+        """The pending jobs' views, and the records of the other unfinished jobs."""
+        kept, fresh, views, others = self._kept, {}, [], []
+        pending_state = JobState.PENDING
+        for j in store.active.values():
+            if j.state is not pending_state:
+                others.append(j)
+                continue
+            why = blocked.get(j.job_id)
+            entry = kept.get(j.job_id)
+            if entry is None or entry[0] is not j or entry[1].blocked_reason != why:
+                entry = (j, pending_view(j, why))
+            fresh[j.job_id] = entry
+            views.append(entry[1])
+        self._kept = fresh     # ended and started jobs drop out
+        return views, others
 
 
 def _gang_request(j: JobRecord) -> dict:
@@ -103,8 +139,27 @@ def _gang_request(j: JobRecord) -> dict:
                 switches_wait=spec.switches_wait)
 
 
+def pass_gap(took: float, head_cfg) -> float:
+    """The least time from the end of a pass that took ``took`` seconds to the start of the
+    next: ``schedule_debounce``, or longer so that passes run back to back take at most
+    ``schedule_max_share`` of the head's time (as Slurm's sched_min_interval paces them)."""
+    share = head_cfg.schedule_max_share
+    return max(head_cfg.schedule_debounce, took * (1 - share) / share)
+
+
 def run_core(snap: Snapshot, now: float) -> Plan:
-    return schedule(snap, now)
+    """The pure core, with the cyclic garbage collector paused while it runs (as the
+    simulator runs it): what it allocates is freed by reference counting when the pass
+    ends, and collections during a pass over 100,000 pending jobs scanned its temporaries
+    again and again (a sixth of the pass)."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return schedule(snap, now)
+    finally:
+        if paused:
+            gc.enable()
 
 
 @dataclass
@@ -116,14 +171,18 @@ class Applied:
     relayouts: list[Relayout] = field(default_factory=list)     # MIG re-layouts to send
 
 
-def _in_use(store: Store) -> dict[str, tuple[set[int], int, int]]:
+def _holding(store: Store) -> list[JobRecord]:
+    """The jobs that hold resources (the node test first: it rules out pending jobs at once)."""
+    return [j for j in store.active.values() if j.node is not None and j.state.active]
+
+
+def _in_use(holding: list[JobRecord]) -> dict[str, tuple[set[int], int, int]]:
     used: dict[str, tuple[set[int], int, int]] = {}
-    for j in store.active.values():
-        if j.state.active and j.node is not None:
-            for node, indices, c, m in [(j.node, j.gpu_indices, j.cpus, j.mem_mb)] + [
-                    (p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in gang.parts_view(j)]:
-                gpus, cpus, mem = used.get(node, (set(), 0, 0))
-                used[node] = (gpus | set(indices), cpus + c, mem + m)
+    for j in holding:
+        for node, indices, c, m in [(j.node, j.gpu_indices, j.cpus, j.mem_mb)] + [
+                (p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in gang.parts_view(j)]:
+            gpus, cpus, mem = used.get(node, (set(), 0, 0))
+            used[node] = (gpus | set(indices), cpus + c, mem + m)
     return used
 
 
@@ -131,8 +190,9 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
     """Re-check ``plan`` against the store and turn what still holds into one transaction."""
     txn = Txn(store)
     applied = Applied()
-    used = _in_use(store)
-    shared = SharedUse(store.active.values())
+    if plan.starts or plan.relayouts:   # most passes over a long queue start nothing
+        holding = _holding(store)
+        used, shared = _in_use(holding), SharedUse(holding)
     for s in plan.starts:
         job = store.active.get(s.job_id)
         if job is None or job.state is not JobState.PENDING or job.spec.hold:
@@ -238,11 +298,15 @@ def _fits(info: NodeInfo, used: tuple[set[int], int, int], s: Start) -> bool:
 
 def annotate(store: Store, plan: Plan) -> None:
     """Copy the plan's reasons, priorities and expected starts onto pending jobs (memory only)."""
+    reasons, priorities, starts = plan.reasons, plan.priorities, plan.expected_starts
+    pending = JobState.PENDING
     for job in store.active.values():
-        if job.state is JobState.PENDING:
-            job.reason = plan.reasons.get(job.job_id, job.reason if job.spec.hold else None)
-            job.priority = plan.priorities.get(job.job_id, job.priority)
-            job.expected_start = plan.expected_starts.get(job.job_id)
+        if job.state is pending:
+            job_id = job.job_id
+            job.reason = reasons.get(job_id, job.reason if job.spec.hold else None)
+            job.priority = priorities.get(job_id, job.priority)
+            job.expected_start = starts.get(job_id)
+    store.changed()
 
 
 def _json(v) -> str:

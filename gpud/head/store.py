@@ -411,6 +411,10 @@ class Store:
         self.path = path
         self.db: aiosqlite.Connection | None = None
         self.active: dict[int, JobRecord] = {}      # every non-terminal job
+        # Counts changes to ``active`` and to its records' columns (commits, inserts, and
+        # the scheduler's annotations, which call ``changed``): an answer computed from
+        # ``active`` holds while it stays the same.
+        self.changes = 0
         self.nodes: dict[str, NodeRecord] = {}
         self._cols: list[str] = []
         # Called with each committed Txn (metrics count outcomes here); must not raise.
@@ -441,6 +445,10 @@ class Store:
             async for name, info, state, reason, last_seen, registered in cur:
                 self.nodes[name] = NodeRecord(name, json.loads(info), state, reason, last_seen, registered)
         return self
+
+    def changed(self) -> None:
+        """Jobs in memory changed (see ``changes``)."""
+        self.changes += 1
 
     async def close(self) -> None:
         if self.db is not None:
@@ -490,6 +498,8 @@ class Store:
         except BaseException:
             await self.db.execute("ROLLBACK")
             raise
+        if txn._jobs:
+            self.changed()
         for job_id, job in txn._jobs.items():
             if job.state.terminal:
                 self.active.pop(job_id, None)
@@ -553,6 +563,7 @@ class Store:
         for job in out:
             self.active[job.job_id] = job
         if out:
+            self.changed()
             users = sorted({j.user for j in out})
             log.info("recorded %d submitted job(s), %d-%d, of %s", len(out), out[0].job_id, out[-1].job_id,
                      ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else ""))
