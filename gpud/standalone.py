@@ -4,9 +4,9 @@ For a single GPU box and for a first try: no Mosquitto, no key distribution.  Th
 the socket live in the state directory; the printed ``GPUD_SOCKET=…`` line points gpuctl
 at this cluster.
 
-The head and its own worker speak in the process (``gpud.bus.split``): their messages are
-sealed and verified as on the wire but never leave it.  The embedded broker serves
-everyone else: relays, and other workers pointed at it.
+The head and its own worker speak in the process (``gpud.bus.split``): their messages
+never leave it, so they are not signed.  The embedded broker serves everyone else
+(relays, other workers pointed at it), signed and verified as always.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def local_buses(cfg: Config, key: bytes) -> tuple[Any, Any]:
         username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
         tls=cfg.broker.tls, inbox=inbox,
     )
-    hub = MemoryBroker(record=False)
+    hub = MemoryBroker(record=False, signed=False)   # only this process reaches it
     local = MemoryBus(hub, cfg.cluster, HEAD_SENDER, key, subscriptions=[HEAD_EVENTS, "node/+/status"],
                       inbox=inbox)
     worker = MemoryBus(hub, cfg.cluster, worker_sender(name), key, subscriptions=worker_subscriptions(name),

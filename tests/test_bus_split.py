@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from gpud.bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, node_cmd, relay_replies
+from gpud.bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will, node_cmd, node_status, relay_replies
 from gpud.bus.broker import EmbeddedBroker
 from gpud.bus.envelope import seal
 from gpud.bus.inbox import Inbox
@@ -120,3 +120,25 @@ async def test_standalone_buses_keep_the_broker_for_outside_parties(tmp_path):
                     seen.append((await next_message(watcher)).kind)
             assert "launch" not in seen and "started" not in seen
             assert {"head_status", "request"} <= set(seen)
+
+
+async def test_an_unsigned_in_process_broker_keeps_the_wires_json_retained_messages_and_wills():
+    hub = MemoryBroker(signed=False)
+    async with MemoryBus(hub, CLUSTER, "head", KEY, [HEAD_EVENTS, "node/+/status"]) as head, \
+            MemoryBus(hub, CLUSTER, "worker:box", KEY, [node_cmd("box")],
+                      will=Will(node_status("box"), "node_status", {"state": "offline"})) as box:
+        await head.publish(node_cmd("box"), "ack", {"done": [(1, 0)], 7: "x"})
+        got = await next_message(box)
+        assert (got.kind, got.sender, got.body) == ("ack", "head", {"done": [[1, 0]], "7": "x"})
+        assert b'"sig"' not in hub.published[-1][1]
+        await box.publish(node_status("box"), "node_status", {"state": "online"}, retain=True)
+        assert (await next_message(head)).body == {"state": "online"}
+        async with MemoryBus(hub, CLUSTER, "late", KEY, ["node/+/status"]) as late:
+            got = await next_message(late)
+            assert (got.body, got.retained) == ({"state": "online"}, True)
+        hub.disconnect("worker:box")
+        assert (await next_message(head)).body == {"state": "offline"}
+        hub.inject(f"gpud/{CLUSTER}/{HEAD_EVENTS}", b"not json")   # dropped, logged
+        await box.publish(HEAD_EVENTS, "started", {"job": 1})       # queued while away
+        hub.reconnect("worker:box")
+        assert (await next_message(head)).kind == "started"

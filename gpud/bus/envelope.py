@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import math
 import secrets
@@ -79,6 +80,9 @@ def new_id() -> str:
     return secrets.token_hex(12)
 
 
+_LOCAL_IDS = itertools.count(1)   # unsigned payloads' ids: unique in the process is enough
+
+
 # Encoders built once: json.dumps would rebuild one per call, a third of sealing's cost.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 _PLAIN = json.JSONEncoder(separators=(",", ":"))
@@ -119,6 +123,25 @@ def seal(key: bytes, sender: str, kind: str, body: dict[str, Any], *, now: float
     if len(payload) > MAX_PAYLOAD:
         raise EnvelopeError(f"message too large ({len(payload)} bytes, limit {MAX_PAYLOAD})")
     return payload
+
+
+def unsigned_payload(sender: str, kind: str, body: dict[str, Any], *, now: float, topic: str) -> bytes:
+    """The envelope's fields without a signature, for an in-process broker nobody else can
+    reach (``gpud.bus.memory``, ``signed=False``); ``open_unsigned`` reads it."""
+    if not isinstance(body, dict):
+        raise TypeError(f"message body must be a dict, not {type(body).__name__}")
+    return _PLAIN.encode({"kind": kind, "sender": sender, "id": f"local-{next(_LOCAL_IDS)}", "ts": float(now),
+                          "topic": topic, "body": body}).encode()
+
+
+def open_unsigned(payload: bytes, topic: str) -> Envelope:
+    """What ``unsigned_payload`` made: parsed, not verified (EnvelopeError if malformed)."""
+    try:
+        obj = json.loads(payload)
+        return Envelope(kind=obj["kind"], sender=obj["sender"], msg_id=obj["id"], ts=obj["ts"],
+                        topic=topic, body=obj["body"])
+    except (ValueError, TypeError, KeyError):
+        raise EnvelopeError("malformed unsigned payload") from None
 
 
 def reseal(key: bytes, payload: bytes, *, now: float) -> bytes:

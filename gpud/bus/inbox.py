@@ -4,7 +4,8 @@
 the same (the fake is only worth its tests if it does), so both hand each payload to an
 ``Inbox``: it checks the envelope (signature, freshness, replay; retained messages and wills
 may be old), drops what fails with one log line, and queues the rest for ``messages()``.
-Two buses may share one inbox (``gpud.bus.split``): one reader, one replay cache.
+Two buses may share one inbox (``gpud.bus.split``): one reader, one replay cache.  An
+in-process broker's unsigned payloads (``MemoryBroker(signed=False)``) are only parsed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from typing import Any, AsyncIterator
 
 from .base import Message
-from .envelope import EnvelopeError, Verifier, may_be_stale
+from .envelope import EnvelopeError, Verifier, may_be_stale, open_unsigned
 
 log = logging.getLogger("gpud.bus")
 
@@ -46,13 +47,28 @@ class Inbox:
             log.log(logging.DEBUG if e.reason == "replayed" else logging.WARNING,
                     "bus: dropped message on %s: %s", topic, e.reason)
             return
+        self._put(env.message(retained=retained))
+
+    def accept_unsigned(self, full_topic: str, payload: bytes, retained: bool) -> None:
+        """Queue one payload from an in-process sender (``MemoryBroker(signed=False)``, which
+        nothing outside the process can reach): parsed, not verified; never raises."""
+        if not payload:
+            return  # a retained message being cleared
+        try:
+            env = open_unsigned(payload, full_topic[len(self.prefix):])
+        except EnvelopeError as e:
+            log.warning("bus: dropped message on %s: %s", full_topic, e.reason)
+            return
+        self._put(env.message(retained=retained))
+
+    def _put(self, msg: Message) -> None:
         if self.limit is not None and self._queue.qsize() >= self.limit:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 log.warning("bus: inbox full (reader too slow); dropped %s from %s (%d so far)",
-                            env.kind, env.sender, self.dropped)
+                            msg.kind, msg.sender, self.dropped)
             return
-        self._queue.put_nowait(env.message(retained=retained))
+        self._queue.put_nowait(msg)
 
     async def messages(self) -> AsyncIterator[Message]:
         """Verified messages until ``close``.  Meant for one reader."""

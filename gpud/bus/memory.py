@@ -11,6 +11,13 @@ API of ``MqttBus``: every payload is sealed and verified with ``gpud.bus.envelop
 exactly as on the wire, so forged, stale and replayed messages are dropped the same way,
 and a test can inject raw bytes with ``MemoryBroker.inject``.
 
+``MemoryBroker(signed=False)`` is for a broker no test injects into: ``gpud standalone``'s,
+which only its own head and worker reach, from inside the process.  Its payloads are the
+envelope's fields as plain JSON, neither signed nor verified: a signature proves that a
+message came from a key holder, and nothing outside the process can publish there at all.
+What remains is the JSON round trip, so the receiver still gets exactly what the wire would
+give it (lists for tuples, string keys).
+
 Delivery is synchronous: when ``publish`` returns, every connected subscriber already
 holds the message in its inbox, so tests need no waiting beyond reading ``messages()``.
 Failures are under the test's control:
@@ -32,7 +39,7 @@ from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from .base import Message, Will
-from .envelope import RESEAL_AFTER, reseal, seal
+from .envelope import RESEAL_AFTER, reseal, seal, unsigned_payload
 from .inbox import Inbox
 
 log = logging.getLogger("gpud.bus")
@@ -68,12 +75,14 @@ class MemoryBroker:
     """In-process stand-in for an MQTT broker.
 
     ``record=False`` keeps no ``published`` history: a long-lived process (``gpud
-    standalone``) would otherwise keep every message.
+    standalone``) would otherwise keep every message.  ``signed=False``: see the module
+    docstring.
     """
 
-    def __init__(self, *, record: bool = True) -> None:
+    def __init__(self, *, record: bool = True, signed: bool = True) -> None:
         self.up = True
         self.record = record
+        self.signed = signed
         self.retained: dict[str, bytes] = {}        # full topic -> payload
         self._sessions: dict[str, _Session] = {}
         self._attached: list[MemoryBus] = []         # open buses, connected or not
@@ -248,8 +257,7 @@ class MemoryBus:
             log.warning("bus: closed; dropped %s message for %s", kind, topic)
             return
         now = self._clock()
-        payload = seal(self._key, self.sender, kind, body, now=now, topic=topic)
-        self._send(topic, payload, retain, now)
+        self._send(topic, self._payload(kind, body, topic, now), retain, now)
 
     async def clear_retained(self, topic: str) -> None:
         if not self._closed:
@@ -294,12 +302,16 @@ class MemoryBus:
 
     # -- broker callbacks ----------------------------------------------------------------------
 
+    def _payload(self, kind: str, body: dict[str, Any], topic: str, now: float) -> bytes:
+        if self.broker.signed:
+            return seal(self._key, self.sender, kind, body, now=now, topic=topic)
+        return unsigned_payload(self.sender, kind, body, now=now, topic=topic)
+
     def _seal_will(self) -> tuple[str, bytes] | None:
         if self.will is None:
             return None
         w = self.will
-        return (self.prefix + w.topic,
-                seal(self._key, self.sender, w.kind, w.body, now=self._clock(), topic=w.topic))
+        return self.prefix + w.topic, self._payload(w.kind, w.body, w.topic, self._clock())
 
     def _on_connected(self, will: tuple[str, bytes] | None) -> None:
         self._will_payload = will
@@ -309,7 +321,7 @@ class MemoryBus:
     def _after_connect(self) -> None:
         while self._outbox and self.connected:
             topic, payload, retain, sealed_at = self._outbox.popleft()
-            if payload and self._clock() - sealed_at > RESEAL_AFTER:
+            if payload and self.broker.signed and self._clock() - sealed_at > RESEAL_AFTER:
                 payload = reseal(self._key, payload, now=self._clock())
             self.broker._route(self.prefix + topic, payload, retain)
         if self.on_connect is not None:
@@ -334,8 +346,12 @@ class MemoryBus:
                             "(topic %s; %d dropped so far)", lost[0], self.dropped)
 
     def _deliver(self, full_topic: str, payload: bytes, *, retained: bool) -> None:
-        if not self._closed:
+        if self._closed:
+            return
+        if self.broker.signed:
             self._inbox.accept(full_topic, payload, retained, self._clock())
+        else:
+            self._inbox.accept_unsigned(full_topic, payload, retained)
 
     async def _run_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -19,10 +19,12 @@ process, ``head/status`` both ways (relays and the local worker both follow it),
 (replies to relays, other nodes' commands) only over MQTT.  The head reads one stream with
 one replay cache whichever way a message came.
 
-In the process, messages are still sealed and verified exactly as on the wire: one code
-path for every bus, at a cost (tens of microseconds a message) that is small next to the
-broker round trip it replaces.  ``connected``, ``on_connect`` and ``flush`` are the MQTT
-side's: the local side is connected while the bus is open.
+In the process, messages are neither signed nor verified (``MemoryBroker(signed=False)``):
+only the head and the worker of this process can reach that broker, and they hold the
+same key anyway.  Sealing and opening a launch costs about 150 us here, against 25 us for
+the plain JSON round trip that stays, so the receiver still sees exactly what the wire
+would carry.  What comes over MQTT is verified as always.  ``connected``, ``on_connect`` and ``flush`` are
+the MQTT side's: the local side is connected while the bus is open.
 """
 
 from __future__ import annotations
