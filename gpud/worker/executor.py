@@ -647,20 +647,22 @@ class Executor:
     def _write_acks(self) -> None:
         """(thread) Tombstones for every key ``ack`` queued, including those added meanwhile,
         then the directories' files removed (the slow part, after all the tombstones)."""
-        try:
+        while self._acked:
+            moved = []
             while self._acked:
-                moved = []
-                while self._acked:
-                    path = self.store.acknowledge(self._acked.popleft())
-                    if path is not None:
-                        moved.append(path)
-                for path in moved:
-                    self.store.discard(path)
-            if self._clock() - self._last_prune >= PRUNE_EVERY:
-                self._last_prune = self._clock()
-                self.store.prune_tombstones()
-        except Exception:  # noqa: BLE001 - a stray file error must not be lost silently
-            log.exception("writing acknowledgements failed")
+                key = self._acked.popleft()
+                try:
+                    path = self.store.acknowledge(key)
+                except Exception:  # noqa: BLE001 - the others still get theirs
+                    log.exception("job %d.%d: cannot record its acknowledgement", *key)
+                    continue
+                if path is not None:
+                    moved.append(path)
+            for path in moved:
+                self.store.discard(path)
+        if self._clock() - self._last_prune >= PRUNE_EVERY:
+            self._last_prune = self._clock()
+            self.store.prune_tombstones()
 
     def _save_outcome(self, key: Key, outcome: Outcome) -> None:
         """(thread)"""
