@@ -257,3 +257,24 @@ def test_dlrm_serving_load_is_the_same_under_every_policy():
                 "--until", "2d")
     assert r["full"]["gpu_allocation"] == 1.0
     assert len({json.dumps(p["wait_s"]) for p in r.values()}) == 1
+
+
+@pytest.mark.skipif(not DLRM.exists(), reason=f"trace {DLRM} not present")
+def test_dlrm_as_background_serving_preempts_batch_under_full_only():
+    # the instances alive at the start (about 3,120) are the initial state of 3,160 GPUs;
+    # saturating batch jobs fill the rest, and serving instances created later need GPUs back
+    r = compare("--cluster", "395x8xH100-80GB", "--background", str(DLRM), "--ignore-gpu-type",
+                "--synthetic", "saturating", "--jobs", "300", "--load", "0.06",
+                "--until", "6h", "--drain", "--pass-interval", "5m")
+    assert {p["jobs"]["pending"] for p in r.values()} == {0}        # waits of the same jobs
+    assert r["fifo"]["preemptions"] == r["priority"]["preemptions"] == 0
+    full = r["full"]
+    assert full["preemptions"] > 0 and full["qos"]["normal"]["preempted"] == full["preemptions"]
+    assert full["qos"]["serving"]["preempted"] == 0
+    assert full["gpu_allocation"] >= 0.90
+    for name in ("fifo", "priority"):
+        assert full["wait_s"]["mean"] < r[name]["wait_s"]["mean"]
+        assert full["qos"]["normal"]["wait_s"]["mean"] < r[name]["qos"]["normal"]["wait_s"]["mean"]
+    # serving starts within a minute on average under full; in submission order it waits
+    assert full["qos"]["serving"]["wait_s"]["mean"] < 60
+    assert full["qos"]["serving"]["wait_s"]["mean"] < r["fifo"]["qos"]["serving"]["wait_s"]["mean"]
