@@ -209,10 +209,44 @@ def find_socket(cli_value: str | None = None, config_path: str | None = None) ->
     path = config_path or os.environ.get("GPUD_CONFIG") or DEFAULT_CONFIG
     try:
         with open(path, "rb") as f:
-            import tomllib  # only when a config file exists: keeps gpuctl's start fast
+            text = f.read()
+        if _sets_no_other_socket(text):
+            return DEFAULT_SOCKET
+        import tomllib  # only when the file may name another socket: keeps gpuctl's start fast
 
-            data = tomllib.load(f)
+        data = tomllib.loads(text.decode())   # what tomllib.load does
     except (OSError, ValueError):
         return DEFAULT_SOCKET
     sock = data.get("head", {}).get("socket") if isinstance(data.get("head"), dict) else None
     return sock if isinstance(sock, str) and sock else DEFAULT_SOCKET
+
+
+_DEFAULT_SOCKET_LINE = f'socket = "{DEFAULT_SOCKET}"'.encode()
+_BARE_KEY = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _sets_no_other_socket(text: bytes) -> bool:
+    """Whether no parse of this config file could name a socket but DEFAULT_SOCKET, so that
+    find_socket need not import tomllib (re, typing and datetime: more than the rest of
+    gpuctl's start).  True for the installed gpud.toml, which spells out the default.
+
+    Without a backslash in the file no key is written with escapes, so a key named socket
+    (bare, quoted or dotted, in any table) shows the word itself.  Every occurrence must then
+    be on a comment line (or a string's line that looks like one), inside a longer word
+    (``relay_socket``), or on a line that is exactly ``socket = "<DEFAULT_SOCKET>"``.  An
+    invalid file means the default too.  Anything else (False) is left to tomllib."""
+    if b"\\" in text:
+        return False
+    for line in text.split(b"\n"):
+        at = line.find(b"socket")
+        if at < 0:
+            continue
+        stripped = line.strip()
+        if stripped.startswith(b"#") or stripped == _DEFAULT_SOCKET_LINE:
+            continue
+        while at >= 0:
+            before, after = line[at - 1:at] if at else b"", line[at + 6:at + 7]
+            if not (before and before[0] in _BARE_KEY or after and after[0] in _BARE_KEY):
+                return False
+            at = line.find(b"socket", at + 6)
+    return True

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import gpuctl
 from gpuctl import Client, HeadUnavailable, ProtocolError, RemoteError
+from gpud import protocol
 from gpud.model import JobSpec
 from gpud.protocol import request
 from tests.fake_head import FakeHead, node
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -288,3 +298,55 @@ def test_answers_split_across_reads_and_many_in_one_read(head):
         assert c.submit_many([{"script": "#!/bin/sh\n", "name": f"j{i}"} for i in range(300)], window=100) \
             == list(range(1, 301))
         assert c.ping()["uid"] == os.getuid()
+
+
+# -- the socket from the config file ------------------------------------------------------------
+
+def socket_by_tomllib(path: str) -> str:
+    """find_socket's answer for a config file, by always parsing it."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, ValueError):
+        return protocol.DEFAULT_SOCKET
+    sock = data.get("head", {}).get("socket") if isinstance(data.get("head"), dict) else None
+    return sock if isinstance(sock, str) and sock else protocol.DEFAULT_SOCKET
+
+
+CONFIG_LINES = [
+    "[head]", "[broker]", "[head.socket]", "[[partition]]", 'name = "p"', "x = 1", "", "bad line", "[head",
+    'socket = "/run/gpud/gpud.sock"', 'socket = "/run/gpud/gpud.sock"\r', '  socket = "/run/gpud/gpud.sock"  ',
+    'socket = "/run/gpud/gpud.sock" # the default', 'socket="/run/gpud/gpud.sock"', "socket = '/run/gpud/gpud.sock'",
+    'socket = "/tmp/other.sock"', 'socket = ""', "socket = 5", 'socket = """/tmp/multi"""', '"socket" = "/tmp/q"',
+    "'socket' = '/tmp/lit'", '"soc\\u006bet" = "/tmp/escaped"', 'head.socket = "/tmp/dotted"',
+    'head = {socket = "/tmp/inline"}', '#socket = "/tmp/comment"', '  # the socket', 'relay_socket = "/tmp/relay"',
+    "sockets = 1", "socket-path = 1", 'x = "a socket"', 'x = """', '"""', "x = '''", "'''", 'x = "\\\\"',
+]
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), st.lists(st.sampled_from(CONFIG_LINES), max_size=8))
+@example(True, ['"soc\\u006bet" = "/tmp/escaped"'])
+@example(True, ["sockets = 1", '"socket" = "/tmp/q"'])
+@example(True, ['relay_socket = "/tmp/relay"', 'socket = "/tmp/other.sock"'])
+@example(False, ["[head]", "relay_socket = 1", "socket-path = 1", "socket = 5"])
+@example(False, ['head.socket = "/tmp/dotted"', "[head]", "[broker]", 'socket = "/tmp/other.sock"'])
+def test_socket_from_the_config_is_what_parsing_it_gives(in_head, lines):
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+        f.write("\n".join(["[head]"] * in_head + lines))
+        f.flush()
+        with mock.patch.dict(os.environ):
+            os.environ.pop("GPUD_SOCKET", None)
+            assert protocol.find_socket(None, f.name) == socket_by_tomllib(f.name)
+
+
+def test_the_installed_config_names_its_socket_without_tomllib():
+    config = str(ROOT / "etc" / "gpud" / "gpud.toml")
+    code = ("import sys; from gpud.protocol import find_socket\n"
+            f"print(find_socket(None, {config!r}), 'tomllib' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "GPUD_SOCKET"}
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**env, "PYTHONPATH": str(ROOT)})
+    assert r.stdout.split() == [socket_by_tomllib(config), "False"], r.stderr
