@@ -59,7 +59,7 @@ from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
 from .sharing import Sharing
-from .snapshot import Part, PendingJob, RunningJob, Snapshot
+from .snapshot import Part, PendingJob, Snapshot
 
 INF = float("inf")
 
@@ -455,12 +455,8 @@ class _Pass:
     def preemptor(self) -> Preemptor:
         if self._preemptor is None:
             self._preemptor = Preemptor(self.cfg, self.snap.running, self.cluster, self.timeline, self.book,
-                                        self.running_priority, self.snap.recent_preemptions, self.now)
+                                        self.prio.of_running, self.snap.recent_preemptions, self.now)
         return self._preemptor
-
-    def running_priority(self, r: RunningJob) -> float:
-        submit = r.submit_time if r.submit_time is not None else r.start_time
-        return self.prio.priority(r.account, r.user, r.qos, r.partition, r.gpus, submit, r.nice)
 
     def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None) -> None:
         self.preemptor().commit(choice)

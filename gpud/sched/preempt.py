@@ -79,11 +79,22 @@ class Preemptor:
         targets = {t for q in cfg.qos.values() for t in q.preempt}
         reclaim, pos, up = book.enabled, cluster.pos, cluster.up
         exempt, max_per_job = cfg.preemption.exempt_time, cfg.preemption.max_per_job
+        # Lower bounds on the cost of any victim set on a node, per group of candidates (a
+        # QOS, or "borrowed" for reclaim), to visit nodes cheapest first and stop early.
+        # Taking victims only raises a node's true cost, so the bounds hold all pass.
+        self.bounds: dict[int, dict[str | None, tuple[int, float, float, int]]] = {}
+        bounds, prio = self.bounds, self.priority
+        # GPUs free now or on their way back, per node: with all candidates, an upper bound
+        self.soon = soon = [len(f) for f in cluster.free]
         for r in running:
+            if r.stopping:
+                for i, gpus, _, _ in cluster.held(r):
+                    soon[i] += len(gpus)
+                continue          # already on its way out: never a candidate
             if r.qos not in targets and not (r.borrowed and reclaim):
                 continue          # nothing may ever preempt it
             # preemptible(), inlined: a pass looks at every running job
-            if r.stopping or not now - r.start_time >= exempt or r.preempt_count >= max_per_job:
+            if not now - r.start_time >= exempt or r.preempt_count >= max_per_job:
                 continue
             i = pos.get(r.node)
             if i is None or not up[i]:
@@ -92,48 +103,46 @@ class Preemptor:
                 continue          # holds a slice or share: stopping it frees no whole GPU
             if r.parts:
                 continue          # a gang job is never a victim: stopping one node would not free the rest
-            p = priority(r)
-            self.priority[r.job_id] = p
-            per_node.setdefault(i, []).append((victim_order(r, p), r))
-        self.candidates = {i: [r for _, r in sorted(v, key=lambda kv: kv[0])]
+            p = prio[r.job_id] = priority(r)
+            borrowed, g = r.borrowed, len(r.gpu_indices)
+            cands = per_node.get(i)
+            if cands is None:
+                cands, groups = per_node[i], bounds[i] = [], {}
+            else:
+                groups = bounds[i]
+            cands.append(((not borrowed, p, -r.start_time, r.job_id), r))     # victim_order, inlined
+            key = (0 if borrowed else 1, p, (g or 1) * (now - r.start_time), g)
+            for name in (r.qos, None) if borrowed else (r.qos,):
+                old = groups.get(name)
+                groups[name] = key if old is None else (min(old[0], key[0]), min(old[1], key[1]),
+                                                        min(old[2], key[2]), old[3] + g)
+        self.candidates = {i: [r for _, r in sorted(v, key=lambda kv: kv[0])] if len(v) > 1 else [v[0][1]]
                            for i, v in sorted(per_node.items())}
         self.qos_running = {r.qos for v in self.candidates.values() for r in v}
         self.taken: set[int] = set()
-        # Lower bounds on the cost of any victim set on a node, per group of candidates (a
-        # QOS, or "borrowed" for reclaim), to visit nodes cheapest first and stop early.
-        # Taking victims only raises a node's true cost, so the bounds hold all pass.
-        self.bounds: dict[int, dict[str | None, tuple[int, float, float, int]]] = {}
-        for i, cands in self.candidates.items():
-            groups: dict[str | None, tuple[int, float, float, int]] = {}
-            for r in cands:
-                g = len(r.gpu_indices)
-                key = (0 if r.borrowed else 1, self.priority[r.job_id], max(1, g) * (now - r.start_time), g)
-                for name in (r.qos, None) if r.borrowed else (r.qos,):
-                    old = groups.get(name)
-                    groups[name] = key if old is None else (min(old[0], key[0]), min(old[1], key[1]),
-                                                            min(old[2], key[2]), old[3] + g)
-            self.bounds[i] = groups
-        # GPUs free now or on their way back, per node: with all candidates, an upper bound
-        self.soon = [len(f) for f in cluster.free]
-        for r in running:
-            if r.stopping:
-                for i, gpus, _, _ in cluster.held(r):
-                    self.soon[i] += len(gpus)
         self._orders: dict[tuple, list[tuple[tuple[int, float, float], int, int]]] = {}
         # (node, request, targets) -> (node version, the cheapest set there, budget aside)
         self._seen: dict[tuple, tuple[int, Choice | None]] = {}
 
-    def _order(self, partition: str, targets: frozenset[str], reclaim: bool) -> list[tuple[tuple, int, int]]:
-        """(cost lower bound, node, most GPUs it could free) for nodes with candidates, cheapest first."""
-        key = (partition, targets, reclaim)
+    def _order(self, partition: str, targets: frozenset[str], reclaim: bool,
+               gpus: int = 0) -> list[tuple[tuple, int, int]]:
+        """(cost lower bound, node, most GPUs it could free) for nodes with candidates that could
+        free at least ``gpus`` GPUs, cheapest first (kept per request size: most nodes cannot
+        free a big one, and a search would only step over them)."""
+        key = (partition, targets, reclaim, gpus)
         order = self._orders.get(key)
-        if order is None:
+        if order is None and gpus > 0:
+            order = self._orders[key] = [e for e in self._order(partition, targets, reclaim) if e[2] >= gpus]
+        elif order is None:
             members = set(self.cluster.members.get(partition, ()))
             groups = sorted(targets) + ([None] if reclaim else [])   # type: ignore[list-item]
             order = []
             for i, bound in self.bounds.items():
                 parts = [bound[g] for g in groups if g in bound]
-                if i in members and parts:
+                if i in members and len(parts) == 1:
+                    p = parts[0]
+                    order.append(((p[0], p[1], p[2]), i, self.soon[i] + p[3]))
+                elif i in members and parts:
                     order.append(((min(p[0] for p in parts), min(p[1] for p in parts), min(p[2] for p in parts)),
                                   i, self.soon[i] + sum(p[3] for p in parts)))
             order.sort()
@@ -150,11 +159,12 @@ class Preemptor:
                for_pool: Pool, allowed: Collection[int] | None = None) -> Choice | None:
         """The cheapest victim set on one node (of ``allowed``, when given), or None."""
         best: Choice | None = None
+        least: tuple | None = None      # best.cost[:3]: no node with a higher bound can beat it
         seen, versions = self._seen, self.timeline.versions
-        for bound, i, most in self._order(partition, targets, reclaim):
-            if best is not None and bound > best.cost[:3]:
+        for bound, i, most in self._order(partition, targets, reclaim, gpus):
+            if least is not None and bound > least:
                 break
-            if most < gpus or (allowed is not None and i not in allowed):
+            if allowed is not None and i not in allowed:
                 continue
             if reclaim:        # depends on every pool's excess: asked afresh
                 choice = self._on_node(i, self.candidates[i], gpus, cpus, mem, model, time_limit, targets,
@@ -171,6 +181,7 @@ class Preemptor:
                 choice = None
             if choice is not None and (best is None or choice.cost < best.cost):
                 best = choice
+                least = choice.cost[:3]
         return best
 
     def _allowed(self, v: RunningJob, targets: frozenset[str], reclaim: bool, for_pool: Pool) -> bool:

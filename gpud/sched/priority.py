@@ -231,6 +231,17 @@ class PriorityModel:
             return sum((self.w.age * age, fixed[0], fixed[1], fixed[2], fixed[3], float(-nice)))
         return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
 
+    def of_running(self, r: Any) -> float:
+        """``priority`` of a running job (a preemption victim), from its submit time (its start
+        time when unknown); asked for every candidate victim of a pass, hence inlined."""
+        submit = r.submit_time if r.submit_time is not None else r.start_time
+        gpus = r.gpus if r.parts else len(r.gpu_indices)
+        fixed = self._fixed.get((r.account, r.user, r.qos, r.partition, gpus))
+        if fixed is None:
+            return self.priority(r.account, r.user, r.qos, r.partition, gpus, submit, r.nice)
+        age = (self.now - submit) / self.cfg.max_age
+        return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - r.nice
+
 
 def _queue_order(jobs: Sequence, neg: list[float]) -> list:
     """``jobs`` sorted by (-priority, submit time, job id), ``neg[k]`` being job k's -priority.
