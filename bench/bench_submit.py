@@ -1,5 +1,5 @@
 """Submission throughput through the real socket and SQLite path:
-``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--no-install] [--no-starts] [--no-doc]``.
+``python bench/bench_submit.py [--sbatch N] [--loop N] [--array N] [--serial N] [--no-install] [--no-starts] [--no-doc]``.
 
 Against a real head (its own process, SQLite in WAL with synchronous=FULL, Mosquitto on
 loopback, no workers so nothing starts):
@@ -18,8 +18,8 @@ loopback, no workers so nothing starts):
   still acknowledged only after its commit, so the head's group commit can share fsyncs;
 * one job array of N tasks in one request.
 
-``--no-starts`` leaves out the process starts (their rows), for comparing the head's side
-alone; the head process's CPU time per pipelined submission goes to stderr.
+``--no-starts`` leaves out the process starts (their rows) and ``--serial`` sets how many
+go one at a time (default: ``--loop``), for comparing the head's side alone; the head process's CPU time per pipelined submission goes to stderr.
 
 Targets (docs/benchmarks.md): a ``gpuctl sbatch`` process within 1.3x of a bare Python
 start; at least 2,000 acknowledged submissions/s on one connection.
@@ -93,7 +93,9 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too: bool = True) -> dict:
+def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too: bool = True,
+            n_serial: int | None = None) -> dict:
+    n_serial = n_loop if n_serial is None else n_serial
     r: dict = {}
     for tree in ("gpud", "gpuctl"):
         compileall.compile_dir(str(ROOT / tree), quiet=1)
@@ -108,11 +110,11 @@ def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too:
             client.ping()
             lat = []
             t = time.perf_counter()
-            for _ in range(n_loop):
+            for _ in range(n_serial):
                 t1 = time.perf_counter()
                 client.submit_spec(SPEC)
                 lat.append(time.perf_counter() - t1)
-            r["loop_rate"] = n_loop / (time.perf_counter() - t)
+            r["loop_rate"] = n_serial / (time.perf_counter() - t)
             lat.sort()
             r["loop_p50"], r["loop_p99"] = lat[len(lat) // 2], lat[int(0.99 * (len(lat) - 1))]
             t, cpu = time.perf_counter(), cpu_s(c.head.pid)
@@ -122,7 +124,7 @@ def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too:
             t = time.perf_counter()
             client.submit_spec({**SPEC, "array": f"0-{n_array - 1}"})
             r["array_s"] = time.perf_counter() - t
-    r.update(n_sbatch=n_sbatch, n_loop=n_loop, n_array=n_array)
+    r.update(n_sbatch=n_sbatch, n_loop=n_loop, n_array=n_array, n_serial=n_serial)
     return r
 
 
@@ -143,7 +145,7 @@ def markdown(r: dict) -> str:
     if "installed" in r:
         rows += start_rows("`pip install .` venv", r["installed"], r["n_sbatch"])
     rows += [
-        [f"one connection, submit after submit ({r['n_loop']:,})",
+        [f"one connection, submit after submit ({r['n_serial']:,})",
          f"{r['loop_p50'] * 1000:.2f} ms (p99 {r['loop_p99'] * 1000:.2f})",
          f"{r['loop_rate']:,.0f} jobs/s"],
         [f"one connection, pipelined (`Client.submit_many`, {r['n_loop']:,})", "",
@@ -174,10 +176,11 @@ def main() -> None:
     ap.add_argument("--loop", type=int, default=5000)
     ap.add_argument("--array", type=int, default=10_000)
     ap.add_argument("--no-install", action="store_true", help="skip the pip-installed environment")
+    ap.add_argument("--serial", type=int, help="submissions one at a time (default: --loop)")
     ap.add_argument("--no-starts", action="store_true", help="skip the gpuctl process starts")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    r = measure(a.sbatch, a.loop, a.array, not a.no_install, not a.no_starts)
+    r = measure(a.sbatch, a.loop, a.array, not a.no_install, not a.no_starts, a.serial)
     print(f"head CPU per pipelined submission: {r['pipelined_head_cpu_us']:.0f} us", file=sys.stderr)
     md = markdown(r)
     print(md)
