@@ -237,19 +237,13 @@ class _Pass:
         partition, gpus, cpus, mem, model, time_limit = shape
         c, tl = self.cluster, self.timeline
         end = INF if time_limit is None else self.now + time_limit
-        vetoes: dict[int, tuple[int, bool]] = {}     # node -> (node version, vetoed)
-        versions = tl.versions
 
         def delays_reservation(i: int) -> bool:
-            # remembered per (node, request) until the node changes: a busy queue asks often
-            version = versions.get(i, 0)
-            hit = vetoes.get(i)
-            if hit is None or hit[0] != version:
-                hit = vetoes[i] = (version, not tl.no_delay(i, c.pick(i, gpus, model), cpus, mem, end))
-            return hit[1]
+            return not tl.no_delay(i, c.pick(i, gpus, model), cpus, mem, end)
 
+        # vetoes remembered per node until it changes: a busy queue asks often
         return c.finder(partition, gpus, cpus, mem, model, self.cfg.placement_for(partition), tl.reserved,
-                        delays_reservation)
+                        delays_reservation, tl.versions)
 
     def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
         c = self.cluster

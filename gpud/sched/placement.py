@@ -212,9 +212,23 @@ class Cluster:
         return self.finder(partition, gpus, cpus, mem, model, policy, vetoed, veto)()
 
     def finder(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
-               vetoed: set[int], veto: Callable[[int], bool]) -> Callable[[], tuple[int | None, bool]]:
+               vetoed: set[int], veto: Callable[[int], bool],
+               versions: dict[int, int] | None = None) -> Callable[[], tuple[int | None, bool]]:
         """``find`` for one request, to be asked again as the pass goes on: the buckets to
-        look in are chosen once (they are updated in place as nodes fill)."""
+        look in are chosen once (they are updated in place as nodes fill).  With ``versions``
+        (node -> a number that changes whenever the node does), each node's veto is
+        remembered until its number changes: a busy queue walks past the same reserved
+        nodes on every search."""
+        if versions is not None:
+            memo: dict[int, tuple[int, bool]] = {}     # node -> (version, vetoed)
+            ask = veto
+
+            def veto(i: int) -> bool:
+                version = versions.get(i, 0)
+                hit = memo.get(i)
+                if hit is None or hit[0] != version:
+                    hit = memo[i] = (version, ask(i))
+                return hit[1]
         idx = self.index(partition, model)
         if gpus > idx.maxk:
             return lambda: (None, False)
@@ -223,18 +237,34 @@ class Cluster:
             return lambda: self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, veto)
         buckets = [idx.buckets[k] for k in ks]
         free_cpus, free_mem = self.cpus, self.mem
+        if versions is None:
+            def find() -> tuple[int | None, bool]:
+                blocked = False
+                for bucket in buckets:
+                    for i in bucket:
+                        if free_cpus[i] >= cpus and free_mem[i] >= mem:
+                            if i in vetoed and veto(i):
+                                blocked = True
+                                continue
+                            return i, blocked
+                return None, blocked
+            return find
 
-        def find() -> tuple[int | None, bool]:
+        def find_remembering() -> tuple[int | None, bool]:
             blocked = False
             for bucket in buckets:
                 for i in bucket:
                     if free_cpus[i] >= cpus and free_mem[i] >= mem:
-                        if i in vetoed and veto(i):
-                            blocked = True
-                            continue
+                        if i in vetoed:         # veto(i), inlined
+                            hit = memo.get(i)
+                            if hit is None or hit[0] != versions.get(i, 0):
+                                hit = memo[i] = (versions.get(i, 0), ask(i))
+                            if hit[1]:
+                                blocked = True
+                                continue
                         return i, blocked
             return None, blocked
-        return find
+        return find_remembering
 
     def _find_by_island(self, idx: FreeIndex, ks: range, gpus: int, cpus: int, mem: int, model: str | None,
                         vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
