@@ -30,18 +30,24 @@ NODE_STATE_SHORT = {
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = (),
           header: bool = True) -> str:
     """Columns padded to their widest cell; indices in ``right`` are right-aligned."""
-    cells = [list(map(str, row)) for row in rows]
+    cells = [[str(c) for c in row] for row in rows]
     if header:
         cells.insert(0, list(headers))
     if not cells:
         return ""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     right = set(right)
     last = len(headers) - 1
-    # One format string for every line (squeue -r prints thousands): "{:>W}" right-aligned,
-    # "{:<W}" padded, "{}" for a last column that is not right-aligned.
-    line = " ".join("{:>%d}" % w if i in right else "{}" if i == last else "{:<%d}" % w
-                    for i, w in enumerate(max(map(len, column)) for column in zip(*cells)))
-    return "\n".join([line.format(*row).rstrip() for row in cells])
+    lines = []
+    for row in cells:
+        out = []
+        for i, cell in enumerate(row):
+            if i in right:
+                out.append(cell.rjust(widths[i]))
+            else:
+                out.append(cell if i == last else cell.ljust(widths[i]))
+        lines.append(" ".join(out).rstrip())
+    return "\n".join(lines)
 
 
 def to_json(key: str, records: list[dict[str, Any]]) -> str:
