@@ -105,7 +105,7 @@ def _busy_timeline() -> tuple[Cluster, Timeline, list[int]]:
                           st.sampled_from([60.0, 600.0, 3600.0, float("inf")])), max_size=30))
 def test_release_stream_merges_like_a_fresh_sort(ops):
     """The sorted releases the reservation search walks equal a sort from scratch after any
-    mix of starts (merged in) and stopped victims (sorted again)."""
+    mix of starts (merged in) and stopped victims (moved to their new place)."""
     cluster, tl, stoppable = _busy_timeline()
     next_id = 1000
     for op, node, end in ops:

@@ -117,10 +117,10 @@ class Timeline:
         self._profiles: dict[int, dict[str | None, Profile]] = {}
         self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
         # every finite release by end, for the streams; releases added since it was sorted are
-        # merged in, a moved one (a victim's) has it sorted again from scratch
+        # merged in, and a moved one (a victim's) leaves its old place for its new one
         self._events: list[tuple[float, int, int]] | None = None
         self._added: list[tuple[float, int, int]] = []
-        self._moved = False
+        self._moves: list[tuple[float, float, int, int]] = []    # (old end, new end, node, index)
         self.versions: dict[int, int] = {}                 # node -> bumped on every change to it (see version)
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         self._windows: dict[tuple, tuple[int, list[tuple[float, float]]]] = {}   # likewise, windows
@@ -165,7 +165,9 @@ class Timeline:
         """A victim picked in this pass: its resources come back at ``now``."""
         i, rel = self._by_job[job_id]
         old, rel.end = rel.end, self.now
-        self._moved = True
+        if self._events is not None:
+            k = next(k for k, r in enumerate(self.releases[i]) if r is rel)
+            self._moves.append((old, self.now, i, k))
         c = self.cluster
         for (partition, model, gpus), state in self._bounds.items():   # it may be ready earlier now
             if c.up[i] and c.capacity(i, model) >= gpus and _contains(c.members.get(partition, ()), i):
@@ -358,16 +360,24 @@ class Timeline:
     def _sorted_releases(self) -> list[tuple[float, int, int]]:
         """(end, node, index in its releases) of every finite release, by end; shared by streams."""
         events = self._events
-        if events is None or self._moved:
+        if events is not None and (self._added or self._moves):
+            events = events + self._added     # a new list: a stream already running keeps its own
+            events.sort()                     # two sorted runs and a few more: a merge
+            for old, new, i, k in self._moves:
+                if old < INF:
+                    at = bisect.bisect_left(events, (old, i, k))
+                    if at == len(events) or events[at] != (old, i, k):
+                        events = None         # not where it should be (a bug): sort from scratch
+                        break
+                    del events[at]
+                bisect.insort(events, (new, i, k))
+        elif events is not None:
+            return events
+        if events is None:
             events = [(rel.end, i, k) for i, rels in enumerate(self.releases)
                       for k, rel in enumerate(rels) if rel.end < INF]
             events.sort()
-        elif self._added:
-            events = events + self._added     # a new list: a stream already running keeps its own
-            events.sort()                     # two sorted runs and a few more: a merge
-        else:
-            return events
-        self._events, self._added, self._moved = events, [], False
+        self._events, self._added, self._moves = events, [], []
         return events
 
     def first_instant(self, i: int, model: str | None, gpus: int) -> float:
