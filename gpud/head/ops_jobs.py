@@ -131,7 +131,8 @@ _LISTINGS_KEPT = 16     # different questions answered from one state of the job
 
 # JOB record fields cheap enough to read one by one (what squeue's table asks for); any
 # other field in a ``fields`` list costs a whole to_public().  Kept equal to to_public by
-# tests/test_squeue_scale.py.
+# tests/test_squeue_scale.py.  Each changes only through a Store commit or insert or the
+# scheduler's annotations, all counted in Store.changes, which op_jobs_listing relies on.
 _FIELD = {
     "job_id": lambda j: j.job_id, "display_id": lambda j: j.display_id, "name": lambda j: j.name,
     "user": lambda j: j.user, "uid": lambda j: j.uid, "account": lambda j: j.account,

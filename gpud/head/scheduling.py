@@ -190,9 +190,9 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
     """Re-check ``plan`` against the store and turn what still holds into one transaction."""
     txn = Txn(store)
     applied = Applied()
-    if plan.starts or plan.relayouts:   # most passes over a long queue start nothing
-        holding = _holding(store)
-        used, shared = _in_use(holding), SharedUse(holding)
+    # Most passes over a long queue start nothing, and then nothing needs re-checking.
+    holding = _holding(store) if plan.starts or plan.relayouts else []
+    used, shared = _in_use(holding), SharedUse(holding)
     for s in plan.starts:
         job = store.active.get(s.job_id)
         if job is None or job.state is not JobState.PENDING or job.spec.hold:
