@@ -93,7 +93,8 @@ class _Pass:
         self.failed_preempts: set[tuple] = set()      # victim searches that found nothing
         self.misfits: dict[tuple, str | None] = {}
         # a plain job's (partition, size, time limit, QOS, account) -> (misfit verdict, request
-        # shape, [placement failed for that shape]): one lookup per job instead of three
+        # shape, [placement failed for that shape]): one lookup per job instead of three; the
+        # verdict becomes "Priority" once such jobs can only wait behind a higher one
         self.verdicts: dict[tuple, tuple[str | None, tuple, list[bool]]] = {}
         self.shape_failed: dict[tuple, list[bool]] = {}
         self.searches: dict[tuple, Callable[[], tuple[int | None, bool]]] = {}   # request shape -> search_for
@@ -151,14 +152,17 @@ class _Pass:
             if verdict is None:             # not asked yet this pass
                 verdict = verdicts[key] = self.verdict(job, key)
             refusal, shape, failed = verdict
-            if refusal:
+            if refusal:                     # refused, or settled as the rest of a busy queue
                 reasons[job.job_id] = refusal
                 continue
             if plain and failed[0] and self.depth_left <= 0 and not may_preempt.get(job.qos, True):
                 # the rest of a busy queue: its shape cannot start, reserve or preempt (steps
-                # c-g change nothing), so only step h is left
+                # c-g change nothing), so only step h is left.  All of that only ever stays
+                # so in a pass, so once a higher job waits in its partition every later job
+                # with this key is settled: Priority, read with the verdict
                 if partition in waiting:
                     reasons[job.job_id] = "Priority"
+                    verdicts[key] = ("Priority", shape, failed)
                 else:
                     reasons[job.job_id] = "Resources"
                     waiting.add(partition)
