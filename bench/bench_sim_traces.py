@@ -39,16 +39,17 @@ RUNS = [
      "the peak demand, `--ignore-gpu-type` (its gpu_type is a node class)",
      ["--cluster", "400x8xH100-80GB", "--ignore-gpu-type", "--until", "31d"]),
     ("alibaba_dlrm_2025_background", "Alibaba DLRM 2025 as what it is, a high-priority "
-     "background load: its first two weeks of serving instances (those alive at the start "
-     "are the initial state, about 3,100 GPUs; its peak in these weeks is 3,194) in QOS "
-     "`serving`, which preempts (requeues) batch jobs, beside a batch stream of 22,000 "
-     "synthetic `mixed` jobs offering 13 % of the cluster's GPU-time (about 470 GPUs, a "
-     "little more than serving leaves) in QOS `normal`, on 450 nodes of 8 GPUs (3,600); "
-     "batch arrivals stop at 14 days and the run drains them (serving instances still "
-     "running then are cut); one pass per 5 simulated minutes",
-     ["--synthetic", "mixed", "--jobs", "22000", "--load", "0.13", "--seed", "1",
+     "background load: its first week of serving instances (the 3,123 alive at the start "
+     "are the initial state; 557 more are created in the week, and 3,074 to 3,154 are alive "
+     "at any time) in QOS `serving`, added by `--background` with a priority above batch "
+     "and `preempt` = batch (requeue), beside a batch stream of synthetic `mixed` jobs "
+     "offering 13 % of the cluster's GPU-time (about 470 GPUs, about what serving leaves) "
+     "in QOS `normal`, on 450 nodes of 8 GPUs (3,600); arrivals stop at 7 days and the run "
+     "goes on until every batch job has ended (serving instances still running then are "
+     "cut); one pass per 5 simulated minutes",
+     ["--synthetic", "mixed", "--jobs", "11500", "--load", "0.13", "--seed", "1",
       "--background", "{alibaba_dlrm_2025}", "--cluster", "450x8xH100-80GB",
-      "--ignore-gpu-type", "--until", "14d", "--drain", "--pass-interval", "5m"]),
+      "--ignore-gpu-type", "--until", "7d", "--drain", "--pass-interval", "5m"]),
 ]
 _TRACE_ARG = re.compile(r"^\{(\w+)\}$")
 
@@ -106,10 +107,10 @@ def main() -> None:
         if r.returncode != 0:
             raise SystemExit(f"{name}: {r.stderr.strip()}")
         reports = json.loads(r.stdout)["policies"]
-        shown = " ".join(shlex.quote(x) for x in shown_args)
+        shown = " ".join(x if x.startswith("…/") else shlex.quote(x) for x in shown_args)
         text = format_compare(reports)
         print(f"== {name} ({time.perf_counter() - t:.0f} s)\n{text}", flush=True)
-        when = f" (measured {machine().rsplit('; ', 1)[-1]})" if a.only else ""
+        when = f", {machine().rsplit('; ', 1)[-1]}" if a.only else ""
         tables[name] = "\n".join([
             f"### {name}", "", what + ".", "",
             f"`gpud simulate {shown} --compare` "
