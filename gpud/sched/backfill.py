@@ -113,7 +113,8 @@ class Timeline:
         self.releases: list[list[Release]] = [[] for _ in range(n)]
         self.reservations: list[list[Reservation]] = [[] for _ in range(n)]
         self.reserved: set[int] = set()     # nodes carrying at least one reservation
-        self._by_job: dict[int, tuple[int, Release]] = {}
+        self._by_job: dict[int, Release] = {}        # victims are single-node jobs: their one release
+        self._node_of: dict[int, int] = {}           # ... and its node (two plain dicts: no tuple a job)
         self._profiles: dict[int, dict[str | None, Profile]] = {}
         self._bounds: dict[tuple[str, str | None, int], _Candidates] = {}
         # every finite release by end, for the streams; releases added since it was sorted are
@@ -125,7 +126,7 @@ class Timeline:
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         self._windows: dict[tuple, tuple[int, list[tuple[float, float]]]] = {}   # likewise, windows
         self._firsts: dict[tuple, tuple[int, float]] = {}  # (node, model, GPUs) -> (version, first instant)
-        pos, releases, by_job = cluster.pos, self.releases, self._by_job
+        pos, releases, by_job, node_of = cluster.pos, self.releases, self._by_job, self._node_of
         for r in running:
             if r.stopping:
                 end = now
@@ -141,12 +142,14 @@ class Timeline:
             if i is not None:           # _add, inlined
                 rel = Release(end, tuple(r.gpu_indices), r.cpus, r.mem_mb, r.job_id)
                 releases[i].append(rel)
-                by_job[r.job_id] = (i, rel)
+                by_job[r.job_id] = rel
+                node_of[r.job_id] = i
 
     def _add(self, i: int, rel: Release) -> None:
         rels = self.releases[i]
         rels.append(rel)
-        self._by_job[rel.job_id] = (i, rel)      # victims are single-node jobs
+        self._by_job[rel.job_id] = rel
+        self._node_of[rel.job_id] = i
         if rel.end < INF and self._events is not None:
             self._added.append((rel.end, i, len(rels) - 1))
 
@@ -163,7 +166,7 @@ class Timeline:
 
     def stop(self, job_id: int) -> None:
         """A victim picked in this pass: its resources come back at ``now``."""
-        i, rel = self._by_job[job_id]
+        i, rel = self._node_of[job_id], self._by_job[job_id]
         old, rel.end = rel.end, self.now
         if self._events is not None:
             k = next(k for k, r in enumerate(self.releases[i]) if r is rel)
