@@ -1,6 +1,7 @@
 """Durations and sizes as people write them, in config files and on the command line.
 
-Stdlib only: gpuctl imports this on its start-up path.
+Stdlib only, and no regular expressions: gpuctl imports this on its start-up path, where
+importing ``re`` alone costs about as much as the rest of an sbatch.
 
 Durations accept Slurm's time formats (``minutes``, ``minutes:seconds``,
 ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``,
@@ -12,8 +13,6 @@ default as in Slurm's ``--mem`` (``4096``), or carry a suffix: ``K``, ``M``, ``G
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["UnitError", "parse_duration", "format_duration", "parse_size_mb", "format_size_mb"]
 
 
@@ -22,8 +21,6 @@ class UnitError(ValueError):
 
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SUFFIXED = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 UNLIMITED = {"unlimited", "infinite", "inf"}
 
 
@@ -44,24 +41,25 @@ def parse_duration(text: str | int | float, *, default_unit: str = "m") -> float
         return None
     if not s:
         raise UnitError("empty duration")
-    if _SUFFIXED.match(s):
-        return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(s)))
+    suffixed = _suffixed(s)
+    if suffixed is not None:
+        return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in suffixed))
     days = 0
     rest = s
     if "-" in s:
         d, _, rest = s.partition("-")
-        if not d.isdigit():
+        if not d.isdecimal():
             raise _bad_duration(text)
         days = int(d)
         parts = rest.split(":") if rest else ["0"]
-        if not all(p.isdigit() for p in parts) or len(parts) > 3:
+        if not all(p.isdecimal() for p in parts) or len(parts) > 3:
             raise _bad_duration(text)
         nums = [int(p) for p in parts] + [0] * (3 - len(parts))
         h, m, sec = nums
         return float(days * 86400 + h * 3600 + m * 60 + sec)
     parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or len(parts) > 3:
-        if re.fullmatch(r"\d+(\.\d+)?", s):
+    if not all(p.isdecimal() for p in parts) or len(parts) > 3:
+        if _is_number(s):
             return float(s) * _UNIT_SECONDS[default_unit]
         raise _bad_duration(text)
     nums = [int(p) for p in parts]
@@ -70,6 +68,24 @@ def parse_duration(text: str | int | float, *, default_unit: str = "m") -> float
     if len(nums) == 2:
         return float(nums[0] * 60 + nums[1])
     return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
+
+
+def _is_number(s: str) -> bool:
+    """``\\d+(\\.\\d+)?``: decimal digits with an optional fraction."""
+    whole, dot, frac = s.partition(".")
+    return whole.isdecimal() and (not dot or frac.isdecimal())
+
+
+def _suffixed(s: str) -> list[tuple[str, str]] | None:
+    """``90s``, ``1h30m``, ``1.5d`` as (number, unit) pairs; None if ``s`` is not that form."""
+    parts, start = [], 0
+    for i, c in enumerate(s):
+        if c in _UNIT_SECONDS:
+            if not _is_number(s[start:i]):
+                return None
+            parts.append((s[start:i], c))
+            start = i + 1
+    return parts if parts and start == len(s) else None
 
 
 def _bad_duration(text: object) -> UnitError:
@@ -89,7 +105,6 @@ def format_duration(seconds: float | None) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$")
 _SIZE_MB = {"k": 1 / 1024, "m": 1, "": 1, "g": 1024, "t": 1024 * 1024}
 
 
@@ -101,11 +116,15 @@ def parse_size_mb(text: str | int | float, *, default_unit: str = "m") -> int:
         if text < 0:
             raise UnitError(f"invalid size {text!r}: must not be negative")
         return int(-(-float(text) * _SIZE_MB[default_unit] // 1))
-    m = _SIZE.match(str(text).strip().lower())
-    if not m:
+    # NUMBER [space] [K|M|G|T] [i] [B], read from the right
+    s = str(text).strip().lower()
+    s = s[:-1] if s.endswith("b") else s
+    s = s[:-1] if s.endswith("i") else s
+    unit = s[-1] if s and s[-1] in "kmgt" else ""
+    number = (s[:-1] if unit else s).rstrip()
+    if not _is_number(number):
         raise UnitError(f"invalid size {text!r}: use a number with an optional K, M, G or T suffix")
-    value, unit = float(m.group(1)), m.group(2) or default_unit
-    return int(-(-value * _SIZE_MB[unit] // 1))
+    return int(-(-float(number) * _SIZE_MB[unit or default_unit] // 1))
 
 
 def format_size_mb(mb: int | None) -> str:

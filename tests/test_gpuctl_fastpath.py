@@ -313,6 +313,7 @@ def test_installed_script_is_the_console_script_and_imports_neither_re_nor_json(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     head.reply("jobs", {"jobs": [], "folded": True})      # a head that folds
     for argv, out in ((["sbatch", "--parsable", "--wrap", "true"], "1\n"),
+                      (["sbatch", "--parsable", "-t", "1:00:00", "--mem", "4G", "--wrap", "true"], "2\n"),
                       (["squeue", "-h", "-u", "nobody"], "")):
         r = subprocess.run([sys.executable, "-S", "-X", "importtime", script, "--socket", head.path, *argv],
                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
