@@ -622,3 +622,17 @@ def test_wrapper_passes_on_a_signal_that_came_before_the_job(tmp_path):
     assert json.loads(done.stdout) == {"exit_code": 0, "signal": signal.SIGTERM, "core": False}, \
         done.stderr
     assert not (tmp_path / "out").exists()  # the job never started
+
+
+async def test_a_burst_of_jobs_leaves_no_descriptors_behind(h):
+    ex = h.executor()
+    await ex.start()
+    await ex.launch(h.launch("true", job_id=1))   # the fork server is up before counting
+    await h.outcome(1)
+    before = len(os.listdir("/proc/self/fd"))
+    await asyncio.gather(*(ex.launch(h.launch("true", job_id=j)) for j in range(2, 12)))
+    for j in range(2, 12):
+        await h.outcome(j)
+        ex.ack(j, 0)
+    await ex.settle()
+    assert len(os.listdir("/proc/self/fd")) <= before

@@ -98,6 +98,7 @@ class _Job:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     early: list[int] = field(default_factory=list)  # signals asked for before the spawn
     cpus: tuple[int, ...] = ()       # the CPUs it is bound to (gpud.worker.cpubind); (): unbound
+    spent_fds: list[int] = field(default_factory=list)  # pidfds of the exited wrapper, to close
 
     @property
     def key(self) -> Key:
@@ -487,6 +488,7 @@ class Executor:
             log.exception("job %d.%d: watcher failed", *job.key)
         finally:
             exited.cancel()
+            _close_spent(job)   # normally the outcome's thread has closed them
 
     def _exit_future(self, job: _Job) -> asyncio.Future:
         """Resolves once the wrapper has exited (a zombie counts)."""
@@ -517,9 +519,12 @@ class Executor:
             return fut
         loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
 
-        def release(_: asyncio.Future) -> None:
+        def release(done: asyncio.Future) -> None:
             loop.remove_reader(fd)
-            os.close(fd)
+            if done.cancelled():   # no longer watched: nothing else will close it
+                os.close(fd)
+            else:   # the wrapper exited: closed on the thread that reads its outcome
+                job.spent_fds.append(fd)
 
         fut.add_done_callback(release)
         return fut
@@ -593,6 +598,7 @@ class Executor:
         """(thread) The ended wrapper's outcome, saved.  A wrapper that was not our child
         and wrote no status may have left processes in its group: they are swept (one that
         wrote its status went on to SIGKILL its whole group itself)."""
+        _close_spent(job)
         status = self.store.status(job.key)
         if status is None and job.popen is None and job.pid is not None:
             procs.sweep_group(job.pid, job.create_time)
@@ -702,6 +708,16 @@ def _alive(pid: int | None, create_time: float | None, job_dir: str) -> bool:
                 and p.create_time() <= os.stat(os.path.join(job_dir, "wrapper.pid")).st_mtime + 0.1)
     except (psutil.Error, OSError):
         return False
+
+
+def _close_spent(job: _Job) -> None:
+    """Close the exited wrapper's pidfds (from the loop or a thread: each is popped once)."""
+    while True:
+        try:
+            fd = job.spent_fds.pop()
+        except IndexError:
+            return
+        os.close(fd)
 
 
 def _deadline(launch: Launch, start_time: float) -> float | None:
