@@ -90,7 +90,9 @@ class Bus(Protocol):
     """A connected, authenticated publish/subscribe channel.
 
     Implementations: ``gpud.bus.mqtt.MqttBus`` (aiomqtt; production and integration
-    tests) and ``gpud.bus.memory.MemoryBus`` (in-process fake for fast tests).
+    tests), ``gpud.bus.memory.MemoryBus`` (in-process: fast tests, and ``gpud standalone``'s
+    worker) and ``gpud.bus.split.SplitBus`` (``gpud standalone``'s head: its own worker in
+    the process, everyone else over MQTT).
     Use as ``async with bus:``; the bus reconnects by itself until closed.
     """
 

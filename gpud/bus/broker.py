@@ -1,8 +1,10 @@
 """An MQTT broker inside the current event loop, for ``gpud standalone``.
 
 A single GPU box should not need a system Mosquitto to try gpud, so standalone mode runs
-amqtt (an asyncio MQTT 3.1.1 broker) in its own process and points the head and worker
-buses at it.  It keeps retained messages and fires last wills, which is all gpud needs;
+amqtt (an asyncio MQTT 3.1.1 broker) in its own process for everyone outside it: relays
+(``gpud relay``, the worker's ``relay_socket``) and any other worker pointed at it.  The
+head and its own worker speak inside the process (``gpud.bus.split``) and never use it.
+It keeps retained messages and fires last wills, which is all gpud needs;
 it also keeps QoS 1 messages for persistent sessions while their client is away.  It
 keeps nothing on disk, so a restart forgets retained statuses and sessions (the daemons
 re-announce themselves on reconnect anyway).  Production clusters use Mosquitto
