@@ -30,8 +30,9 @@ Imports: the client, nothing else at start-up; the script table (``gpuctl.script
 path loads ``json`` or ``re`` (with ``enum``, ``functools`` and ``collections`` they cost
 more than all the rest in a plain virtual environment): requests and answers go through
 ``gpud.jsoncodec``, and the installed ``gpuctl`` is the script ``gpuctl/bin/gpuctl``, not
-pip's wrapper, which imports ``re``.  Options that parse durations or sizes, directives
-(``shlex``) and ANSI escapes in messages still load ``re``, when they are used.
+pip's wrapper, which imports ``re``; durations and sizes (``gpud.units``) and directive lines
+(``gpuctl.shellwords``) are parsed by hand.  Only ANSI escapes in messages load ``re``, when
+there are some.
 """
 
 from __future__ import annotations

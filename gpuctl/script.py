@@ -536,10 +536,10 @@ def parse_directives(text: str) -> Directives:
 
 
 def _parse_directive_line(rest: str) -> tuple[dict[str, Any], list[str]]:
-    import shlex   # only scripts with directives need it
+    from . import shellwords   # only scripts with directives need it
 
     try:
-        words = shlex.split(rest, comments=True)
+        words = shellwords.split(rest, comments=True)
     except ValueError as e:
         raise ScriptError(f"cannot split: {e}") from None
     out: dict[str, Any] = {}
@@ -609,10 +609,10 @@ def add_arguments(text: str, args: list[str], body_line: int) -> str:
     interpreter = _interpreter(text)
     if interpreter not in _SHELLS:
         raise ScriptError(f"script arguments need a shell script (#!/bin/sh, #!/bin/bash), not {interpreter}")
-    import shlex
+    from .shellwords import quote
 
     lines = text.split("\n")
-    line = "set -- " + " ".join(shlex.quote(a) for a in args)
+    line = "set -- " + " ".join(quote(a) for a in args)
     return "\n".join(lines[:body_line] + [line] + lines[body_line:])
 
 

@@ -306,14 +306,17 @@ except SystemExit as e:
     assert head.last("submit")["spec"]["gpus"] == 1
 
 
-def test_installed_script_is_the_console_script_and_imports_neither_re_nor_json(head):
+def test_installed_script_is_the_console_script_and_imports_neither_re_nor_json(head, tmp_path):
     """gpuctl/bin/gpuctl (what pip installs as ``gpuctl``) runs fastpath.main, and neither it
     nor an sbatch or squeue through it loads re or json (pip's own wrapper imports re)."""
     script = str(ROOT / "gpuctl" / "bin" / "gpuctl")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     head.reply("jobs", {"jobs": [], "folded": True})      # a head that folds
+    directives = tmp_path / "job.sh"
+    directives.write_text('#!/bin/bash\n#SBATCH -J "a b" --gpus=1 -t 10 # why\n#SBATCH --mem=4G\ntrue\n')
     for argv, out in ((["sbatch", "--parsable", "--wrap", "true"], "1\n"),
                       (["sbatch", "--parsable", "-t", "1:00:00", "--mem", "4G", "--wrap", "true"], "2\n"),
+                      (["sbatch", "--parsable", str(directives)], "3\n"),
                       (["squeue", "-h", "-u", "nobody"], "")):
         r = subprocess.run([sys.executable, "-S", "-X", "importtime", script, "--socket", head.path, *argv],
                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
