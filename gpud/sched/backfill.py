@@ -155,7 +155,12 @@ class Timeline:
 
     def add_start(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float, job_id: int) -> None:
         """A job started now on node ``i`` (already allocated in the Cluster) until ``end``."""
-        self._add(i, Release(end, gpus, cpus, mem, job_id))
+        rels = self.releases[i]                 # _add, inlined: every start of a pass comes here
+        rels.append(Release(end, gpus, cpus, mem, job_id))
+        self._by_job[job_id] = rels[-1]
+        self._node_of[job_id] = i
+        if end < INF and self._events is not None:
+            self._added.append((end, i, len(rels) - 1))
         # _shift, inlined: every start of a pass comes here
         self.versions[i] = self.versions.get(i, 0) + 1
         profiles = self._profiles.get(i)

@@ -252,7 +252,8 @@ class _Pass:
     def start(self, job: PendingJob, i: int, borrowed: bool) -> None:
         c = self.cluster
         gpus = c.take(i, job.gpus, job.gpu_type, job.cpus, job.mem_mb)
-        self.timeline.add_start(i, gpus, job.cpus, job.mem_mb, self.end_of(job), job.job_id)
+        end = INF if job.time_limit is None else self.now + job.time_limit     # end_of, inlined
+        self.timeline.add_start(i, gpus, job.cpus, job.mem_mb, end, job.job_id)
         if self.book.counting:
             self.book.on_start(job.account, job.qos, job.user, job.gpus)
         self.plan.starts.append(Start(job.job_id, c.nodes[i].name, gpus, job.cpus, job.mem_mb,

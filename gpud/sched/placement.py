@@ -322,8 +322,13 @@ class Cluster:
         self.free[i] = left
         self.cpus[i] -= cpus
         self.mem[i] -= mem
-        for idx in self.node_indexes[i]:
-            idx.move(i, len(left) if idx.model is None else self.free_count(i, idx.model))
+        for idx in self.node_indexes[i]:         # idx.move, inlined
+            k = len(left) if idx.model is None else self.free_count(i, idx.model)
+            old = idx.where[i]
+            if old != k:
+                del idx.buckets[old][i]
+                idx.buckets[k][i] = None
+                idx.where[i] = k
         return taken
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
