@@ -114,8 +114,11 @@ class Preemptor:
             key = (0 if borrowed else 1, p, (g or 1) * (now - r.start_time), g)
             for name in (r.qos, None) if borrowed else (r.qos,):
                 old = groups.get(name)
-                groups[name] = key if old is None else (min(old[0], key[0]), min(old[1], key[1]),
-                                                        min(old[2], key[2]), old[3] + g)
+                if old is None:
+                    groups[name] = key
+                else:     # min() of each, as conditionals (min keeps the first of equals, as here)
+                    groups[name] = (key[0] if key[0] < old[0] else old[0], key[1] if key[1] < old[1] else old[1],
+                                    key[2] if key[2] < old[2] else old[2], old[3] + g)
         self.candidates = {i: [r for _, r in sorted(v, key=lambda kv: kv[0])] if len(v) > 1 else [v[0][1]]
                            for i, v in sorted(per_node.items())}
         self.qos_running = {r.qos for v in self.candidates.values() for r in v}
