@@ -261,3 +261,20 @@ def test_a_start_is_built_like_its_dataclass():
     assert dataclasses.replace(a, cpus=3).cpus == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.cpus = 3    # type: ignore[misc]
+
+
+@settings(max_examples=100, deadline=None)
+@given(job, st.sampled_from([{}, {"held": True}, {"blocked_reason": "Dependency"}, {"mig_profile": "1g.10gb"},
+                             {"gpu_mem_mb": 4096}, {"nodes": 2}, {"nodelist": ("n001",)}, {"exclude": ("n002",)},
+                             {"constraint": "ib"}, {"exclusive": True}, {"gpu_type": "H100"}]))
+def test_a_jobs_plain_key_is_its_verdict_key_on_the_plain_path_only(j, change):
+    """A view's derived verdict key (made once, kept across passes) is the key the pass would
+    build, and there only for a job the pass decides on its plain path; ``replace`` remakes it."""
+    from dataclasses import replace
+
+    j = replace(j, **change)
+    plain = not (j.held or j.blocked_reason or j.shared or j.nodes != 1 or j.nodelist or j.exclude
+                 or j.constraint or j.exclusive)
+    expected = (j.partition, j.gpus, j.cpus, j.mem_mb, j.gpu_type, j.time_limit, j.qos, j.account)
+    assert j.plain_key == (expected if plain else None)
+    assert replace(j, held=True).plain_key is None and j == replace(j)

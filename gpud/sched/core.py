@@ -134,20 +134,18 @@ class _Pass:
         plain = not (quota_on or limits_on or strict)     # no step but d-g can hold a job back
         later: list[PendingJob] = []
         for job in jobs:
-            # a. not eligible now
-            if job.held or job.blocked_reason:
-                reasons[job.job_id] = job.blocked_reason or "Held"
-                continue
-            if job.mig_profile is not None or job.gpu_mem_mb is not None:      # job.shared, inlined
-                self.consider_shared(job)
-                continue
-            if job.nodes != 1 or job.nodelist or job.exclude or job.constraint or job.exclusive:
-                if not self.consider_gang(job, may_borrow):        # gang.takes_gang_path, inlined
+            key = job.plain_key     # None unless a whole-GPU single-node job, eligible now
+            if key is None:
+                # a. not eligible now
+                if job.held or job.blocked_reason:
+                    reasons[job.job_id] = job.blocked_reason or "Held"
+                elif job.mig_profile is not None or job.gpu_mem_mb is not None:      # job.shared, inlined
+                    self.consider_shared(job)
+                elif not self.consider_gang(job, may_borrow):     # several nodes, node filters, exclusive
                     later.append(job)
                 continue
             # b. cannot run as configured
             partition = job.partition
-            key = (partition, job.gpus, job.cpus, job.mem_mb, job.gpu_type, job.time_limit, job.qos, job.account)
             verdict = verdicts.get(key)
             if verdict is None:             # not asked yet this pass
                 verdict = verdicts[key] = self.verdict(job, key)

@@ -117,6 +117,17 @@ class PendingJob:
     exclusive: bool = False           # no other job on its nodes
     switches: int | None = None       # at most this many leaf switches ...
     switches_wait: float | None = None  # ... waiting at most this many seconds for that
+    # Derived once per job (the head and the simulator keep a job's view from pass to pass)
+    # for the pass's per-job path: a plain job's verdict key (see core.consider_all), None
+    # for a job that is held or blocked, asks for a fraction of a GPU, or for several nodes,
+    # named nodes, features or whole nodes (those take their own paths).
+    plain_key: tuple | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plain = not (self.held or self.blocked_reason or self.mig_profile is not None or self.gpu_mem_mb is not None
+                     or self.nodes != 1 or self.nodelist or self.exclude or self.constraint or self.exclusive)
+        object.__setattr__(self, "plain_key", (self.partition, self.gpus, self.cpus, self.mem_mb, self.gpu_type,
+                                               self.time_limit, self.qos, self.account) if plain else None)
 
     @property
     def shared(self) -> bool:
