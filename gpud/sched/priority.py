@@ -244,7 +244,7 @@ class PriorityModel:
 
 
 def _queue_order(jobs: Sequence, neg: list[float]) -> list:
-    """``jobs`` sorted by (-priority, submit time, job id), ``neg[k]`` being job k's -priority.
+    """``jobs`` sorted by (-priority, submit time, job id), ``neg[k]`` being job k's -priority (a float).
 
     One sort on a plain float key (much cheaper than sorting tuples), then each run of equal
     priorities (an array's tasks, say) sorted by submit time and job id."""
