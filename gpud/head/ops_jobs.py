@@ -22,7 +22,7 @@ from . import admission, gang, slurm
 from .api import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
-from .scheduling import UP
+from .scheduling import UP, node_info
 from .store import JobRecord, Txn
 
 if TYPE_CHECKING:
@@ -309,24 +309,9 @@ async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
 
 
 def node_infos(head: "Head") -> list[NodeInfo]:
-    """Every registered node's NodeInfo (malformed ones left out).  Parsed once per
-    registration: a node's ``info`` dict is replaced, never changed, when it registers again,
-    and parsing every node for every submission cost more than the rest of it."""
-    out = []
-    for rec in head.store.nodes.values():
-        cached = _PARSED.get(rec.name)
-        if cached is None or cached[0] is not rec.info:
-            try:
-                info: NodeInfo | None = NodeInfo.from_dict(rec.info)
-            except (KeyError, TypeError, ValueError):
-                info = None
-            cached = _PARSED[rec.name] = (rec.info, info)
-        if cached[1] is not None:
-            out.append(cached[1])
-    return out
-
-
-_PARSED: dict[str, tuple[dict, NodeInfo | None]] = {}   # node name -> (its info dict, parsed)
+    """Every registered node's NodeInfo (malformed ones left out), each parsed once."""
+    infos = (node_info(head.store, name) for name in head.store.nodes)
+    return [info for info in infos if info is not None]
 
 
 def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:

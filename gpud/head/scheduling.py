@@ -36,25 +36,41 @@ UNKNOWN = "UNKNOWN"
 
 
 def node_info(store: Store, name: str) -> NodeInfo | None:
+    """A registered node's NodeInfo (None if unknown or malformed).  Parsed once per
+    registration: a node's ``info`` dict is replaced, never changed, when it registers again,
+    and parsing every node for every pass, submission and job end cost more than their work."""
     rec = store.nodes.get(name)
     if rec is None:
         return None
-    try:
-        return NodeInfo.from_dict(rec.info)
-    except (KeyError, TypeError, ValueError):
-        return None
+    cached = _PARSED.get(name)
+    if cached is None or cached[0] is not rec.info:
+        try:
+            info: NodeInfo | None = NodeInfo.from_dict(rec.info)
+        except (KeyError, TypeError, ValueError):
+            info = None
+        cached = _PARSED[name] = (rec.info, info, {})
+    return cached[1]
 
 
 def node_view(store: Store, name: str) -> NodeView | None:
     info = node_info(store, name)
     if info is None:
         return None
-    return NodeView(
-        name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
-        gpus=tuple(gpu_view(g) for g in info.gpus),
-        schedulable=store.nodes[name].state == UP,
-        labels=tuple(sorted(info.labels.items())),
-    )
+    state = store.nodes[name].state          # changed in place: part of the key
+    views = _PARSED[name][2]
+    view = views.get(state)
+    if view is None:
+        view = views[state] = NodeView(
+            name=info.name, cpus=info.cpus, mem_mb=info.mem_mb,
+            gpus=tuple(gpu_view(g) for g in info.gpus),
+            schedulable=state == UP,
+            labels=tuple(sorted(info.labels.items())),
+        )
+    return view
+
+
+# node name -> (its info dict, parsed NodeInfo, NodeView by node state); frozen values only
+_PARSED: dict[str, tuple[dict, NodeInfo | None, dict[str, NodeView]]] = {}
 
 
 def running_view(j: JobRecord) -> RunningJob:
