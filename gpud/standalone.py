@@ -43,6 +43,7 @@ async def run_standalone(cfg: Config, *, port: int = 0, loader: Callable[[], Con
 async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -> int:
     from .bus.broker import EmbeddedBroker  # amqtt is only needed here
     from .head.daemon import Head
+    from .head.service import run_head
     from .keys import KeyFileError, load_key
     from .worker.daemon import Worker, run_worker
 
@@ -81,7 +82,7 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
             return replace(new, broker=replace(new.broker, url=url))
 
         loop.add_signal_handler(signal.SIGHUP, lambda: [_reload(h) for h in heads])
-        head_task = asyncio.create_task(_run_head(cfg, head_bus, heads.append, reload_config), name="head")
+        head_task = asyncio.create_task(run_head(cfg, install_signals=False, on_head=heads.append, loader=reload_config, bus=head_bus), name="head")
         while not heads and not head_task.done():
             await asyncio.sleep(0.01)
         if head_task.done():
@@ -110,44 +111,24 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
 def local_buses(cfg: Config, key: bytes) -> tuple[Any, Any]:
     """The head's bus (its worker in the process, everyone else over the broker at
     ``cfg.broker.url``) and its worker's (in the process only)."""
-    from .bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will, node_cmd
+    from .bus.base import HEAD_EVENTS, node_cmd
     from .bus.inbox import Inbox
     from .bus.memory import MemoryBroker, MemoryBus
-    from .bus.mqtt import MAX_INBOX, MqttBus
+    from .bus.mqtt import MAX_INBOX
     from .bus.split import SplitBus
     from .head.daemon import HEAD_SENDER
+    from .head.service import make_bus
     from .worker.daemon import worker_sender, worker_subscriptions, worker_will
 
     name = cfg.worker_name()
     inbox = Inbox(key, f"gpud/{cfg.cluster}/", max_skew=120.0, limit=MAX_INBOX)
-    remote = MqttBus(  # as `gpud head`'s (gpud.head.service.make_bus), into the shared inbox
-        cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
-        subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
-        will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
-        client_id=f"gpud-head-{cfg.cluster}", persistent=True,
-        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
-        tls=cfg.broker.tls, inbox=inbox,
-    )
+    remote = make_bus(cfg, key, inbox=inbox)     # `gpud head`'s, into the shared inbox
     hub = MemoryBroker(record=False, signed=False)   # only this process reaches it
     local = MemoryBus(hub, cfg.cluster, HEAD_SENDER, key, subscriptions=[HEAD_EVENTS, "node/+/status"],
                       inbox=inbox)
     worker = MemoryBus(hub, cfg.cluster, worker_sender(name), key, subscriptions=worker_subscriptions(name),
                        will=worker_will(name))
     return SplitBus(local, remote, inbox, local_topics=[node_cmd(name)]), worker
-
-
-async def _run_head(cfg: Config, bus: Any, on_head: Callable[[Any], None],
-                    loader: Callable[[], Config]) -> int:
-    """``gpud head``'s run (gpud.head.service.run_head) on the split bus, without signals."""
-    from .head.daemon import Head
-    from .head.store import Store
-
-    async with Store(cfg.database) as store:
-        head = Head(cfg, bus, store, loader=loader)
-        on_head(head)
-        async with bus:
-            await head.run()
-    return 0
 
 
 def _reload(head) -> None:

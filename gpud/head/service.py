@@ -22,7 +22,8 @@ from .store import Store
 log = logging.getLogger("gpud.head")
 
 
-def make_bus(cfg: Config, key: bytes):
+def make_bus(cfg: Config, key: bytes, inbox=None):
+    """The head's MQTT bus; ``inbox``: verify into this one (shared with another bus)."""
     from ..bus.mqtt import MqttBus
 
     return MqttBus(
@@ -31,7 +32,7 @@ def make_bus(cfg: Config, key: bytes):
         will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
         client_id=f"gpud-head-{cfg.cluster}", persistent=True,
         username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
-        tls=cfg.broker.tls,
+        tls=cfg.broker.tls, inbox=inbox,
     )
 
 
@@ -66,11 +67,12 @@ def install_reload_handler(head: Head) -> None:
 
 async def run_head(cfg: Config, *, install_signals: bool = True,
                    on_head: Callable[[Head], None] | None = None,
-                   loader: Callable[[], Config] | None = None) -> int:
+                   loader: Callable[[], Config] | None = None, bus=None) -> int:
     """Build the real pieces around ``Head`` and run it; the exit code for ``gpud head``.
 
-    ``install_signals=False`` and ``on_head`` serve a caller that runs more than the head
-    in its process (``gpud standalone``): it gets the ``Head`` to wait on and to stop.
+    ``install_signals=False``, ``on_head`` and ``bus`` serve a caller that runs more than the
+    head in its process (``gpud standalone``): it gets the ``Head`` to wait on and to stop,
+    and may give the bus (default: MQTT, ``make_bus``).
     ``loader`` re-reads the config for a reload, flags applied (default: the file alone).
     """
     try:
@@ -79,7 +81,7 @@ async def run_head(cfg: Config, *, install_signals: bool = True,
         print(f"gpud head: error: {e}", file=sys.stderr)
         return 1
     async with Store(cfg.database) as store:
-        bus = make_bus(cfg, key)
+        bus = bus if bus is not None else make_bus(cfg, key)
         head = Head(cfg, bus, store, loader=loader)
         if install_signals:
             install_stop_handlers(head.stop)
