@@ -283,7 +283,12 @@ class Timeline:
         the node stays free for ever).  Remembered until the node changes: the gangs of a
         queue repeat a few shapes, and each reservation changes only its own nodes.  The
         list is shared; callers must not change it."""
-        return self._remembered(self._windows, self._windows_of, i, gpus, cpus, mem, model, time_limit)
+        key = (i, gpus, cpus, mem, model, time_limit)     # _remembered, inlined: a gang search asks often
+        hit = self._windows.get(key)
+        version = self.versions.get(i, 0)
+        if hit is None or hit[0] != version:
+            hit = self._windows[key] = (version, self._windows_of(i, gpus, cpus, mem, model, time_limit))
+        return hit[1]
 
     def _remembered(self, cache: dict, compute: Callable, i: int, *shape) -> object:
         """``compute(i, *shape)``, kept in ``cache`` until node ``i`` changes."""
@@ -391,7 +396,12 @@ class Timeline:
     def first_instant(self, i: int, model: str | None, gpus: int) -> float:
         """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size
         (remembered until the node changes: every search re-checks the nodes it takes)."""
-        return self._remembered(self._firsts, self._first_instant_of, i, model, gpus)
+        key = (i, model, gpus)                  # _remembered, inlined: every node a search takes
+        hit = self._firsts.get(key)
+        version = self.versions.get(i, 0)
+        if hit is None or hit[0] != version:
+            hit = self._firsts[key] = (version, self._first_instant_of(i, model, gpus))
+        return hit[1]
 
     def _first_instant_of(self, i: int, model: str | None, gpus: int) -> float:
         p = self.profile(i, model)
