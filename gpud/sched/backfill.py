@@ -419,14 +419,17 @@ class Timeline:
         if state is None:
             state = self._bounds[key] = _Candidates([], self._stream(partition, model, gpus))
         seen: list[tuple[float, int]] = []
-        pop, first = state.pop, self.first_instant
+        pop, firsts, versions, first_of = state.pop, self._firsts, self.versions, self._first_instant_of
         try:
             while True:
                 entry = pop()
                 if entry is None:
                     break
                 bound, i = entry
-                tighter = first(i, model, gpus)
+                hit = firsts.get((i, model, gpus))     # first_instant, inlined: every node taken
+                if hit is None or hit[0] != versions.get(i, 0):
+                    hit = firsts[(i, model, gpus)] = (versions.get(i, 0), first_of(i, model, gpus))
+                tighter = hit[1]
                 if tighter > bound:
                     if tighter < INF:
                         heapq.heappush(state.heap, (tighter, i))
