@@ -34,6 +34,7 @@ from pathlib import Path
 from common import head_cluster, stamp, table, write_section
 
 import bench_e2e  # noqa: E402
+import bench_submit  # noqa: E402
 import bench_squeue_rss  # noqa: E402
 from tests.cluster import wait_for  # noqa: E402
 
@@ -189,9 +190,10 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 def gpud_measures(n_sbatch: int, n_jobs: int, n_lat: int, n_squeue: int, work: Path) -> dict:
+    """gpuctl runs as users get it: the script of a ``pip install .`` venv (bench_submit)."""
     out: dict = {}
-    with head_cluster() as c:
-        cmd = [sys.executable, "-m", "gpuctl", "--socket", c.socket, "sbatch", "-H", "-G", "1",
+    with bench_submit.installed() as (python, gpuctl), head_cluster() as c:
+        cmd = [*gpuctl, "--socket", c.socket, "sbatch", "-H", "-G", "1",
                "-o", "/dev/null", "--wrap", "true"]
         xs = []
         t0 = time.perf_counter()
@@ -204,7 +206,7 @@ def gpud_measures(n_sbatch: int, n_jobs: int, n_lat: int, n_squeue: int, work: P
         with c.client() as client:
             for _ in range(n_squeue):
                 client.submit_spec({**bench_squeue_rss.SPEC, "hold": True})
-        out["squeue_ms"] = bench_squeue_rss.measure(c, "-r")[1]
+        out["squeue_ms"] = bench_squeue_rss.measure(c, "-r", python=python, gpuctl=gpuctl)[1]
     with bench_e2e.standalone(work) as sock:
         out["throughput"] = bench_e2e.throughput(sock, n_jobs, work, pipelined=False)
         out["latency_ms"] = statistics.median(bench_e2e.latency(sock, n_lat, work, [])) * 1000
@@ -222,7 +224,8 @@ def main() -> None:
     head = ["## gpud and Slurm side by side", "",
             "`python bench/bench_slurm.py`: Slurm 22.05 (Debian's `slurm-wlm` with munge) as a "
             "single node with 8 fake GPUs (character devices in gres.conf) and the settings of "
-            "SchedMD's high-throughput guide, then gpud (a head for `sbatch` and `squeue`, "
+            "SchedMD's high-throughput guide, then gpud (a head for `sbatch` and `squeue`, run by the "
+            "`gpuctl` of a `pip install .` venv as `scripts/install` makes it, "
             "`gpud standalone` with 8 simulated GPUs for running jobs), the same measures one "
             "after the other. Ratio: gpud over Slurm (above 1 is gpud doing better, for rates; "
             "below 1 for times).", ""]

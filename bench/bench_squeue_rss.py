@@ -2,8 +2,8 @@
 
 A real head (own process, no workers) is filled with pending 1-GPU jobs through job
 arrays of up to 10,000 tasks, then measured at each size: ``gpuctl squeue`` as a user
-runs it (the console script, ``python -m gpuctl``, a new process each time; median of
-5), ``squeue -r`` (one line per array task, so every job is formatted), a bare
+runs it (the ``gpuctl`` of a ``pip install .`` venv as scripts/install makes it, or
+``python -m gpuctl`` here with ``--no-install``; a new process each time; median of 5), ``squeue -r`` (one line per array task, so every job is formatted), a bare
 ``python -I -c pass`` measured in between (this machine is shared: the ratio carries
 over, the milliseconds do not), the ``jobs`` request squeue sends and a ``ping``, each
 on one open connection (the head's side of squeue, and how long its event loop takes to
@@ -20,6 +20,7 @@ measured here) and under 200 ms at 100,000; head RSS under 500 MB with 100,000 p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_submit
 from common import head_cluster, stamp, table, write_section
 
 from gpuctl.commands.squeue import Query
@@ -59,11 +61,12 @@ def run_ms(cmd: list[str], env: dict[str, str]) -> float:
     return ms
 
 
-def measure(c, *args: str) -> tuple[str, float | None, float]:
+def measure(c, *args: str, python: str = sys.executable, gpuctl: list[str] | None = None
+            ) -> tuple[str, float | None, float]:
     """(cell, median ms of ``gpuctl squeue ARGS`` or None, median ms of a bare python run
-    interleaved with them)."""
-    cmd = [sys.executable, "-m", "gpuctl", "--socket", c.socket, "squeue", *args]
-    bare_cmd = [sys.executable, "-I", "-c", "pass"]
+    interleaved with them); ``gpuctl``: the command (default ``python -m gpuctl``)."""
+    cmd = [*(gpuctl or [python, "-m", "gpuctl"]), "--socket", c.socket, "squeue", *args]
+    bare_cmd = [python, "-I", "-c", "pass"]
     xs, bare = [], []
     try:
         for _ in range(RUNS):
@@ -91,8 +94,17 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,100000")
     ap.add_argument("--no-r", action="store_true", help="skip squeue -r")
     ap.add_argument("--runs", type=int, default=5, help="measurements of each (median)")
+    ap.add_argument("--no-install", action="store_true",
+                    help="run python -m gpuctl here instead of a pip-installed venv's gpuctl")
     ap.add_argument("--no-doc", action="store_true")
     a = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        python, gpuctl = ((sys.executable, None) if a.no_install
+                          else stack.enter_context(bench_submit.installed()))
+        report(a, python, gpuctl)
+
+
+def report(a, python: str, gpuctl: list[str] | None) -> None:
     global RUNS
     RUNS = a.runs
     sizes = sorted(int(s) for s in a.sizes.split(","))
@@ -111,8 +123,9 @@ def main() -> None:
                 client.ping()
                 time.sleep(2)     # not a synchronisation: lets a scheduler pass or two run first
                 t, cpu = time.perf_counter(), cpu_s(c.head.pid)
-                cell, ms, bare = measure(c)
-                cell_r, _, bare_r = ("skipped", None, bare) if a.no_r else measure(c, "-r")
+                cell, ms, bare = measure(c, python=python, gpuctl=gpuctl)
+                cell_r, _, bare_r = (("skipped", None, bare) if a.no_r
+                                     else measure(c, "-r", python=python, gpuctl=gpuctl))
                 ratio = f"{ms / bare:.1f}x" if ms is not None and bare else "-"
                 asked = Query(refs=[], states=[], users=[], partitions=[], accounts=[]).request()
                 rows.append([f"{size:,}", cell, cell_r, f"{statistics.median([bare, bare_r]):.0f} ms", ratio,
@@ -126,8 +139,10 @@ def main() -> None:
         "`python bench/bench_squeue_rss.py`: a real head without workers holding N pending "
         "1-GPU jobs (submitted as arrays of up to 10,000 tasks). `squeue` prints a pending "
         "array as one line (the head folds it and sends only the table's fields), `squeue -r` "
-        "one line per task; both are whole `gpuctl` processes run as the console script "
-        f"(`python -m gpuctl`, median of {RUNS}). Bare python is `python -I -c pass` run between "
+        "one line per task; both are whole `gpuctl` processes, "
+        + ("`python -m gpuctl` in this environment" if gpuctl is None else
+           "the `gpuctl` of a `pip install .` venv as `scripts/install` makes it")
+        + f" (median of {RUNS}). Bare python is `python -I -c pass` of the same environment, run between "
         "them, for the ratio. Head `jobs` is the request squeue sends, and head ping a `ping`, "
         "each on an open connection while scheduler passes over that queue run (median of "
         f"{RUNS}): what the head's side of squeue costs. The head's RSS before any job: {base:.0f} MB.",
