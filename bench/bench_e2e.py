@@ -175,7 +175,8 @@ def main() -> None:
         "## End-to-end short jobs",
         "",
         "`python bench/bench_e2e.py`: `gpud standalone` (head, worker, embedded broker in one "
-        "process) with 8 simulated GPUs; jobs run as real processes.",
+        "process; the head and its worker speak in the process) with 8 simulated GPUs; jobs run "
+        "as real processes.",
         "",
         stamp(),
         "",
