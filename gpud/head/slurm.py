@@ -155,7 +155,8 @@ def resolve_gpu_type(requested: str | None, models: set[str]) -> str:
 
 
 async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]:
-    """Insert ``job`` (or its array's tasks), honouring the Slurm options of its spec."""
+    """Insert ``job`` (or its array's tasks), honouring the Slurm options of its spec.
+    ``job`` carries its spec's dependency, begin time, deadline and hold already (op_submit)."""
     spec = job.spec
     now = job.submit_time
     warnings = []
@@ -168,12 +169,6 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
             raise RequestError(f"Batch job submission failed: Job dependency problem: no job {missing[0]}")
     if spec.mail_type and not getattr(head.cfg.head, "mail_command", None):
         warnings.append("--mail-type: this cluster sends no mail (no [head] mail_command); no notifications")
-    hold = "user" if spec.hold else None
-    reason = HELD_REASONS[hold] if hold else None
-    if (job.dependency, job.begin_time, job.deadline, job.hold_kind, job.reason) != (
-            spec.dependency, spec.begin_time, spec.deadline, hold, reason):   # op_submit sets them already
-        job = replace(job, dependency=spec.dependency, begin_time=spec.begin_time, deadline=spec.deadline,
-                      hold_kind=hold, reason=reason)
     if spec.test_only:
         return await test_only(head, job, warnings)
     jobs = arrays.expand(job, parse_array(spec.array)) if spec.array else [job]
