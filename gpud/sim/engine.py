@@ -208,20 +208,17 @@ class Simulation:
                 if len(hist) <= k:
                     hist.extend([0] * (k + 1 - len(hist)))
                 hist[k] += 1
-        # the most whole GPUs of a model (None: any) on one node
-        self._max_gpus: dict[str | None, int] = {None: 0}
         # whole GPUs of a model (None: any) per node, most first: which gangs could ever run
         self._node_gpus: dict[str | None, list[int]] = {None: []}
         for n in self.nodes:
             whole = [g for g in n.gpus if g.mode == "whole"]
-            self._max_gpus[None] = max(self._max_gpus[None], len(whole))
             self._node_gpus[None].append(len(whole))
             for model in {g.model for g in n.gpus}:
-                count = sum(1 for g in whole if g.model == model)
-                self._max_gpus[model] = max(self._max_gpus.get(model, 0), count)
-                self._node_gpus.setdefault(model, []).append(count)
+                self._node_gpus.setdefault(model, []).append(sum(1 for g in whole if g.model == model))
         for counts in self._node_gpus.values():
             counts.sort(reverse=True)
+        # the most whole GPUs of a model (None: any) on one node
+        self._max_gpus = {model: counts[0] if counts else 0 for model, counts in self._node_gpus.items()}
         self._fractions = _sharing.Fractions(self.nodes)
         # fractional jobs waiting, and whether shared devices may have come free since the last pass
         self._shared_pending = 0
