@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from common import ROOT, stamp, table, write_section
+from common import ROOT, cpu_s, stamp, table, write_section
 
 from gpuctl import Client  # noqa: E402
 from gpuctl.script import api_settings, build_spec, wrap_script  # noqa: E402
@@ -49,8 +49,7 @@ class ProcessCpu:
     def __call__(self) -> float:
         if self.pid is None:
             return 0.0
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.pid)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import bench_submit
-from common import head_cluster, stamp, table, write_section
+from common import cpu_s, head_cluster, stamp, table, write_section
 
 from gpuctl.commands.squeue import Query
 
@@ -43,12 +42,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_ms(cmd: list[str], env: dict[str, str]) -> float:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from common import ROOT, head_cluster, stamp, table, write_section
+from common import ROOT, cpu_s, head_cluster, stamp, table, write_section
 
 SPEC = {"script": "#!/bin/bash\ntrue\n", "name": "bench", "work_dir": "/tmp", "env": {}, "gpus": 1}
 
@@ -85,12 +84,6 @@ def console_script() -> list[str]:
     """This environment's gpuctl (the console script), or ``python -m gpuctl``."""
     script = Path(sys.executable).parent / "gpuctl"
     return [str(script)] if script.exists() else [sys.executable, "-m", "gpuctl"]
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(n_sbatch: int, n_loop: int, n_array: int, install: bool, starts_too: bool = True,

@@ -46,6 +46,12 @@ def machine() -> str:
             f"CPython {platform.python_version()}; load average {load:.1f} at the start")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds (every thread) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stamp() -> str:
     return f"Machine: {machine()}. Measured {datetime.date.today().isoformat()}."
 
