@@ -81,8 +81,7 @@ class WorkerReports:
                 ended.append(self._end_in(txn, job, node, body, end))
             await self.head.store.commit(txn)
             for job, new, detail, node in ended:
-                self.head._charge(job, end)
-                self.head._stop_sent.pop((job.job_id, job.attempt), None)
+                self._settle(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
             if ended:
                 self.head.kick()
@@ -99,13 +98,9 @@ class WorkerReports:
                 end: float) -> tuple[JobRecord, JobState, str, str]:
         """A single-node job's end, added to ``txn``: (job as it was, new state, detail, node)."""
         jid, attempt = job.job_id, job.attempt
-        reason = str(body.get("reason", "exited"))[:MAX_REASON]
-        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
-        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+        reason, exit_code, sig = _outcome(body)
         new = final_state(job, reason, exit_code, sig)
-        detail = f"{reason} exit={exit_code} signal={sig}"
-        if body.get("message"):
-            detail += f": {str(body['message'])[:500]}"
+        detail = _with_message(f"{reason} exit={exit_code} signal={sig}", body)
         txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
                     (end, reason, jid, attempt))
         if new is JobState.PENDING:
@@ -118,11 +113,6 @@ class WorkerReports:
     async def _gang_finished(self, node: str, body: dict) -> None:
         """One ``finished`` report of a gang job (any rank), committed on its own."""
         jid, attempt = body.get("job"), body.get("attempt")
-        # Whatever else it says is kept within what SQLite and a one-line detail hold: a
-        # report that cannot be committed would be repeated, and the job never end.
-        reason = str(body.get("reason", "exited"))[:MAX_REASON]
-        exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
-        sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
         end = self.head.clock()
         ended_gang: JobRecord | None = None
         async with self.head.lock:
@@ -132,13 +122,12 @@ class WorkerReports:
                 # A part after rank 0 ended: only news while the job runs (a stop the head
                 # sent ends every part; rank 0's report decides then).
                 if job.state is JobState.RUNNING:
-                    ended_gang = await self._part_failed(job, node, rank, reason, exit_code, sig, body, end)
+                    ended_gang = await self._part_failed(job, node, rank, body, end)
             elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
                 txn = Txn(self.head.store)
                 _, new, detail, _ = self._end_in(txn, job, node, body, end)
                 await self.head.store.commit(txn)
-                self.head._charge(job, end)
-                self.head._stop_sent.pop((jid, attempt), None)
+                self._settle(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
                 self.head.kick()
                 if job.parts:
@@ -150,13 +139,11 @@ class WorkerReports:
         if job is not None and (now_job is None or not now_job.state.active):
             self.head.steps.job_ended(jid)
 
-    async def _part_failed(self, job: JobRecord, node: str, rank: int, reason: str, exit_code: int | None,
-                           sig: int | None, body: dict, end: float) -> JobRecord:
+    async def _part_failed(self, job: JobRecord, node: str, rank: int, body: dict, end: float) -> JobRecord:
         """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
         holder reached its own limit first (rank 0's report was lost or late), under the lock."""
-        detail = f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}"
-        if body.get("message"):
-            detail += f": {str(body['message'])[:500]}"
+        reason, exit_code, sig = _outcome(body)
+        detail = _with_message(f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}", body)
         new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
         txn = Txn(self.head.store)
         txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
@@ -164,11 +151,30 @@ class WorkerReports:
         txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
                        exit_code=exit_code, signal=sig)
         await self.head.store.commit(txn)
-        self.head._charge(job, end)
-        self.head._stop_sent.pop((job.job_id, job.attempt), None)
+        self._settle(job, end)
         log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
         self.head.kick()
         return job
+
+    def _settle(self, job: JobRecord, end: float) -> None:
+        """After an end is committed: charge the job's usage, forget its pending stop."""
+        self.head._charge(job, end)
+        self.head._stop_sent.pop((job.job_id, job.attempt), None)
+
+
+def _outcome(body: dict) -> tuple[str, int | None, int | None]:
+    """A finished report's reason, exit code and signal, kept within what SQLite and a
+    one-line detail hold: a report that cannot be committed would be repeated, and the job
+    never end."""
+    reason = str(body.get("reason", "exited"))[:MAX_REASON]
+    exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
+    sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+    return reason, exit_code, sig
+
+
+def _with_message(detail: str, body: dict) -> str:
+    """``detail`` and the report's message, if it has one (its first 500 characters)."""
+    return f"{detail}: {str(body['message'])[:500]}" if body.get("message") else detail
 
 
 def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:
