@@ -21,7 +21,7 @@ Restarts: ``close()`` stops watching and never kills.  ``start()`` reads the dir
 again: a live wrapper (same pid *and* same process start time) is watched again; a dead one
 is finished from its status file, or as "lost" when it left none.  Outcomes stay on disk
 until ``ack()``, which leaves a small tombstone so that a repeated ``launch`` never runs an
-allocation twice (the directory is moved aside at once and its files removed on a thread).
+allocation twice (written on a thread, in batches: ``acks.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import signal as signals
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -45,6 +44,7 @@ import psutil
 from ..units import format_duration
 from .cpubind import format_cpulist
 from . import procs
+from .acks import AckWriter
 from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
 from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
@@ -53,7 +53,6 @@ __all__ = ["Executor", "GpuAssignment", "Launch", "Outcome", "output_path", "par
 
 log = logging.getLogger("gpud.worker.executor")
 
-PRUNE_EVERY = 3600.0            # seconds between tombstone prunes
 DEFAULT_SHELL = "/bin/bash"
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobwrap.py")
 # The wrapper may run as root: it never sees the job's environment (LD_PRELOAD, PYTHON*...).
@@ -153,9 +152,7 @@ class Executor:
         self._jobs: dict[Key, _Job] = {}
         self._outcomes: dict[Key, Outcome] = {}
         self._closed = False
-        self._last_prune = float("-inf")
-        self._acked: deque[Key] = deque()   # acknowledged, tombstones not yet written
-        self._ack_writes: set[asyncio.Future] = set()   # threads writing them
+        self._acks = AckWriter(self.store, clock)
         self.cpu_binder: Any = None   # a gpud.worker.cpubind.CpuBinder, set by the worker; None: unbound
 
     # -- the API the worker daemon calls ------------------------------------------------------
@@ -166,7 +163,7 @@ class Executor:
         _reap_detached()
         await asyncio.to_thread(self.store.setup)
         found = await asyncio.to_thread(self.store.load)
-        self._last_prune = self._clock()
+        self._acks.pruned_now()
         for saved in found:
             try:
                 await self._resume(saved)
@@ -271,22 +268,11 @@ class Executor:
         key = (job_id, attempt)
         if self._outcomes.pop(key, None) is None:
             return
-        self._acked.append(key)
-        if len(self._acked) > 1:   # a thread is on its way and takes this one too
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:   # no event loop: write it now
-            self._write_acks()
-            return
-        fut = loop.run_in_executor(None, self._write_acks)
-        self._ack_writes.add(fut)
-        fut.add_done_callback(self._ack_writes.discard)
+        self._acks.add(key)
 
     async def settle(self) -> None:
         """Wait until every ack so far is on disk."""
-        while self._ack_writes:
-            await asyncio.gather(*self._ack_writes, return_exceptions=True)
+        await self._acks.settle()
 
     async def close(self) -> None:
         """Stop watching.  Jobs keep running; the next executor on this state_dir adopts them."""
@@ -649,26 +635,6 @@ class Executor:
         self._outcomes[key] = outcome
         log.info("job %d.%d ended: %s: %s", *key, outcome.reason, outcome.message)
         await _call(self._on_finished, outcome)
-
-    def _write_acks(self) -> None:
-        """(thread) Tombstones for every key ``ack`` queued, including those added meanwhile,
-        then the directories' files removed (the slow part, after all the tombstones)."""
-        while self._acked:
-            moved = []
-            while self._acked:
-                key = self._acked.popleft()
-                try:
-                    path = self.store.acknowledge(key)
-                except Exception:  # noqa: BLE001 - the others still get theirs
-                    log.exception("job %d.%d: cannot record its acknowledgement", *key)
-                    continue
-                if path is not None:
-                    moved.append(path)
-            for path in moved:
-                self.store.discard(path)
-        if self._clock() - self._last_prune >= PRUNE_EVERY:
-            self._last_prune = self._clock()
-            self.store.prune_tombstones()
 
     def _save_outcome(self, key: Key, outcome: Outcome) -> None:
         """(thread)"""
