@@ -6,20 +6,20 @@ Theory of operation
 still holds its resources until it exits) and is then mutated by the pass as it starts
 jobs, so it always says what is free *now*.  Nothing is ever allocated beyond a node's
 GPUs, CPUs or memory: a start takes specific free GPU indices and subtracts CPUs and memory
-that ``find`` checked.
+that the search (``finder``) checked.
 
 Search is indexed.  For each (partition, GPU model filter) in use, a ``FreeIndex`` keeps
 the partition's schedulable nodes in buckets by how many matching GPUs they have free.  A
 job needing ``g`` GPUs looks at buckets ``g, g+1, ...`` (``binpack``: the fullest node that
 fits, which keeps whole nodes free for big jobs) or from the top down (``spread``), so a
 search touches only nodes that have enough GPUs; within a bucket, nodes keep a
-deterministic order.  ``find`` also takes a veto (backfill: "would this delay a
+deterministic order.  The search also takes a veto (backfill: "would this delay a
 reservation?") that is consulted only for nodes that carry reservations.
 
 Topology.  On a node whose GPUs report NVLink peers or NUMA nodes, ``pick`` takes GPUs from
 one island when one has room (best fit), else from the fewest, with NUMA nodes as the next
 tiebreak (topology.py); elsewhere it takes the lowest free indices.  Among nodes that are
-equally good for binpack or spread (one bucket), ``find`` prefers one where the job fits in
+equally good for binpack or spread (one bucket), the search prefers one where the job fits in
 one island.  Clusters without topology data take none of these paths.
 
 Gangs and exclusive jobs.  A running gang job holds its share on every node it spans
@@ -206,69 +206,51 @@ class Cluster:
             idx = self._indexes[key] = FreeIndex(self, partition, model)
         return idx
 
-    def find(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
-             vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
-        """(node index or None, whether a node had room but was vetoed)."""
-        return self.finder(partition, gpus, cpus, mem, model, policy, vetoed, veto)()
-
     def finder(self, partition: str, gpus: int, cpus: int, mem: int, model: str | None, policy: str,
                vetoed: set[int], veto: Callable[[int], bool],
-               versions: dict[int, int] | None = None) -> Callable[[], tuple[int | None, bool]]:
-        """``find`` for one request, to be asked again as the pass goes on: the buckets to
-        look in are chosen once (they are updated in place as nodes fill).  With ``versions``
-        (node -> a number that changes whenever the node does), each node's veto is
-        remembered until its number changes: a busy queue walks past the same reserved
-        nodes on every search."""
-        if versions is not None:
-            memo: dict[int, tuple[int, bool]] = {}     # node -> (version, vetoed)
-            ask = veto
+               versions: dict[int, int]) -> Callable[[], tuple[int | None, bool]]:
+        """The placement search for one request, to be asked again as the pass goes on: each
+        call gives (node index or None, whether a node had room but was vetoed).  The buckets
+        to look in are chosen once (they are updated in place as nodes fill).  Each node's
+        veto is remembered until its number in ``versions`` (node -> a number that changes
+        whenever the node does) changes: a busy queue walks past the same reserved nodes on
+        every search."""
+        memo: dict[int, tuple[int, bool]] = {}     # node -> (version, vetoed)
 
-            def veto(i: int) -> bool:
-                version = versions.get(i, 0)
-                hit = memo.get(i)
-                if hit is None or hit[0] != version:
-                    hit = memo[i] = (version, ask(i))
-                return hit[1]
+        def remembered(i: int) -> bool:
+            version = versions.get(i, 0)
+            hit = memo.get(i)
+            if hit is None or hit[0] != version:
+                hit = memo[i] = (version, veto(i))
+            return hit[1]
         idx = self.index(partition, model)
         if gpus > idx.maxk:
             return lambda: (None, False)
         ks = range(gpus, idx.maxk + 1) if policy == "binpack" else range(idx.maxk, gpus - 1, -1)
         if self.any_topology and gpus > 1:
-            return lambda: self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, veto)
+            return lambda: self._find_by_island(idx, ks, gpus, cpus, mem, model, vetoed, remembered)
         buckets = [idx.buckets[k] for k in ks]
         free_cpus, free_mem = self.cpus, self.mem
-        if versions is None:
-            def find() -> tuple[int | None, bool]:
-                blocked = False
-                for bucket in buckets:
-                    for i in bucket:
-                        if free_cpus[i] >= cpus and free_mem[i] >= mem:
-                            if i in vetoed and veto(i):
-                                blocked = True
-                                continue
-                            return i, blocked
-                return None, blocked
-            return find
 
-        def find_remembering() -> tuple[int | None, bool]:
+        def find() -> tuple[int | None, bool]:
             blocked = False
             for bucket in buckets:
                 for i in bucket:
                     if free_cpus[i] >= cpus and free_mem[i] >= mem:
-                        if i in vetoed:         # veto(i), inlined
+                        if i in vetoed:         # remembered(i), inlined
                             hit = memo.get(i)
                             if hit is None or hit[0] != versions.get(i, 0):
-                                hit = memo[i] = (versions.get(i, 0), ask(i))
+                                hit = memo[i] = (versions.get(i, 0), veto(i))
                             if hit[1]:
                                 blocked = True
                                 continue
                         return i, blocked
             return None, blocked
-        return find_remembering
+        return find
 
     def _find_by_island(self, idx: FreeIndex, ks: range, gpus: int, cpus: int, mem: int, model: str | None,
                         vetoed: set[int], veto: Callable[[int], bool]) -> tuple[int | None, bool]:
-        """``find`` where nodes report topology: within a bucket, a node where the job fits
+        """The search where nodes report topology: within a bucket, a node where the job fits
         in one NVLink island comes before one where it would span islands."""
         blocked = False
         for k in ks:
