@@ -234,11 +234,11 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
         series_step = max(60.0, (span or 86400.0 * 30) / PLOT_POINTS)
 
     reports: dict[str, dict[str, Any]] = {}
+    kw = dict(until=until_s, drain=drain, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
+              estimates=estimates, period=period_s, series_step=series_step)
+    source = _Source(trace_path, jobs, background_path, bg_qos, main_qos, since_s,
+                     frozenset(skip_status))
     for name in (POLICIES if compare else (policy,)):
-        kw = dict(until=until_s, drain=drain, ignore_gpu_type=ignore_gpu_type, pass_interval=interval,
-                  estimates=estimates, period=period_s, series_step=series_step)
-        source = _Source(trace_path, jobs, background_path, bg_qos, main_qos, since_s,
-                         frozenset(skip_status))
         report = source.run(nodes, policy_config(config, name), kw)
         reports[name] = {"policy": name, **report}
 
