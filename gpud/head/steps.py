@@ -186,9 +186,7 @@ class Steps:
 
     async def poll(self, caller: Caller, args: dict) -> dict:
         job_id, step_id, offset = args.get("job_id"), args.get("step"), args.get("offset", 0)
-        for name, v in (("job_id", job_id), ("step", step_id), ("offset", offset)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise RequestError(f"srun: {name} must be a non-negative integer")
+        _require_counts(job_id=job_id, step=step_id, offset=offset)
         step = self.steps.get((job_id, step_id))
         if step is None:
             job = self.head.store.active.get(job_id)
@@ -221,9 +219,7 @@ class Steps:
     async def cancel(self, caller: Caller, args: dict) -> dict:
         """srun was interrupted: kill the step's tasks everywhere."""
         job_id, step_id = args.get("job_id"), args.get("step")
-        for name, v in (("job_id", job_id), ("step", step_id)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise RequestError(f"srun: {name} must be a non-negative integer")
+        _require_counts(job_id=job_id, step=step_id)
         step = self.steps.get((job_id, step_id))
         if step is None:
             return {"cancelled": False}
@@ -243,7 +239,7 @@ class Steps:
             log.warning("dropped %s from %s: body is not an object", kind, node)
             return
         job_id, attempt, step_id = body.get("job"), body.get("attempt"), body.get("step")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (job_id, attempt, step_id)):
+        if not all(_is_count(v) for v in (job_id, attempt, step_id)):
             log.warning("dropped %s from %s: job, attempt and step must be non-negative integers", kind, node)
             return
         step = self.steps.get((job_id, step_id))
@@ -413,6 +409,18 @@ class Steps:
             raise RequestError(f"srun: job {job_id} belongs to {job.user}; only its owner or an admin may "
                                "run tasks in it")
         return job
+
+
+def _is_count(v: Any) -> bool:
+    """A non-negative integer (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _require_counts(**values: Any) -> None:
+    """Refuse a request unless each of ``values`` is a non-negative integer."""
+    for name, v in values.items():
+        if not _is_count(v):
+            raise RequestError(f"srun: {name} must be a non-negative integer")
 
 
 async def op_step_launch(head: "Head", caller: Caller, args: dict) -> dict:
