@@ -44,6 +44,7 @@ from typing import Any, Awaitable, Callable
 import psutil
 
 from . import procs
+from .jobstore import read_json, write_file
 
 log = logging.getLogger("gpud.worker.steps")
 
@@ -308,9 +309,7 @@ class StepTasks:
                "pid": task.proc.pid, "create_time": procs.create_time(task.proc.pid)}
         try:
             os.makedirs(self._dir, mode=0o700, exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                json.dump(rec, f)
-            os.replace(path + ".tmp", path)
+            write_file(path, json.dumps(rec).encode(), 0o600)
         except OSError as e:   # the task runs; only a worker restart would miss it
             log.warning("job %d step %d: cannot record task %d: %s", step.job, step.step, task.rank, e)
             return None
@@ -332,13 +331,9 @@ def _pieces(line: bytes) -> list[str]:
 
 
 def _read_record(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or not all(type(rec.get(k)) is int and rec[k] >= 0
-                                            for k in ("job", "attempt", "step", "rank", "pid")):
+    rec = read_json(path)
+    if rec is None or not all(type(rec.get(k)) is int and rec[k] >= 0
+                              for k in ("job", "attempt", "step", "rank", "pid")):
         return None
     if not isinstance(rec.get("create_time"), (int, float)):
         rec["create_time"] = None
