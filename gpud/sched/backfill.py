@@ -122,7 +122,9 @@ class Timeline:
         self._events: list[tuple[float, int, int]] | None = None
         self._added: list[tuple[float, int, int]] = []
         self._moves: list[tuple[float, float, int, int]] = []    # (old end, new end, node, index)
-        self.versions: dict[int, int] = {}                 # node -> bumped on every change to it (see version)
+        # node -> a number bumped on every change to it: what is remembered per node is
+        # kept with the number it was computed at, and asked afresh once that changes
+        self.versions: dict[int, int] = {}
         self._exact: dict[tuple, tuple[int, float | None]] = {}   # (node, request) -> (version, start)
         self._windows: dict[tuple, tuple[int, list[tuple[float, float]]]] = {}   # likewise, windows
         self._firsts: dict[tuple, tuple[int, float]] = {}  # (node, model, GPUs) -> (version, first instant)
@@ -191,10 +193,6 @@ class Timeline:
         self._shift(i, start, end, lambda m: gpus if (model is None or m is None or m == model) else 0,
                     -cpus, -mem, -1)
         return r
-
-    def version(self, i: int) -> int:
-        """A number that changes whenever anything on node ``i`` does."""
-        return self.versions.get(i, 0)
 
     def _shift(self, i: int, t0: float, t1: float, gpus_for: Callable[[str | None], int],
                cpus: int, mem: int, sign: int) -> None:
@@ -283,20 +281,11 @@ class Timeline:
         the node stays free for ever).  Remembered until the node changes: the gangs of a
         queue repeat a few shapes, and each reservation changes only its own nodes.  The
         list is shared; callers must not change it."""
-        key = (i, gpus, cpus, mem, model, time_limit)     # _remembered, inlined: a gang search asks often
+        key = (i, gpus, cpus, mem, model, time_limit)     # a gang search asks often
         hit = self._windows.get(key)
         version = self.versions.get(i, 0)
         if hit is None or hit[0] != version:
             hit = self._windows[key] = (version, self._windows_of(i, gpus, cpus, mem, model, time_limit))
-        return hit[1]
-
-    def _remembered(self, cache: dict, compute: Callable, i: int, *shape) -> object:
-        """``compute(i, *shape)``, kept in ``cache`` until node ``i`` changes."""
-        key = (i, *shape)
-        version = self.versions.get(i, 0)
-        hit = cache.get(key)
-        if hit is None or hit[0] != version:
-            hit = cache[key] = (version, compute(i, *shape))
         return hit[1]
 
     def _windows_of(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
@@ -324,7 +313,12 @@ class Timeline:
     def _earliest_cached(self, i: int, gpus: int, cpus: int, mem: int, model: str | None,
                          time_limit: float | None) -> float | None:
         """earliest_on_node, remembered until the node changes (requests repeat a lot)."""
-        return self._remembered(self._exact, self.earliest_on_node, i, gpus, cpus, mem, model, time_limit)
+        key = (i, gpus, cpus, mem, model, time_limit)
+        hit = self._exact.get(key)
+        version = self.versions.get(i, 0)
+        if hit is None or hit[0] != version:
+            hit = self._exact[key] = (version, self.earliest_on_node(i, gpus, cpus, mem, model, time_limit))
+        return hit[1]
 
     def no_delay(self, i: int, gpus: tuple[int, ...], cpus: int, mem: int, end: float) -> bool:
         """Whether starting a job now on node ``i`` (until ``end``) leaves every reservation whole."""
@@ -396,7 +390,7 @@ class Timeline:
     def first_instant(self, i: int, model: str | None, gpus: int) -> float:
         """The first time node ``i`` has ``gpus`` GPUs free at all: a bound for any job that size
         (remembered until the node changes: every search re-checks the nodes it takes)."""
-        key = (i, model, gpus)                  # _remembered, inlined: every node a search takes
+        key = (i, model, gpus)                  # every node a search takes
         hit = self._firsts.get(key)
         version = self.versions.get(i, 0)
         if hit is None or hit[0] != version:
@@ -487,12 +481,6 @@ class _Candidates:
             return self.heap[0]
         return self.peek
 
-    def take(self) -> tuple[float, int]:
-        entry = self.smallest()
-        assert entry is not None
-        self.take_seen(entry)
-        return entry
-
     def take_seen(self, entry: tuple[float, int]) -> None:
         """Take ``entry``, which ``smallest`` has just returned."""
         if entry is self.peek:
@@ -501,7 +489,7 @@ class _Candidates:
             heapq.heappop(self.heap)
 
     def pop(self) -> tuple[float, int] | None:
-        """``smallest`` and ``take`` in one (the stream is read at the same point)."""
+        """``smallest`` and ``take_seen`` in one (the stream is read at the same point)."""
         peek = self.peek
         if peek is None and not self.done:
             peek = self.peek = next(self.stream, None)
