@@ -324,8 +324,7 @@ class Executor:
         if job.start_time is None:  # found by its wrapper.pid: the limit counts from now
             job.create_time = procs.create_time(job.pid)
             job.start_time = self._clock()
-            if job.launch.time_limit is not None:
-                job.deadline = job.start_time + job.launch.time_limit
+            job.deadline = _deadline(job.launch, job.start_time)
             self._save_record(job)
         self._watch(job)
 
