@@ -511,18 +511,19 @@ class Head:
                                    end_time=now)
             await self.store.commit(txn)
             for job in lost:
-                self._charge(job, now)
-                self._stop_sent.pop((job.job_id, job.attempt), None)
+                self.allocation_ended(job, now)
         for job in lost:   # a gang job's other parts hold nothing now
             if job.parts:
                 await self.kill_parts(job, "node_fail", besides=rec.name)
             self.steps.job_ended(job.job_id)
         self.kick()
 
-    def _charge(self, job: JobRecord, end: float) -> None:
-        """Bill a job that stopped since the last pass (its allocation as it was)."""
+    def allocation_ended(self, job: JobRecord, end: float) -> None:
+        """After an allocation's end is committed: bill the job (its allocation as it was)
+        and stop re-sending its stop signal."""
         if job.node is not None:
             self.usage.job_ended(running_view(job), node_view(self.store, job.node), end, self.cfg.sched)
+        self._stop_sent.pop((job.job_id, job.attempt), None)
 
 
 def _stop_kind(job: JobRecord) -> str:

@@ -81,7 +81,7 @@ class WorkerReports:
                 ended.append(self._end_in(txn, job, node, body, end))
             await self.head.store.commit(txn)
             for job, new, detail, node in ended:
-                self._settle(job, end)
+                self.head.allocation_ended(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
             if ended:
                 self.head.kick()
@@ -127,7 +127,7 @@ class WorkerReports:
                 txn = Txn(self.head.store)
                 _, new, detail, _ = self._end_in(txn, job, node, body, end)
                 await self.head.store.commit(txn)
-                self._settle(job, end)
+                self.head.allocation_ended(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
                 self.head.kick()
                 if job.parts:
@@ -151,15 +151,10 @@ class WorkerReports:
         txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
                        exit_code=exit_code, signal=sig)
         await self.head.store.commit(txn)
-        self._settle(job, end)
+        self.head.allocation_ended(job, end)
         log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
         self.head.kick()
         return job
-
-    def _settle(self, job: JobRecord, end: float) -> None:
-        """After an end is committed: charge the job's usage, forget its pending stop."""
-        self.head._charge(job, end)
-        self.head._stop_sent.pop((job.job_id, job.attempt), None)
 
 
 def _outcome(body: dict) -> tuple[str, int | None, int | None]:
