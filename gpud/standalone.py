@@ -111,7 +111,7 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
 def local_buses(cfg: Config, key: bytes) -> tuple[Any, Any]:
     """The head's bus (its worker in the process, everyone else over the broker at
     ``cfg.broker.url``) and its worker's (in the process only)."""
-    from .bus.base import HEAD_EVENTS, node_cmd
+    from .bus.base import HEAD_EVENTS, node_cmd, topic_prefix
     from .bus.inbox import Inbox
     from .bus.memory import MemoryBroker, MemoryBus
     from .bus.mqtt import MAX_INBOX
@@ -121,7 +121,7 @@ def local_buses(cfg: Config, key: bytes) -> tuple[Any, Any]:
     from .worker.daemon import worker_sender, worker_subscriptions, worker_will
 
     name = cfg.worker_name()
-    inbox = Inbox(key, f"gpud/{cfg.cluster}/", max_skew=120.0, limit=MAX_INBOX)
+    inbox = Inbox(key, topic_prefix(cfg.cluster), max_skew=120.0, limit=MAX_INBOX)
     remote = make_bus(cfg, key, inbox=inbox)     # `gpud head`'s, into the shared inbox
     hub = MemoryBroker(record=False, signed=False)   # only this process reaches it
     local = MemoryBus(hub, cfg.cluster, HEAD_SENDER, key, subscriptions=[HEAD_EVENTS, "node/+/status"],

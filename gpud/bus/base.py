@@ -54,6 +54,11 @@ HEAD_STATUS = "head/status"
 HEAD_REQUESTS = "head/requests"
 
 
+def topic_prefix(cluster: str) -> str:
+    """What every topic of ``cluster`` starts with, before the suffix code passes."""
+    return f"gpud/{cluster}/"
+
+
 def node_status(node: str) -> str:
     return f"node/{node}/status"
 

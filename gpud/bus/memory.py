@@ -38,7 +38,7 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
-from .base import Message, Will
+from .base import Message, Will, topic_prefix
 from .envelope import RESEAL_AFTER, reseal, seal, unsigned_payload
 from .inbox import Inbox
 
@@ -218,7 +218,7 @@ class MemoryBus:
         self.broker = broker
         self.cluster = cluster
         self.sender = sender
-        self.prefix = f"gpud/{cluster}/"
+        self.prefix = topic_prefix(cluster)
         self.subscriptions = list(subscriptions)
         self.will = will
         self.client_id = client_id or sender

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 import aiomqtt
 
-from .base import Message, Will
+from .base import Message, Will, topic_prefix
 from .envelope import RESEAL_AFTER, reseal, seal
 from .inbox import Inbox
 
@@ -230,7 +230,7 @@ class MqttBus:
         self.url = url
         self.cluster = cluster
         self.sender = sender
-        self.prefix = f"gpud/{cluster}/"
+        self.prefix = topic_prefix(cluster)
         self.subscriptions = list(subscriptions)
         self.will = will
         self.persistent = persistent
