@@ -13,7 +13,7 @@ them as free at ``now``, so they are neither picked again nor counted twice).  A
 cluster, preemptions in the last 60 s (``Snapshot.recent_preemptions``) plus this plan's
 never exceed ``max_per_minute``.
 
-*Victims.*  On each node, candidates are ordered by ``victim_order``: borrowed jobs first,
+*Victims.*  On each node, candidates are ordered: borrowed jobs first,
 then lowest priority, then youngest (least work lost), then job id.  Taking them in that
 order until the job fits, then dropping any that turn out unnecessary (last first), frees
 what is needed with as little as possible.  Among nodes, the cheapest set wins: fewest
@@ -41,17 +41,6 @@ from .quota import Pool, QuotaBook
 from .snapshot import RunningJob
 
 RATE_WINDOW = 60.0   # seconds over which max_per_minute counts
-
-
-def victim_order(job: RunningJob, priority: float) -> tuple:
-    """Sort key: the first victims to consider come first."""
-    return (not job.borrowed, priority, -job.start_time, job.job_id)
-
-
-def preemptible(job: RunningJob, cfg: SchedConfig, now: float) -> bool:
-    pc = cfg.preemption
-    return (not job.stopping and now - job.start_time >= pc.exempt_time
-            and job.preempt_count < pc.max_per_job)
 
 
 def rate_budget(recent: Sequence[float], cfg: SchedConfig, now: float) -> int:
@@ -93,7 +82,7 @@ class Preemptor:
                 continue          # already on its way out: never a candidate
             if r.qos not in targets and not (r.borrowed and reclaim):
                 continue          # nothing may ever preempt it
-            # preemptible(), inlined: a pass looks at every running job
+            # the caps: too young, or preempted too often
             if not now - r.start_time >= exempt or r.preempt_count >= max_per_job:
                 continue
             i = pos.get(r.node)
@@ -110,7 +99,7 @@ class Preemptor:
                 cands, groups = per_node[i], bounds[i] = [], {}
             else:
                 groups = bounds[i]
-            cands.append(((not borrowed, p, -r.start_time, r.job_id), r))     # victim_order, inlined
+            cands.append(((not borrowed, p, -r.start_time, r.job_id), r))     # the victim order
             key = (0 if borrowed else 1, p, (g or 1) * (now - r.start_time), g)
             for name in (r.qos, None) if borrowed else (r.qos,):
                 old = groups.get(name)
@@ -187,11 +176,6 @@ class Preemptor:
                 least = choice.cost[:3]
         return best
 
-    def _allowed(self, v: RunningJob, targets: frozenset[str], reclaim: bool, for_pool: Pool) -> bool:
-        if v.job_id in self.taken:
-            return False
-        return v.qos in targets or (reclaim and self.book.reclaimable(v, for_pool))
-
     def _on_node(self, i: int, cands: list[RunningJob], gpus: int, cpus: int, mem: int,
                  model: str | None, time_limit: float | None, targets: frozenset[str],
                  reclaim: bool, for_pool: Pool) -> Choice | None:
@@ -206,7 +190,7 @@ class Preemptor:
         for v in cands:
             if dg <= 0 and dc <= 0 and dm <= 0:
                 break
-            if v.job_id in taken:      # _allowed, inlined
+            if v.job_id in taken:      # already a victim in this plan
                 continue
             targeted = v.qos in targets
             if not targeted and not (reclaim and book.reclaimable(v, for_pool)):
