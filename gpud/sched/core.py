@@ -362,23 +362,12 @@ class _Pass:
             return False
         pool = self.book.pool(job.account)
         pkey = ("filtered", req, targets, reclaim, pool)
-        if pkey in self.failed_preempts or (targets, reclaim, pool) in self.failed_preempts:
-            return False
-        if not self.preemptor().worth_trying(targets, reclaim, pool):
-            self.failed_preempts.add((targets, reclaim, pool))
-            if not reclaim:
-                self.may_preempt[job.qos] = False
+        if not self.worth_a_search(job, pkey, targets, reclaim, pool):
             return False
         choice = self.preemptor().select(job.partition, req.gpus, req.cpus, req.mem, req.model, job.time_limit,
                                          targets=targets, reclaim=reclaim, for_pool=pool,
                                          allowed=self.gangs().allowed(req))
-        if choice is None:
-            self.failed_preempts.add(pkey)
-            return False
-        self.preempt(job, choice, targets, pool)
-        self.reserve(job, choice.node, within)
-        self.reasons[job.job_id] = "Resources"
-        return True
+        return self.preempt_for(job, choice, pkey, targets, pool, within)
 
     def gang_delays(self, i: int, req: Request, job: PendingJob) -> bool:
         """Whether taking node ``i`` for the job now would delay a reservation on it."""
@@ -413,13 +402,7 @@ class _Pass:
             return
         pool = self.book.pool(job.account)
         pkey = (shape, targets, reclaim, pool)
-        may_preempt = ((bool(targets) or reclaim) and pkey not in self.failed_preempts
-                       and (targets, reclaim, pool) not in self.failed_preempts)
-        if may_preempt and not self.preemptor().worth_trying(targets, reclaim, pool):
-            self.failed_preempts.add((targets, reclaim, pool))   # no candidates or budget left
-            if not reclaim:
-                self.may_preempt[job.qos] = False
-            may_preempt = False
+        may_preempt = (bool(targets) or reclaim) and self.worth_a_search(job, pkey, targets, reclaim, pool)
         if self.depth_left <= 0 and not may_preempt:
             return
         best = self.timeline.earliest(*shape)
@@ -430,16 +413,37 @@ class _Pass:
         # f. preempt
         if may_preempt:
             choice = self.preemptor().select(*shape, targets=targets, reclaim=reclaim, for_pool=pool)
-            if choice is not None:
-                self.preempt(job, choice, targets, pool)
-                self.reserve(job, choice.node, within)
-                self.plan.reasons[job.job_id] = "Resources"
+            if self.preempt_for(job, choice, pkey, targets, pool, within):
                 return
-            self.failed_preempts.add(pkey)
         # g. reserve (backfill)
         if best is not None and self.depth_left > 0:
             self.depth_left -= 1
             self.reserve(job, best[1], within=False, at=best[0])
+
+    def worth_a_search(self, job: PendingJob, pkey: tuple, targets: frozenset[str], reclaim: bool,
+                       pool: str | None) -> bool:
+        """Whether a victim search for ``pkey`` is worth running: none failed for it this pass,
+        and candidates and rate budget are left for its kind (once not, that is remembered)."""
+        if pkey in self.failed_preempts or (targets, reclaim, pool) in self.failed_preempts:
+            return False
+        if not self.preemptor().worth_trying(targets, reclaim, pool):
+            self.failed_preempts.add((targets, reclaim, pool))   # no candidates or budget left
+            if not reclaim:
+                self.may_preempt[job.qos] = False
+            return False
+        return True
+
+    def preempt_for(self, job: PendingJob, choice: Choice | None, pkey: tuple, targets: frozenset[str],
+                    pool: str | None, within: bool) -> bool:
+        """Stop ``choice``'s victims and hold their node for ``job``; False (remembered for
+        ``pkey``) when the search found none."""
+        if choice is None:
+            self.failed_preempts.add(pkey)
+            return False
+        self.preempt(job, choice, targets, pool)
+        self.reserve(job, choice.node, within)
+        self.reasons[job.job_id] = "Resources"
+        return True
 
     def reserve(self, job: PendingJob, i: int, within: bool, at: float | None = None) -> None:
         t = self.now if at is None else at
