@@ -7,7 +7,7 @@ accounts first (at most ``MAX_ACCOUNT_ROWS``; ``--json`` has them all).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .report import dur, num, pct
 
@@ -72,15 +72,22 @@ def _per_qos(reports: dict[str, dict[str, Any]], width: int, col: int) -> list[s
     for qos in names:
         out += ["", f"QOS {qos}"]
         for label, get, fmt in QOS_ROWS:
-            cells = []
-            for r in reports.values():
-                try:
-                    v = get(r["qos"][qos])
-                except (KeyError, TypeError):
-                    v = None
-                cells.append("-" if v is None else fmt(v))
+            cells = _cells(reports.values(), lambda r: get(r["qos"][qos]), fmt)
             out.append(f"{'  ' + label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
     return out
+
+
+def _cells(reports: Iterable[dict[str, Any]], get: Callable[[dict], Any],
+           fmt: Callable[[Any], str]) -> list[str]:
+    """One cell per report: ``get``'s value through ``fmt``, or "-" where the report lacks it."""
+    cells = []
+    for r in reports:
+        try:
+            v = get(r)
+        except (KeyError, TypeError):
+            v = None
+        cells.append("-" if v is None else fmt(v))
+    return cells
 
 
 def format_compare(reports: dict[str, dict[str, Any]]) -> str:
@@ -100,13 +107,7 @@ def format_compare(reports: dict[str, dict[str, Any]]) -> str:
             "",
             f"{'':<{width}}" + "".join(f"{n:>{col}}" for n in names)]
     for label, get, fmt in ROWS:
-        cells = []
-        for n in names:
-            try:
-                v = get(reports[n])
-            except (KeyError, TypeError):
-                v = None
-            cells.append("-" if v is None else fmt(v))
+        cells = _cells(reports.values(), get, fmt)
         head.append(f"{label:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
     head += _per_qos(reports, width, col)
     sizes = list(dict.fromkeys(s for r in reports.values() for s in r["by_size"]))
