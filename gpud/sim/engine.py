@@ -399,11 +399,11 @@ class Simulation:
     def _arrive(self, row: TraceJob, t: float) -> int | None:
         cfg = self.config
         limit = self._limit(row)
-        refusal = self._refusal(row, limit)
+        gang = self._gang_shape(row)
+        refusal = self._refusal(row, limit, gang)
         if refusal is not None:
             self.tally.infeasible[refusal] += 1
             return None
-        gang = self._gang_shape(row)
         if gang is not None:
             nodes, per_node = gang
             self.tally.multi_node += 1
@@ -436,14 +436,15 @@ class Simulation:
     def _partition(self) -> PartitionConfig | None:
         return self.config.partitions.get(self.config.default_partition)
 
-    def _refusal(self, row: TraceJob, limit: float | None) -> str | None:
-        """Why the head would refuse this job at submit (it could never run), or None."""
+    def _refusal(self, row: TraceJob, limit: float | None, gang: tuple[int, int] | None) -> str | None:
+        """Why the head would refuse this job at submit (it could never run), or None;
+        ``gang``: its ``_gang_shape``."""
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
         if gpu_type is not None and gpu_type not in self._max_gpus:
             return "no_such_gpu_type"
         if row.gpus > self._max_gpus[gpu_type] and not (
                 row.share < 1 and self._fractions.kind != "whole") and not row.mig_profile \
-                and not row.gpu_mem and self._gang_shape(row) is None:
+                and not row.gpu_mem and gang is None:
             return "too_many_gpus"
         if (row.qos or self.config.default_qos) not in self.config.qos:
             return "no_such_qos"
