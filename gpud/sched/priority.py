@@ -104,7 +104,8 @@ def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
     roots = _build_tree(cfg, usage, members)
     cluster_usage = sum(r.usage for r in roots)
     rows: list[ShareRow] = []
-    leaves: list[tuple[tuple[float, ...], int]] = []   # (path of -level_fs, row index)
+    paths: list[tuple[float, ...]] = []     # each user's path of -level_fs, in walk order
+    leaf_rows: list[int] = []               # ... and its row
 
     def walk(siblings: list[_Node], depth: int, parent_norm: float, path: tuple[float, ...],
              account: str | None) -> None:
@@ -116,21 +117,18 @@ def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
             eff = n.usage / cluster_usage if cluster_usage > 0 else 0.0
             here = path + (-lfs,)
             if n.user is not None:
-                leaves.append((here, len(rows)))
+                paths.append(here)
+                leaf_rows.append(len(rows))
                 rows.append(ShareRow(account or n.name, n.user, depth, n.shares, norm, n.usage, eff, lfs, None))
             else:
                 rows.append(ShareRow(n.name, None, depth, n.shares, norm, n.usage, eff, lfs, None))
                 walk(n.children or [], depth + 1, norm, here, n.name)
 
     walk(roots, 0, 1.0, (), None)
-    leaves.sort()
-    count = len(leaves)
-    rank_of_path: dict[tuple[float, ...], int] = {}
-    for pos, (path, i) in enumerate(leaves):
-        rank = rank_of_path.setdefault(path, count - pos)
+    for i, factor in zip(leaf_rows, _ranked(paths)):
         r = rows[i]
         rows[i] = ShareRow(r.account, r.user, r.depth, r.shares, r.norm_shares, r.raw_usage,
-                           r.effective_usage, r.level_fs, rank / count)
+                           r.effective_usage, r.level_fs, factor)
     return rows
 
 
@@ -139,7 +137,8 @@ def fairshare_factors(cfg: SchedConfig, usage: Mapping[UsageKey, float],
     """(account, user) -> Fair Tree factor in (0, 1]: ``fairshare_table``'s users' column,
     from the same walk without building its rows (every pass needs this)."""
     roots = _build_tree(cfg, usage, members)
-    leaves: list[tuple[tuple[float, ...], int, UsageKey]] = []   # (path of -level_fs, walk order, key)
+    paths: list[tuple[float, ...]] = []     # each user's path of -level_fs, in walk order
+    keys: list[UsageKey] = []
 
     def walk(siblings: list[_Node], path: tuple[float, ...], account: str | None) -> None:
         s_tot = sum(n.shares for n in siblings)
@@ -147,18 +146,24 @@ def fairshare_factors(cfg: SchedConfig, usage: Mapping[UsageKey, float],
         for n in siblings:
             here = path + (-_level_fs(n.shares, s_tot, n.usage, u_tot),)
             if n.user is not None:
-                leaves.append((here, len(leaves), (account or n.name, n.user)))
+                paths.append(here)
+                keys.append((account or n.name, n.user))
             else:
                 walk(n.children or [], here, n.name)
 
     walk(roots, (), None)
-    out: dict[UsageKey, float] = dict.fromkeys(key for _, _, key in leaves)
-    leaves.sort()
-    count = len(leaves)
+    return dict(zip(keys, _ranked(paths)))
+
+
+def _ranked(paths: list[tuple[float, ...]]) -> list[float]:
+    """Each user's Fair Tree factor, in walk order, from its path of -level_fs: users ranked
+    by path (walk order among equals), equal paths sharing the first one's rank, over N."""
+    count = len(paths)
+    factors = [0.0] * count
     rank_of_path: dict[tuple[float, ...], int] = {}
-    for pos, (path, _, key) in enumerate(leaves):
-        out[key] = rank_of_path.setdefault(path, count - pos) / count
-    return out
+    for pos, k in enumerate(sorted(range(count), key=paths.__getitem__)):
+        factors[k] = rank_of_path.setdefault(paths[k], count - pos) / count
+    return factors
 
 
 class PriorityModel:
