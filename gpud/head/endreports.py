@@ -55,7 +55,7 @@ class WorkerReports:
             return
         acks: dict[str, list[list[int]]] = {}
         gang_reports: list[tuple[str, dict]] = []
-        ended: list[tuple[JobRecord, JobState, str, str]] = []
+        ended: list[tuple[JobRecord, str, JobState, str]] = []   # (job as it was, node, new state, detail)
         reported: list[int] = []
         async with self.head.lock:
             end = self.head.clock()
@@ -78,9 +78,9 @@ class WorkerReports:
                 if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
                     continue
                 done.add((jid, attempt))
-                ended.append(self._end_in(txn, job, node, body, end))
+                ended.append((job, node, *self._end_in(txn, job, body, end)))
             await self.head.store.commit(txn)
-            for job, new, detail, node in ended:
+            for job, node, new, detail in ended:
                 self.head.allocation_ended(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
             if ended:
@@ -94,9 +94,8 @@ class WorkerReports:
         for node, body in gang_reports:
             await self._gang_finished(node, body)
 
-    def _end_in(self, txn: Txn, job: JobRecord, node: str, body: dict,
-                end: float) -> tuple[JobRecord, JobState, str, str]:
-        """A single-node job's end, added to ``txn``: (job as it was, new state, detail, node)."""
+    def _end_in(self, txn: Txn, job: JobRecord, body: dict, end: float) -> tuple[JobState, str]:
+        """A single-node job's end, added to ``txn``: its new state and the event's detail."""
         jid, attempt = job.job_id, job.attempt
         reason, exit_code, sig = _outcome(body)
         new = final_state(job, reason, exit_code, sig)
@@ -108,7 +107,7 @@ class WorkerReports:
         else:
             txn.transition(job, new, now=end, event="finished", detail=detail,
                            end_time=end, exit_code=exit_code, signal=sig)
-        return job, new, detail, node
+        return new, detail
 
     async def _gang_finished(self, node: str, body: dict) -> None:
         """One ``finished`` report of a gang job (any rank), committed on its own."""
@@ -125,7 +124,7 @@ class WorkerReports:
                     ended_gang = await self._part_failed(job, node, rank, body, end)
             elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
                 txn = Txn(self.head.store)
-                _, new, detail, _ = self._end_in(txn, job, node, body, end)
+                new, detail = self._end_in(txn, job, body, end)
                 await self.head.store.commit(txn)
                 self.head.allocation_ended(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
