@@ -143,6 +143,12 @@ class ProtocolError(ValueError):
     """A malformed request or response line."""
 
 
+def is_int(v: Any) -> bool:
+    """An integer in a decoded message: JSON's true and false arrive as Python bools, which
+    are ints too, and a count or id must not accept them."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def encode(obj: dict[str, Any]) -> bytes:
     return jsoncodec.dumps(obj).encode() + b"\n"
 

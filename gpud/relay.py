@@ -106,9 +106,9 @@ def parse_part(body: Any) -> Part:
     if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID or not rid.isprintable():
         raise BadRelayMessage("missing or invalid id")
     part, parts, data = body.get("part"), body.get("parts"), body.get("data")
-    if not _is_int(parts) or not 1 <= parts <= MAX_PARTS:
+    if not protocol.is_int(parts) or not 1 <= parts <= MAX_PARTS:
         raise BadRelayMessage(f"parts must be an integer from 1 to {MAX_PARTS}")
-    if not _is_int(part) or not 0 <= part < parts:
+    if not protocol.is_int(part) or not 0 <= part < parts:
         raise BadRelayMessage("part must be an integer below parts")
     if not isinstance(data, str) or len(data) > CHUNK_CHARS:
         raise BadRelayMessage(f"data must be a string of at most {CHUNK_CHARS} characters")
@@ -118,9 +118,9 @@ def parse_part(body: Any) -> Part:
 def parse_identity(body: dict) -> Identity:
     uid, gid, pid = body.get("uid"), body.get("gid"), body.get("pid")
     for what, v in (("uid", uid), ("gid", gid)):
-        if not _is_int(v) or not 0 <= v <= ID_MAX:
+        if not protocol.is_int(v) or not 0 <= v <= ID_MAX:
             raise BadRelayMessage(f"{what} must be an integer from 0 to {ID_MAX}")
-    if not _is_int(pid) or pid < 0:
+    if not protocol.is_int(pid) or pid < 0:
         raise BadRelayMessage("pid must be a non-negative integer")
     user = body.get("user", "")
     if not isinstance(user, str) or len(user) > MAX_USER or (user and not valid_name(user)):
@@ -129,10 +129,6 @@ def parse_identity(body: dict) -> Identity:
     if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
         raise BadRelayMessage("deadline must be a finite number")
     return Identity(uid, gid, pid, user, float(deadline))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass

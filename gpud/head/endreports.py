@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..bus.base import node_cmd
 from ..model import JobState
+from ..protocol import is_int
 from . import gang
 from .jobs import final_state, requeue_changes
 from .store import JobRecord, Txn
@@ -173,4 +174,4 @@ def _with_message(detail: str, body: dict) -> str:
 
 def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:
     """An integer SQLite can hold (not a bool), from -most to most."""
-    return isinstance(v, int) and not isinstance(v, bool) and -most <= v <= most
+    return is_int(v) and -most <= v <= most

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..bus.base import node_cmd
 from ..model import JobState
+from ..protocol import is_int
 from . import gang
 from .api import Caller, RequestError
 from .jobs import may_modify
@@ -413,7 +414,7 @@ class Steps:
 
 def _is_count(v: Any) -> bool:
     """A non-negative integer (not a bool)."""
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return is_int(v) and v >= 0
 
 
 def _require_counts(**values: Any) -> None:
