@@ -458,28 +458,6 @@ def _cross_checks(cfg: Config, data: dict[str, Any], problems: _Problems) -> Non
     if cfg.broker.password is not None and not tls:
         problems.warn(("broker", "password"), "broker.password is sent in clear text without TLS; "
                       "use an mqtts:// url or tls = true")
-    _check_preempt_order(cfg.sched, problems)
-
-
-def _check_preempt_order(s: SchedConfig, problems: _Problems) -> None:
-    """A QOS that preempts another should also stay ahead of it in the queue: the GPUs a
-    preemption frees go to the first job that fits, and a requeued victim ahead of its
-    preemptor takes them back, to be preempted again (until max_per_job)."""
-    w = s.weights
-    top = max((q.priority for q in s.qos.values()), default=0)
-    others = w.age + w.fairshare + w.job_size + w.partition
-    for q in s.qos.values():
-        for name in q.preempt:
-            victim = s.qos.get(name)
-            gap = max(0, q.priority) - max(0, victim.priority) if victim is not None else 0
-            if victim is None or (top > 0 and gap > 0 and w.qos * gap / top > others):
-                continue
-            fix = (f"raise [scheduler.weights] qos above {others * top / gap:g}" if gap > 0
-                   else f"give qos.{q.name} a higher priority than qos.{name}, and a qos weight above {others:g}")
-            problems.warn(("qos", q.name, "preempt"),
-                          f"qos.{q.name}.preempt: a {name} job can be ahead of a {q.name} job in the queue "
-                          f"(fair-share, age, size and partition add up to {others:g}), so a requeued {name} "
-                          f"job may take back the GPUs its preemption freed; {fix}")
 
 
 # -- unknown keys ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from gpud.sched.config import SchedConfig, sched_config_from_dict
 from gpud.sched.core import schedule
 from gpud.sched.plan import Plan
-from gpud.sched.snapshot import GpuView, NodeView, PendingJob, RunningJob, Snapshot
+from gpud.sched.snapshot import GpuView, NodeView, PendingJob, RunningJob, Snapshot, live_claims
 from gpud.sched.usage import accrue
 
 GiB = 1024
@@ -156,6 +156,7 @@ class ToyCluster:
     stop_at: dict[int, tuple[float, str]] = field(default_factory=dict)   # job -> (exit time, mode)
     usage: dict = field(default_factory=dict)
     preempt_times: list[float] = field(default_factory=list)
+    claims: dict[int, int] = field(default_factory=dict)                   # victim -> its preemptor
     gpu_seconds: Counter = field(default_factory=Counter)                  # account -> raw GPU-seconds
     done: dict[int, str] = field(default_factory=dict)                     # job -> final state
     log: list[tuple[float, str, int]] = field(default_factory=list)
@@ -175,9 +176,12 @@ class ToyCluster:
 
     def snapshot(self) -> Snapshot:
         recent = tuple(t for t in self.preempt_times if self.now - t < 60)
+        running = self.running
+        self.claims = live_claims(self.claims, self.pending.__contains__,
+                                  lambda v: v in running and not running[v].stopping)
         return Snapshot(nodes=self.node_list, pending=tuple(self.pending.values()),
                         running=tuple(self.running.values()), config=self.cfg, usage=dict(self.usage),
-                        recent_preemptions=recent)
+                        recent_preemptions=recent, claims=tuple(self.claims.items()))
 
     def step(self) -> Plan:
         """One scheduler pass at ``now``, applied."""
@@ -199,6 +203,8 @@ class ToyCluster:
             self.running[pr.job_id] = replace(r, stopping=True)
             self.stop_at[pr.job_id] = (self.now + pr.grace_time, pr.mode)
             self.preempt_times.append(self.now)
+            if pr.for_job is not None:
+                self.claims[pr.job_id] = pr.for_job
             self.log.append((self.now, "preempt", pr.job_id))
         self.last_plan = plan
         return plan

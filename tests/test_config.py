@@ -202,21 +202,6 @@ def test_warnings_do_not_fail_the_load():
     assert not config.from_text("[broker]\nurl = 'mqtts://b'\npassword = 'p'\n").warnings
 
 
-def test_a_preempting_qos_that_its_victims_can_outrank_is_warned_about():
-    text = ("[qos.high]\npriority = 100\npreempt = ['low']\n\n[qos.low]\npriority = 0\n"
-            "\n[qos.same]\npreempt = ['low']\n")
-    assert config.from_text(text, "q.toml").warnings == (
-        "q.toml:3: warning: qos.high.preempt: a low job can be ahead of a high job in the queue (fair-share, "
-        "age, size and partition add up to 12500), so a requeued low job may take back the GPUs its "
-        "preemption freed; raise [scheduler.weights] qos above 12500",
-        "q.toml:9: warning: qos.same.preempt: a low job can be ahead of a same job in the queue (fair-share, "
-        "age, size and partition add up to 12500), so a requeued low job may take back the GPUs its "
-        "preemption freed; give qos.same a higher priority than qos.low, and a qos weight above 12500",
-    )
-    assert not config.from_text(text.replace("[qos.same]\npreempt = ['low']\n", "")
-                                + "\n[scheduler.weights]\nqos = 12501\n").warnings
-
-
 def test_not_utf8_and_unreadable(tmp_path):
     p = tmp_path / "latin1.toml"
     p.write_bytes(b"cluster = \"caf\xe9\"\n")

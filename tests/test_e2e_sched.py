@@ -72,3 +72,42 @@ def test_quota_reclaim_preempts_only_borrowed_jobs(tmp_path, mosquitto):  # noqa
         accounts = {r["account"] for r in shares if r["user"] is None}
         assert {"a", "b"} <= accounts
         c.gpuctl("scancel", "-u", "root")
+
+
+CLAIMS = """
+[scheduler.weights]   # age alone orders the queue: a requeued victim outranks its preemptor
+qos = 0
+fairshare = 0
+job_size = 0
+partition = 0
+
+[preemption]
+exempt_time = "0s"
+
+[qos.normal]
+
+[qos.high]
+preempt = ["low"]
+
+[qos.low]
+grace_time = "2s"
+"""
+
+
+def test_the_gpu_a_preemption_frees_goes_to_the_preemptor(tmp_path, mosquitto):  # noqa: F811
+    with Cluster(tmp_path / "c", mosquitto.url, extra_toml=CLAIMS) as c:
+        c.start_head()
+        c.start_worker("w1", "1xH100-80GB")
+        with c.client() as client:
+            low = client.submit(wrap=SLEEPER, gpus=1, qos="low", stdout="/dev/null", work_dir=str(tmp_path))
+            wait_for(lambda: c.jobs(all=False).get(low, {}).get("state") == "RUNNING", 60, "low to run")
+            high = client.submit(wrap=SLEEPER, gpus=1, qos="high", stdout="/dev/null", work_dir=str(tmp_path))
+        # Without the claim the requeued low job (older, so first in the queue) took the GPU
+        # back and was preempted again, up to max_per_job, while high never ran.
+        wait_for(lambda: c.jobs(all=False).get(high, {}).get("state") == "RUNNING", 60, "high to run")
+        jobs = c.jobs(all=False)
+        assert jobs[low]["state"] == "PENDING" and jobs[low]["preempt_count"] == 1
+        c.gpuctl("scancel", str(high))
+        wait_for(lambda: c.jobs(all=False).get(low, {}).get("state") == "RUNNING", 60, "low to run again")
+        assert c.jobs(all=False)[low]["preempt_count"] == 1
+        c.gpuctl("scancel", "-u", "root")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpud.sched.core import schedule
+from dataclasses import replace
+
+from gpud.sched.core import claimants_first, schedule
+from gpud.sched.snapshot import live_claims
 
 from .sched_builders import ToyCluster, config, node, nodes, pending, running, snapshot
 
@@ -98,3 +101,55 @@ def test_never_more_than_max_per_minute():
     assert len(times) == 32                       # all of them, eventually
     for k, t in enumerate(times):
         assert sum(1 for u in times[k:] if u - t < 60) <= 5
+
+
+# -- claims: what a preemption frees goes to the job it was for ---------------------------------
+
+# QOS gives no priority here, age does: a requeued victim (submitted first) outranks the
+# high job that preempted it, as with a site whose QOS weight is below its other weights.
+AGE_ONLY = {"weights": {"qos": 0, "fairshare": 0, "job_size": 0, "partition": 0, "age": 1000}}
+
+
+def test_a_requeued_victim_does_not_take_back_what_was_stopped_for_its_preemptor():
+    toy = ToyCluster((node("n001", gpus=1),), config(qos=QOS, scheduler=AGE_ONLY, preemption={"exempt_time": "1m"}))
+    low = toy.submit(1, duration=5 * HOUR, time_limit=6 * HOUR, qos="low")
+    toy.run(until=10 * MIN, interval=MIN)
+    high = toy.submit(1, duration=20 * MIN, time_limit=HOUR, qos="high")
+    toy.run(until=2 * HOUR, interval=MIN)
+    assert toy.events("preempt", low) == [10 * MIN]
+    assert toy.events("start", high) == [10 * MIN + 30]       # when low's 30 s grace ended
+    assert toy.events("start", low) == [0, 30 * MIN + 30]     # again once high is done
+    assert toy.claims == {}                                    # the claim ended with high's start
+
+
+def test_without_a_claim_the_victim_would_take_the_gpu_back():
+    # The same queue as the head sees it after low exited: low (requeued, older) ranks first.
+    pend = [pending(1, 1, qos="low", submit_time=0.0), pending(2, 1, qos="high", submit_time=600.0)]
+    cfg = config(qos=QOS, scheduler=AGE_ONLY)
+    snap = snapshot([node("n001", gpus=1)], pend, cfg=cfg)
+    assert [s.job_id for s in schedule(snap, HOUR).starts] == [1]
+    claimed = replace(snap, claims=((1, 2),))
+    assert [s.job_id for s in schedule(claimed, HOUR).starts] == [2]
+    assert schedule(claimed, HOUR).reasons[1] == "Resources"
+
+
+def test_claimants_go_first_in_queue_order_and_after_their_own_preemptor():
+    jobs = [pending(k) for k in range(1, 7)]
+
+    def ids(q):
+        return [j.job_id for j in q]
+
+    assert ids(claimants_first(jobs, ())) == [1, 2, 3, 4, 5, 6]
+    assert ids(claimants_first(jobs, ((1, 5), (2, 4)))) == [4, 5, 1, 2, 3, 6]
+    # 4 preempted 9 (gone since) and was itself preempted for 6: 6 first, then 4
+    assert ids(claimants_first(jobs, ((9, 4), (4, 6)))) == [6, 4, 1, 2, 3, 5]
+    # a preemptor no longer pending claims nothing
+    assert ids(claimants_first(jobs, ((1, 99),))) == [1, 2, 3, 4, 5, 6]
+    # a cycle (never made by the rules) still gives every job once
+    assert sorted(ids(claimants_first(jobs, ((4, 6), (6, 4))))) == [1, 2, 3, 4, 5, 6]
+
+
+def test_live_claims_end_when_the_preemptor_starts_or_the_victim_runs_again():
+    claims = {1: 10, 2: 10, 3: 11, 4: 12}
+    pending_ids, running_again = {10, 11}, {3}
+    assert live_claims(claims, pending_ids.__contains__, running_again.__contains__) == {1: 10, 2: 10}

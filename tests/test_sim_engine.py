@@ -254,6 +254,21 @@ def test_qos_preemption_through_the_real_core():
     assert r["makespan_s"] == 1740
 
 
+def test_the_gpu_stopped_for_a_preemptor_goes_to_it_not_back_to_its_victim():
+    # As above, but age alone orders the queue, so the requeued j1 (submitted first)
+    # outranks j2.  j2's claim on what it stopped puts it first: it starts when j1's grace
+    # ends (730) instead of j1 taking its GPU back and running to 1730.
+    config = cfg({"scheduler": {"weights": {"qos": 0, "fairshare": 0, "job_size": 0, "partition": 0}},
+                  "qos": {"normal": {}, "high": {"priority": 100, "preempt": ["low"]},
+                          "low": {"grace_time": "30s"}}})
+    rows = HEADER.replace("time_limit_s", "time_limit_s,qos") + \
+        "j1,0,1,1000,,a,,,,low\n" + "j2,700,1,10,,b,,,,high\n"
+    r = simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+    assert r["preemptions"] == 1 and r["jobs"]["restarts"] == 1
+    assert r["accounts"]["b"]["mean_wait_s"] == 30
+    assert r["makespan_s"] == 1740
+
+
 def test_refusals_and_partition_limits():
     config = cfg({"partition": [{"name": "gpu", "max_time": "100s", "default_time": "50s"}],
                   "qos": {"normal": {}}})

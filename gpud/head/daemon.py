@@ -65,6 +65,7 @@ from .steps import OPS as STEP_OPS, Steps
 from .relay import RelayedRequests
 from .endreports import WorkerReports
 from ..sched.plan import Plan
+from ..sched.snapshot import live_claims
 from .scheduling import (DOWN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
                          plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
@@ -100,6 +101,9 @@ class Head:
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
         self._gap = 0.0                       # the least time from it to the next pass
         self.views = PendingViews()           # pending jobs' snapshot views, kept between passes
+        # victim -> the job it was preempted for, until that one starts (Snapshot.claims);
+        # memory only: after a restart the queue order alone decides, as before
+        self.claims: dict[int, int] = {}
         self._stop = asyncio.Event()
         # (the jobs of one submission: one, or an array's tasks; its future)
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
@@ -256,8 +260,14 @@ class Head:
             recent = tuple(await self.store.recent_preemptions(now - 60))
             snap = build_snapshot(self.store, self.cfg.sched, {}, recent,
                                   await self.slurm.before_pass(now), self.views)
+            if self.claims:
+                active = self.store.active
+                self.claims = live_claims(
+                    self.claims, lambda b: b in active and active[b].state is JobState.PENDING,
+                    lambda v: v in active and active[v].state is JobState.RUNNING)
             snap = dataclasses.replace(snap, usage=self.usage.advance(snap.running, snap.nodes,
-                                                                        self.cfg.sched, now))
+                                                                        self.cfg.sched, now),
+                                       claims=tuple(self.claims.items()))
             snap = self.mig.adjust(snap, now)
         # The pure core runs on a thread, outside the lock: submissions, cancels and worker
         # reports go on meanwhile, and plan_to_txn re-checks every decision against what
@@ -277,6 +287,8 @@ class Head:
         await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
         await self.mig.send(applied.relayouts, now)
         for job, p in applied.stops:
+            if p.for_job is not None:
+                self.claims[job.job_id] = p.for_job
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
             await self.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
         return applied

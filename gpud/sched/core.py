@@ -9,9 +9,10 @@ It reads as numbered steps:
 1. Build the working state: free capacity per node (placement.Cluster), when held
    resources come back (backfill.Timeline), quota and limit counters (quota.QuotaBook).
 2. Compute every pending job's priority (priority.PriorityModel, Fair Tree fair-share).
-3. Order the queue: priority, then submit time, then job id.  With quotas on, jobs that fit
-   within their account's guarantee go first; jobs that would borrow are considered in a
-   second round, in the same order, with what is left.
+3. Order the queue: priority, then submit time, then job id, except that a job waiting for
+   what its preemptions free (``Snapshot.claims``) goes first, so that it gets it.  With
+   quotas on, jobs that fit within their account's guarantee go first; jobs that would
+   borrow are considered in a second round, in the same order, with what is left.
 4. For each job, in order:
    a. not eligible (held, dependency, begin time): pass the head's reason through;
    b. can never run here as configured (unknown partition/QOS/account, over the
@@ -69,6 +70,32 @@ def schedule(snap: Snapshot, now: float) -> Plan:
     return _Pass(snap, now).run()
 
 
+def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]) -> list[PendingJob]:
+    """``queue`` with every pending job that preempted others (``claims``: victim, preemptor)
+    moved to the front, in queue order, except that a claimant that is itself the victim of
+    another claimant goes after that one.
+
+    A preemption frees resources for the job that asked for it, but they come back passes
+    later, when the victims have exited; in plain queue order the first job that fits then
+    takes them, and that can be the requeued victim itself (its priority is its own, the
+    preemption comes from its QOS), which is then preempted again, up to ``max_per_job``."""
+    pending = {j.job_id for j in queue}
+    victim_of = {v: b for v, b in claims if b in pending}
+    if not victim_of:
+        return queue
+    claimants = set(victim_of.values())
+    first = [j for j in queue if j.job_id in claimants]
+    for _ in range(len(first)):   # a chain: a claimant after the claimant that preempted it
+        pos = {j.job_id: k for k, j in enumerate(first)}
+        late = next(((k, pos[victim_of[j.job_id]]) for k, j in enumerate(first)
+                     if pos.get(victim_of.get(j.job_id, -1), -1) > k), None)
+        if late is None:
+            break
+        k, b = late
+        first.insert(b, first.pop(k))
+    return first + [j for j in queue if j.job_id not in claimants]
+
+
 class _Pass:
     # -- step 1: working state --------------------------------------------------------------------
     def __init__(self, snap: Snapshot, now: float) -> None:
@@ -109,6 +136,8 @@ class _Pass:
             pending = tuple({j.job_id: j for j in reversed(pending)}.values())[::-1]
         # -- step 3: the ordered queue (priority, submit time, job id), built alongside
         plan.factors, plan.priorities, queue = self.prio.for_jobs(pending)
+        if self.snap.claims:
+            queue = claimants_first(queue, self.snap.claims)
         self.queue = queue
         # -- step 4, each job in order; with quotas on, borrowers come back for a second round
         borrowing = self.consider_all(queue, may_borrow=not self.book.enabled)

@@ -14,6 +14,7 @@ A running job's ``devices`` say which slice or share it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from .config import SchedConfig
 
@@ -179,3 +180,14 @@ class Snapshot:
     usage: dict[tuple[str, str], float] = field(default_factory=dict)
     # times of recent preemptions, for the cluster-wide rate cap
     recent_preemptions: tuple[float, ...] = ()
+    # (victim, preemptor) job ids of earlier preemptions whose preemptor has not started
+    # yet: it goes first in the queue, so what was stopped for it is not taken back (core.py)
+    claims: tuple[tuple[int, int], ...] = ()
+
+
+def live_claims(claims: Mapping[int, int], pending: Callable[[int], bool],
+                restarted: Callable[[int], bool]) -> dict[int, int]:
+    """The claims (victim -> preemptor) still in force: the preemptor has not started or
+    left the queue, and the victim has not started again.  The head and the simulator
+    keep their claims by this one rule."""
+    return {v: b for v, b in claims.items() if pending(b) and not restarted(v)}

@@ -22,8 +22,8 @@ define them:
   so that its jobs come before every other job in the queue.  Without that, a QOS is one
   factor among five: fair-share (weight 10,000 by default against 2,000) ranks a batch
   job of a light account above an instance of a service that holds hundreds of GPUs, and
-  the GPUs a preemption frees go to the batch job, often the requeued victim itself, which
-  is then preempted again until its ``max_per_job`` cap;
+  the GPUs that batch jobs free as they end go to batch jobs first (a preemption's GPUs
+  go to its preemptor whatever the weights: Snapshot.claims);
 * the main QOS: priority 0, no preemption, requeued when preempted.
 
 A QOS the config defines is used as configured.  The policies then rewrite the config as

@@ -70,7 +70,7 @@ from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
 from ..sched.fragmentation import DEFAULT_SIZE
 from ..sched.plan import Plan, Preemption, Start
-from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, live_claims
 from . import sharing as _sharing
 from .estimates import Estimates
 from .report import Tally, size_bucket
@@ -236,6 +236,7 @@ class Simulation:
         self.usage = _Usage(self.config)
         self.core_cpu_s = 0.0              # CPU seconds spent in the core (for benchmarks; not reported)
         self._recent_preemptions: deque[float] = deque()
+        self._claims: dict[int, int] = {}  # victim -> the job it was preempted for, until that starts
         self._main_alive = 0               # admitted jobs of the main stream not yet ended
         self._started = False
         # A schedule function other than the core may do anything: give it every event.
@@ -532,9 +533,14 @@ class Simulation:
         recent = self._recent_preemptions
         while recent and recent[0] < self.clock - PREEMPT_WINDOW_S:
             recent.popleft()
+        if self._claims:
+            running = self.running
+            self._claims = live_claims(self._claims, self.pending.__contains__,
+                                       lambda v: v in running and not running[v].stopping)
         return Snapshot(nodes=self.nodes, pending=tuple(self.pending.values()),
                         running=tuple(self.running.values()), config=self.config,
-                        usage=self.usage.values(self.clock), recent_preemptions=tuple(recent))
+                        usage=self.usage.values(self.clock), recent_preemptions=tuple(recent),
+                        claims=tuple(self._claims.items()))
 
     def _pass(self, t: float) -> None:
         c0 = time.process_time()
@@ -658,6 +664,8 @@ class Simulation:
         self.running[p.job_id] = replace(run, stopping=True, preempt_count=job.preempt_count)
         self.tally.preemptions += 1
         self._recent_preemptions.append(t)
+        if p.for_job is not None:
+            self._claims[p.job_id] = p.for_job
         self._push(t + max(0.0, float(p.grace_time)), _GRACE, p.job_id, job.attempt)
 
 
