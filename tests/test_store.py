@@ -61,6 +61,8 @@ async def test_failed_commit_leaves_memory_and_disk_unchanged(tmp_path):
         assert store.active[1].state is JobState.PENDING
         (disk,) = await store.find_jobs(job_ids=[1])
         assert disk.state is JobState.PENDING
+        (again,) = await store.insert_jobs([new_job()], now=3.0)   # rolled back, not left open
+        assert again.job_id == 2
 
 
 async def test_schema_version_and_newer_database_refused(tmp_path):

@@ -119,21 +119,15 @@ class Cron:
 
     async def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
         """Run statements in one transaction; the rowids of the INSERTs."""
-        db = self.head.store.db
-        assert db is not None
-        ids = []
+        def work(conn) -> list[int]:
+            ids = []
+            for sql, params in statements:
+                cur = conn.execute(sql, params)
+                if sql.startswith("INSERT"):
+                    ids.append(cur.lastrowid)
+            return ids
         async with self.head.store.write_lock:    # one transaction at a time on the connection
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, params in statements:
-                    cur = await db.execute(sql, params)
-                    if sql.startswith("INSERT"):
-                        ids.append(cur.lastrowid)
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
-        return ids
+            return await self.head.store.transaction(work)
 
     # -- the clock --------------------------------------------------------------------------
     async def run(self) -> None:
