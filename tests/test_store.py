@@ -1,4 +1,5 @@
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -35,6 +36,21 @@ async def test_insert_transition_and_reload(tmp_path):
         assert 1 not in store.active
         (done,) = await store.find_jobs(job_ids=[1])
         assert done.state is JobState.COMPLETED and done.exit_code == 0
+
+
+async def test_a_transition_writes_the_spec_only_when_it_is_a_new_one(tmp_path):
+    path = str(tmp_path / "head.db")
+    async with Store(path) as store:
+        (job,) = await store.insert_jobs([new_job()], now=100.0)
+        txn = Txn(store)
+        held = txn.transition(job, JobState.PENDING, now=101.0, event="held", spec=replace(job.spec, hold=True))
+        assert "spec=?" in txn._sql[0][0]
+        txn.transition(held, JobState.RUNNING, now=102.0, event="allocated", node="n1", attempt=1)
+        assert "spec=?" not in txn._sql[2][0]
+        await store.commit(txn)
+    async with Store(path) as store:
+        job = store.active[1]
+        assert (job.state, job.spec.hold, job.spec.script) == (JobState.RUNNING, True, "#!/bin/bash\ntrue\n")
 
 
 async def test_illegal_transition_raises_and_changes_nothing(tmp_path):

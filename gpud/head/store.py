@@ -300,14 +300,10 @@ _PERSISTED = [f.name for f in fields(JobRecord) if f.name not in ("priority", "e
 _JSON_COLS = {"spec", "gpu_indices", "gpu_uuids", "devices", "parts"}
 
 
-def _to_row(job: JobRecord, spec_json: str | None = None) -> dict[str, Any]:
-    """The row of ``job``; ``spec_json``: its spec already encoded (an array's tasks share one)."""
-    return dict(zip(_PERSISTED, _row_values(job, spec_json)))
-
-
 def _row_values(job: JobRecord, spec_json: str | None = None) -> list[Any]:
     """The row of ``job`` as values in ``_PERSISTED`` order: the attributes read in one C call,
-    then the few columns stored differently converted in place."""
+    then the few columns stored differently converted in place.  ``spec_json``: the spec
+    already encoded (an array's tasks share one), or "" where it is not written."""
     row = list(_persisted_values(job))
     row[_SPEC] = spec_json if spec_json is not None else encode_spec(job.spec)
     for i in _TUPLE_COLS:
@@ -326,6 +322,16 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode   # one encoder, 
 
 
 _persisted_values = attrgetter(*_PERSISTED)
+
+
+def _update(columns: list[str]) -> tuple[str, tuple[int, ...]]:
+    """An UPDATE of ``columns`` by job id, and where their values sit in a row."""
+    return (f"UPDATE jobs SET {', '.join(f'{c}=?' for c in columns)} WHERE job_id=?",
+            tuple(_PERSISTED.index(c) for c in columns))
+
+
+_UPDATE = _update([c for c in _PERSISTED if c != "job_id"])
+_UPDATE_KEEPING_SPEC = _update([c for c in _PERSISTED if c not in ("job_id", "spec")])
 _SPEC, _STATE, _BORROWED = (_PERSISTED.index(c) for c in ("spec", "state", "borrowed"))
 _TUPLE_COLS = tuple(_PERSISTED.index(c) for c in ("gpu_indices", "gpu_uuids", "devices", "parts"))
 
@@ -380,12 +386,12 @@ class Txn:
         updated = replace(current, state=new, **changes)
         self._jobs[job.job_id] = updated
         self.moves.append((current, updated, event, now))
-        row = _to_row(updated)
-        cols = [c for c in _PERSISTED if c != "job_id"]
-        self._sql.append((
-            f"UPDATE jobs SET {', '.join(f'{c}=?' for c in cols)} WHERE job_id=?",
-            tuple(row[c] for c in cols) + (job.job_id,),
-        ))
+        # A spec is never changed in place: the same object means the same stored text, so
+        # it is neither encoded nor written again (it is most of a row: script, environment).
+        same_spec = updated.spec is current.spec
+        row = _row_values(updated, "" if same_spec else None)
+        sql, cols = _UPDATE_KEEPING_SPEC if same_spec else _UPDATE
+        self._sql.append((sql, tuple([row[i] for i in cols]) + (job.job_id,)))
         self.event(updated, now, event, detail)
         return updated
 
@@ -454,6 +460,14 @@ class Store:
             raise RuntimeError(f"aiosqlite {aiosqlite.__version__} lacks Connection._execute; "
                                "install aiosqlite>=0.20,<1")
         self.db = await aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            return await self._load()
+        except BaseException:     # a refused database (newer schema, not SQLite): no thread left behind
+            await self.close()
+            raise
+
+    async def _load(self) -> "Store":
+        assert self.db is not None
         await self.db.execute("PRAGMA journal_mode=WAL")
         await self.db.execute("PRAGMA synchronous=FULL")
         await self.db.execute("PRAGMA busy_timeout=5000")
