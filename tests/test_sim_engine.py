@@ -240,14 +240,20 @@ def test_trace_accounts_join_the_tree():
     assert r["jobs"]["completed"] == 3
 
 
-def test_qos_preemption_through_the_real_core():
-    # low j1 runs from 0; high j2 arrives at 700 (past the 600 s exempt time) and preempts
-    # it; j1's 30 s grace ends at 730, j2 runs 730-740, j1 runs again 740-1740.
-    config = cfg({"qos": {"normal": {}, "high": {"priority": 100, "preempt": ["low"]},
-                          "low": {"grace_time": "30s"}}})
+PREEMPTING_QOS = {"normal": {}, "high": {"priority": 100, "preempt": ["low"]}, "low": {"grace_time": "30s"}}
+
+
+def low_then_high(config) -> dict:
+    """low j1 (1,000 s) runs from 0; high j2 (10 s) arrives at 700, past the 600 s exempt
+    time, on the one GPU."""
     rows = HEADER.replace("time_limit_s", "time_limit_s,qos") + \
         "j1,0,1,1000,,a,,,,low\n" + "j2,700,1,10,,b,,,,high\n"
-    r = simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+    return simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+
+
+def test_qos_preemption_through_the_real_core():
+    # j2 preempts j1; j1's 30 s grace ends at 730, j2 runs 730-740, j1 runs again 740-1740.
+    r = low_then_high(cfg({"qos": PREEMPTING_QOS}))
     assert r["preemptions"] == 1 and r["jobs"]["restarts"] == 1
     assert r["accounts"]["b"]["mean_wait_s"] == 30
     assert r["accounts"]["a"]["gpu_seconds"] == 730 + 1000
@@ -258,12 +264,8 @@ def test_the_gpu_stopped_for_a_preemptor_goes_to_it_not_back_to_its_victim():
     # As above, but age alone orders the queue, so the requeued j1 (submitted first)
     # outranks j2.  j2's claim on what it stopped puts it first: it starts when j1's grace
     # ends (730) instead of j1 taking its GPU back and running to 1730.
-    config = cfg({"scheduler": {"weights": {"qos": 0, "fairshare": 0, "job_size": 0, "partition": 0}},
-                  "qos": {"normal": {}, "high": {"priority": 100, "preempt": ["low"]},
-                          "low": {"grace_time": "30s"}}})
-    rows = HEADER.replace("time_limit_s", "time_limit_s,qos") + \
-        "j1,0,1,1000,,a,,,,low\n" + "j2,700,1,10,,b,,,,high\n"
-    r = simulate(parse_cluster("1x1xH100-80GB"), list(iter_trace(io.StringIO(rows))), config)
+    weights = {"qos": 0, "fairshare": 0, "job_size": 0, "partition": 0}
+    r = low_then_high(cfg({"scheduler": {"weights": weights}, "qos": PREEMPTING_QOS}))
     assert r["preemptions"] == 1 and r["jobs"]["restarts"] == 1
     assert r["accounts"]["b"]["mean_wait_s"] == 30
     assert r["makespan_s"] == 1740
