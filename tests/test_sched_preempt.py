@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpud.sched.core import claimants_first, schedule
+from gpud.sched.core import claimants_first as core_claimants_first
+from gpud.sched.core import schedule
 from gpud.sched.snapshot import live_claims
 
 from .sched_builders import ToyCluster, config, node, nodes, pending, running, snapshot
@@ -135,6 +136,9 @@ def test_without_a_claim_the_victim_would_take_the_gpu_back():
 
 def test_claimants_go_first_in_queue_order_and_after_their_own_preemptor():
     jobs = [pending(k) for k in range(1, 7)]
+
+    def claimants_first(queue, claims):
+        return core_claimants_first(queue, claims, {j.job_id for j in queue})
 
     def ids(q):
         return [j.job_id for j in q]

@@ -5,8 +5,8 @@ Theory of operation
 SQLite in WAL mode, one writer connection (aiosqlite runs it on its own thread), every
 write inside ``BEGIN IMMEDIATE`` with ``synchronous=FULL``: once ``commit`` returns, a
 ``kill -9`` or a power cut cannot lose it.  A transaction goes to that thread whole, in
-one trip (``Store.transaction``), not a trip per statement.  Nobody is told about a state change (a gpuctl
-reply, a launch message) before the transaction holding it has committed.
+one trip (``Store.transaction``), not a trip per statement.  Nobody is told about a state
+change (a gpuctl reply, a launch message) before the transaction holding it has committed.
 
 Every job state change goes through ``Txn.transition``, which checks the move against
 ``gpud.model.JOB_TRANSITIONS`` and appends a row to ``job_events`` in the same transaction:
@@ -457,8 +457,8 @@ class Store:
     async def open(self) -> "Store":
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         if not hasattr(aiosqlite.Connection, "_execute"):
-            raise RuntimeError(f"aiosqlite {aiosqlite.__version__} lacks Connection._execute; "
-                               "install aiosqlite>=0.20,<1")
+            raise RuntimeError(f"aiosqlite {aiosqlite.__version__} lacks Connection._execute, which "
+                               "gpud runs its transactions through; install aiosqlite 0.20 to 0.22")
         self.db = await aiosqlite.connect(self.path, isolation_level=None)
         try:
             return await self._load()

@@ -50,7 +50,7 @@ tests/test_sched_fastpath.py holds them to the plain computation.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Container
 
 from .backfill import Timeline
 from .gang import Gangs, Request, switch_limit
@@ -70,7 +70,8 @@ def schedule(snap: Snapshot, now: float) -> Plan:
     return _Pass(snap, now).run()
 
 
-def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]) -> list[PendingJob]:
+def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...],
+                    pending: Container[int]) -> list[PendingJob]:
     """``queue`` with every pending job that preempted others (``claims``: victim, preemptor)
     moved to the front, in queue order, except that a claimant that is itself the victim of
     another claimant goes after that one.
@@ -78,8 +79,8 @@ def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]
     A preemption frees resources for the job that asked for it, but they come back passes
     later, when the victims have exited; in plain queue order the first job that fits then
     takes them, and that can be the requeued victim itself (its priority is its own, the
-    preemption comes from its QOS), which is then preempted again, up to ``max_per_job``."""
-    pending = {j.job_id for j in queue}
+    preemption comes from its QOS), which is then preempted again, up to ``max_per_job``.
+    ``pending``: the ids of the jobs in ``queue``."""
     victim_of = {v: b for v, b in claims if b in pending}
     if not victim_of:
         return queue
@@ -137,7 +138,7 @@ class _Pass:
         # -- step 3: the ordered queue (priority, submit time, job id), built alongside
         plan.factors, plan.priorities, queue = self.prio.for_jobs(pending)
         if self.snap.claims:
-            queue = claimants_first(queue, self.snap.claims)
+            queue = claimants_first(queue, self.snap.claims, plan.priorities)
         self.queue = queue
         # -- step 4, each job in order; with quotas on, borrowers come back for a second round
         borrowing = self.consider_all(queue, may_borrow=not self.book.enabled)
