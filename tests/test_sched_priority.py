@@ -94,3 +94,29 @@ def test_two_saturating_accounts_get_their_shares(shares, want):
         toy.advance(min(toy.now + 600.0, max(toy.now, toy._next_event())))
     got = toy.gpu_seconds["a"] / (toy.gpu_seconds["a"] + toy.gpu_seconds["b"])
     assert got == pytest.approx(want, abs=0.04)
+
+
+def test_a_pass_leaves_no_reference_cycles():
+    # The head runs the core with the cyclic collector paused, the simulator collects only
+    # now and then: a pass must leave its garbage to reference counting.
+    import gc
+
+    from gpud.sched.core import schedule
+
+    from .sched_builders import config, nodes, pending, running, snapshot
+    cfg = config(accounts={"a": {"shares": 2, "users": ["x"]}, "b": {"parent": "a", "users": ["y"]},
+                           "c": {"users": ["*"]}})
+    snap = snapshot(nodes(2), [pending(k, 1 + k % 3, user="xy"[k % 2], account="ab"[k % 2]) for k in range(1, 40)],
+                    [running(100, "n001", (0,), user="z", account="c")], cfg=cfg,
+                    usage={("a", "x"): 5.0, ("b", "y"): 1.0, ("c", "z"): 9.0})
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        plan = schedule(snap, 3600.0)
+        assert plan.starts
+        del plan
+        assert gc.collect() == 0
+    finally:
+        if collecting:
+            gc.enable()

@@ -87,15 +87,20 @@ def _build_tree(cfg: SchedConfig, usage: Mapping[UsageKey, float],
     for acct, user in sorted(pairs):
         leaf = _Node(acct, 1.0, user=user, usage=max(0.0, usage.get((acct, user), 0.0)))
         accounts[acct].children.append(leaf)  # type: ignore[union-attr]
-
-    def total(n: _Node) -> float:
-        if n.children is not None:
-            n.usage = sum(total(c) for c in n.children)
-        return n.usage
-
     for r in roots:
-        total(r)
+        _total(r)
     return roots
+
+
+# The tree walks are module functions, not closures: a nested function that calls itself
+# is a reference cycle (function -> cell -> function), garbage left for the cyclic
+# collector on every pass, with whatever the closure holds.
+
+def _total(n: _Node) -> float:
+    """``n``'s usage, an account's set to the sum of its subtree's."""
+    if n.children is not None:
+        n.usage = sum(_total(c) for c in n.children)
+    return n.usage
 
 
 def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
@@ -106,25 +111,7 @@ def fairshare_table(cfg: SchedConfig, usage: Mapping[UsageKey, float],
     rows: list[ShareRow] = []
     paths: list[tuple[float, ...]] = []     # each user's path of -level_fs, in walk order
     leaf_rows: list[int] = []               # ... and its row
-
-    def walk(siblings: list[_Node], depth: int, parent_norm: float, path: tuple[float, ...],
-             account: str | None) -> None:
-        s_tot = sum(n.shares for n in siblings)
-        u_tot = sum(n.usage for n in siblings)
-        for n in siblings:
-            lfs = _level_fs(n.shares, s_tot, n.usage, u_tot)
-            norm = parent_norm * (n.shares / s_tot if s_tot > 0 else 0.0)
-            eff = n.usage / cluster_usage if cluster_usage > 0 else 0.0
-            here = path + (-lfs,)
-            if n.user is not None:
-                paths.append(here)
-                leaf_rows.append(len(rows))
-                rows.append(ShareRow(account or n.name, n.user, depth, n.shares, norm, n.usage, eff, lfs, None))
-            else:
-                rows.append(ShareRow(n.name, None, depth, n.shares, norm, n.usage, eff, lfs, None))
-                walk(n.children or [], depth + 1, norm, here, n.name)
-
-    walk(roots, 0, 1.0, (), None)
+    _share_rows(roots, 0, 1.0, (), None, cluster_usage, rows, paths, leaf_rows)
     for i, factor in zip(leaf_rows, _ranked(paths)):
         r = rows[i]
         rows[i] = ShareRow(r.account, r.user, r.depth, r.shares, r.norm_shares, r.raw_usage,
@@ -139,20 +126,44 @@ def fairshare_factors(cfg: SchedConfig, usage: Mapping[UsageKey, float],
     roots = _build_tree(cfg, usage, members)
     paths: list[tuple[float, ...]] = []     # each user's path of -level_fs, in walk order
     keys: list[UsageKey] = []
-
-    def walk(siblings: list[_Node], path: tuple[float, ...], account: str | None) -> None:
-        s_tot = sum(n.shares for n in siblings)
-        u_tot = sum(n.usage for n in siblings)
-        for n in siblings:
-            here = path + (-_level_fs(n.shares, s_tot, n.usage, u_tot),)
-            if n.user is not None:
-                paths.append(here)
-                keys.append((account or n.name, n.user))
-            else:
-                walk(n.children or [], here, n.name)
-
-    walk(roots, (), None)
+    _user_paths(roots, (), None, paths, keys)
     return dict(zip(keys, _ranked(paths)))
+
+
+def _share_rows(siblings: list[_Node], depth: int, parent_norm: float, path: tuple[float, ...],
+                account: str | None, cluster_usage: float, rows: list[ShareRow],
+                paths: list[tuple[float, ...]], leaf_rows: list[int]) -> None:
+    """``fairshare_table``'s rows of ``siblings`` and their subtrees, depth first; each user's
+    path of -level_fs to ``paths`` and its row's index to ``leaf_rows``."""
+    s_tot = sum(n.shares for n in siblings)
+    u_tot = sum(n.usage for n in siblings)
+    for n in siblings:
+        lfs = _level_fs(n.shares, s_tot, n.usage, u_tot)
+        norm = parent_norm * (n.shares / s_tot if s_tot > 0 else 0.0)
+        eff = n.usage / cluster_usage if cluster_usage > 0 else 0.0
+        here = path + (-lfs,)
+        if n.user is not None:
+            paths.append(here)
+            leaf_rows.append(len(rows))
+            rows.append(ShareRow(account or n.name, n.user, depth, n.shares, norm, n.usage, eff, lfs, None))
+        else:
+            rows.append(ShareRow(n.name, None, depth, n.shares, norm, n.usage, eff, lfs, None))
+            _share_rows(n.children or [], depth + 1, norm, here, n.name, cluster_usage, rows, paths, leaf_rows)
+
+
+def _user_paths(siblings: list[_Node], path: tuple[float, ...], account: str | None,
+                paths: list[tuple[float, ...]], keys: list[UsageKey]) -> None:
+    """Each user's path of -level_fs under ``siblings`` to ``paths``, its key to ``keys``, in
+    ``_share_rows``'s order."""
+    s_tot = sum(n.shares for n in siblings)
+    u_tot = sum(n.usage for n in siblings)
+    for n in siblings:
+        here = path + (-_level_fs(n.shares, s_tot, n.usage, u_tot),)
+        if n.user is not None:
+            paths.append(here)
+            keys.append((account or n.name, n.user))
+        else:
+            _user_paths(n.children or [], here, n.name, paths, keys)
 
 
 def _ranked(paths: list[tuple[float, ...]]) -> list[float]:
