@@ -12,7 +12,7 @@ import psutil
 
 from gpud.bus.base import HEAD_EVENTS
 from gpud.head import gang
-from gpud.worker.steps import StepTasks, parse_step
+from gpud.worker.steps import SHELL, TASK_SHELL, StepTasks, parse_step
 from tests.test_executor import Harness, until
 from tests.test_worker_daemon import heartbeat, rig  # noqa: F401  (fixtures)
 
@@ -105,3 +105,32 @@ async def test_a_step_the_worker_refuses_is_answered_so_srun_does_not_wait(rig):
     await rig.command("step", {"job": "x"})
     await rig.barrier()
     assert len(rig.seen("step_exit")) == 1
+
+
+async def test_a_task_recorded_but_never_started_is_reported_and_its_shell_never_runs_it(tmp_path):
+    # The record is written before the task starts; a worker that dies before recording the
+    # pid leaves a record without one, and the task's shell finds its input closed.
+    sent = []
+
+    async def emit(kind, body):
+        sent.append((kind, body))
+
+    d = tmp_path / "steps"
+    d.mkdir()
+    (d / "1.0.2.5").write_text(json.dumps({"job": 1, "attempt": 0, "step": 2, "rank": 5, "pid": None,
+                                           "create_time": None}))
+    assert await StepTasks("w1", lambda j, a: None, emit, state_dir=str(d)).recover() == 1
+    ((kind, body),) = sent
+    assert (kind, body["rank"], body["signal"]) == ("step_exit", 5, None) and "did not run" in body["message"]
+    assert os.listdir(d) == []
+
+    marker = tmp_path / "ran"
+    proc = await asyncio.create_subprocess_exec(SHELL, "-c", TASK_SHELL, str(tmp_path), "touch", str(marker),
+                                                stdin=asyncio.subprocess.PIPE)
+    proc.stdin.close()                      # the worker is gone: no line at the gate
+    assert await proc.wait() == 125 and not marker.exists()
+    proc = await asyncio.create_subprocess_exec(SHELL, "-c", TASK_SHELL, str(tmp_path), "sh", "-c",
+                                                f"cat > {marker}", stdin=asyncio.subprocess.PIPE)
+    proc.stdin.write(b"\nleft over\n")     # past the gate the command reads /dev/null
+    proc.stdin.close()
+    assert await proc.wait() == 0 and marker.read_text() == ""

@@ -26,7 +26,11 @@ Tasks are children of the worker, each in a session of its own, so they are outs
 job's process group: the executor's end of the allocation would not reach them.  A file
 per task under ``state_dir`` (pid and process start time) outlives the worker; a
 restarted worker (``recover``) kills what is left of those tasks, whose output nobody can
-read any more, and reports each as ended with the reason, so srun ends too.
+read any more, and reports each as ended with the reason, so srun ends too.  The file is
+written before the task is started and again with its pid, and the task's shell waits on
+its standard input until then: a worker that dies in between leaves a record without a
+pid, and a task that finds its input closed exits (125) without running the command, so
+no task runs unrecorded and every recorded one is reported.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ MAX_PENDING = 1 << 20         # readers pause while this much output waits to be
 FLUSH_EVERY = 0.05            # seconds output may wait to share a message with more
 MAX_TASKS_PER_NODE = 256
 SHELL = "/bin/sh"
+# A task's shell: wait at the gate (a line on its input), enter the work directory as the
+# user, become the command with /dev/null for input.  End of input without the line: the
+# worker died before recording the task's pid, so it does not run.
+TASK_SHELL = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@" </dev/null'
 
 Emit = Callable[[str, dict], Awaitable[None]]
 
@@ -195,9 +203,13 @@ class StepTasks:
             if rec is None:
                 log.warning("removing unreadable srun task record %s", path)
             else:
-                killed = await asyncio.to_thread(_kill_left, rec["pid"], rec["create_time"])
-                why = (f"the worker on {self.node} restarted while the task ran; "
-                       + ("it was killed (its output could not be read any more)" if killed else "its status is lost"))
+                if rec["pid"] is None:   # recorded, not started: its shell never got past the gate
+                    killed, why = False, f"the worker on {self.node} restarted as the task started; it did not run"
+                else:
+                    killed = await asyncio.to_thread(_kill_left, rec["pid"], rec["create_time"])
+                    why = (f"the worker on {self.node} restarted while the task ran; "
+                           + ("it was killed (its output could not be read any more)" if killed
+                              else "its status is lost"))
                 log.warning("job %d step %d task %d: %s", rec["job"], rec["step"], rec["rank"], why)
                 await self._emit("step_exit", {"job": rec["job"], "attempt": rec["attempt"], "step": rec["step"],
                                                "rank": rec["rank"], "exit_code": None,
@@ -219,21 +231,24 @@ class StepTasks:
             extra: dict[str, Any] = {}
             if setup.switch_user:
                 extra = {"user": setup.uid, "group": setup.gid, "extra_groups": setup.groups}
-            # The shell changes directory as the user (subprocess's cwd= would do it as root,
-            # before the switch), then becomes the command.
+            task.record = self._save(step, task)      # before it can run: see the module's doc
+            # TASK_SHELL changes directory as the user (subprocess's cwd= would do it as root,
+            # before the switch), once the record with the pid is written.
             task.proc = await asyncio.create_subprocess_exec(
-                SHELL, "-c", 'cd -- "$0" || exit 126; exec "$@"', setup.work_dir, *argv,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd="/", env=env, start_new_session=True,
-                limit=READ_CHUNK, **extra)
+                SHELL, "-c", TASK_SHELL, setup.work_dir, *argv, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd="/", env=env,
+                start_new_session=True, limit=READ_CHUNK, **extra)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
             code = 127 if isinstance(e, FileNotFoundError) else 126
             await self._add(step, task.rank, 2, [f"srun: error: {message}\n"])
+            if task.record is not None:
+                _remove(task.record)
         else:
-            task.record = self._save(step, task)
+            task.record = self._save(step, task) or task.record
             if step.killed:
                 _killpg(task.proc.pid, signals.SIGKILL)
+            _open_gate(task.proc)
             await asyncio.gather(self._read(step, task, task.proc.stdout, 1),
                                  self._read(step, task, task.proc.stderr, 2), self._reap(task))
             rc = task.proc.returncode
@@ -301,12 +316,14 @@ class StepTasks:
             step.room.set()
 
     def _save(self, step: _Step, task: _Task) -> str | None:
-        """Record a started task for a worker that may come after this one."""
-        if self._dir is None or task.proc is None:
+        """Record a task for a worker that may come after this one: before it starts
+        (no pid yet), then started."""
+        if self._dir is None:
             return None
         path = os.path.join(self._dir, f"{step.job}.{step.attempt}.{step.step}.{task.rank}")
+        pid = task.proc.pid if task.proc is not None else None
         rec = {"job": step.job, "attempt": step.attempt, "step": step.step, "rank": task.rank,
-               "pid": task.proc.pid, "create_time": procs.create_time(task.proc.pid)}
+               "pid": pid, "create_time": procs.create_time(pid) if pid is not None else None}
         try:
             os.makedirs(self._dir, mode=0o700, exist_ok=True)
             write_file(path, json.dumps(rec).encode(), 0o600)
@@ -332,8 +349,9 @@ def _pieces(line: bytes) -> list[str]:
 
 def _read_record(path: str) -> dict | None:
     rec = read_json(path)
-    if rec is None or not all(type(rec.get(k)) is int and rec[k] >= 0
-                              for k in ("job", "attempt", "step", "rank", "pid")):
+    if rec is None or not all(type(rec.get(k)) is int and rec[k] >= 0 for k in ("job", "attempt", "step", "rank")):
+        return None
+    if not (rec.get("pid") is None or (type(rec["pid"]) is int and rec["pid"] > 0)):
         return None
     if not isinstance(rec.get("create_time"), (int, float)):
         rec["create_time"] = None
@@ -354,6 +372,18 @@ def _kill_left(pid: int, create_time: float | None) -> bool:
     if create_time is None:
         return False
     return procs.sweep_group(pid, create_time, spare=pid)   # the leader exited; what it left behind
+
+
+def _open_gate(proc: asyncio.subprocess.Process) -> None:
+    """Let a started task's shell go on to its command (one line, then end of input)."""
+    stdin = proc.stdin
+    if stdin is None:
+        return
+    try:
+        stdin.write(b"\n")
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):   # it was killed meanwhile
+        pass
 
 
 def _remove(path: str) -> None:
