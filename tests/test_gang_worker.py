@@ -24,6 +24,15 @@ def step_body(argv, **over):
     return body
 
 
+def collector():
+    """(what was sent, an emit that records it) for a StepTasks."""
+    sent: list[tuple[str, dict]] = []
+
+    async def emit(kind, body):
+        sent.append((kind, body))
+    return sent, emit
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -34,10 +43,7 @@ def gone(pid: int) -> bool:
 async def test_a_restarted_worker_readopts_the_holder_and_ends_the_orphaned_srun_tasks(tmp_path):
     h = Harness(tmp_path)
     steps_dir = str(tmp_path / "state" / "steps")
-    sent: list[tuple[str, dict]] = []
-
-    async def emit(kind, body):
-        sent.append((kind, body))
+    sent, emit = collector()
 
     try:
         ex = h.executor()
@@ -78,11 +84,7 @@ async def test_a_restarted_worker_readopts_the_holder_and_ends_the_orphaned_srun
 
 
 async def test_recover_skips_records_it_cannot_trust(tmp_path):
-    sent = []
-
-    async def emit(kind, body):
-        sent.append((kind, body))
-
+    sent, emit = collector()
     d = tmp_path / "steps"
     d.mkdir()
     (d / "garbage").write_text("{not json")
@@ -110,11 +112,7 @@ async def test_a_step_the_worker_refuses_is_answered_so_srun_does_not_wait(rig):
 async def test_a_task_recorded_but_never_started_is_reported_and_its_shell_never_runs_it(tmp_path):
     # The record is written before the task starts; a worker that dies before recording the
     # pid leaves a record without one, and the task's shell finds its input closed.
-    sent = []
-
-    async def emit(kind, body):
-        sent.append((kind, body))
-
+    sent, emit = collector()
     d = tmp_path / "steps"
     d.mkdir()
     (d / "1.0.2.5").write_text(json.dumps({"job": 1, "attempt": 0, "step": 2, "rank": 5, "pid": None,
