@@ -86,14 +86,13 @@ def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]
         return queue
     claimants = set(victim_of.values())
     first = [j for j in queue if j.job_id in claimants]
-    for _ in range(len(first)):   # a chain: a claimant after the claimant that preempted it
+    for _ in range(len(first)):   # a chain: a claimant goes just after the one that preempted it
         pos = {j.job_id: k for k, j in enumerate(first)}
-        late = next(((k, pos[victim_of[j.job_id]]) for k, j in enumerate(first)
-                     if pos.get(victim_of.get(j.job_id, -1), -1) > k), None)
+        late = next((k for k, j in enumerate(first) if pos.get(victim_of.get(j.job_id), -1) > k), None)
         if late is None:
             break
-        k, b = late
-        first.insert(b, first.pop(k))
+        job = first.pop(late)
+        first.insert(pos[victim_of[job.job_id]], job)   # its preemptor moved up one: just after it
     return first + [j for j in queue if j.job_id not in claimants]
 
 
