@@ -29,25 +29,25 @@ NODE_STATE_SHORT = {
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = (),
           header: bool = True) -> str:
-    """Columns padded to their widest cell; indices in ``right`` are right-aligned."""
-    cells = [[str(c) for c in row] for row in rows]
+    """Columns padded to their widest cell; indices in ``right`` are right-aligned.
+    Padded a column at a time (squeue prints 10,000 rows in a loop's time)."""
+    cells = [list(map(str, row)) for row in rows]
     if header:
         cells.insert(0, list(headers))
     if not cells:
         return ""
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     right = set(right)
     last = len(headers) - 1
-    lines = []
-    for row in cells:
-        out = []
-        for i, cell in enumerate(row):
-            if i in right:
-                out.append(cell.rjust(widths[i]))
-            else:
-                out.append(cell if i == last else cell.ljust(widths[i]))
-        lines.append(" ".join(out).rstrip())
-    return "\n".join(lines)
+    columns = []
+    for i, column in enumerate(zip(*cells)):
+        width = max(map(len, column))
+        if i in right:
+            columns.append([c.rjust(width) for c in column])
+        elif i == last:
+            columns.append(column)
+        else:
+            columns.append([c.ljust(width) for c in column])
+    return "\n".join([" ".join(line).rstrip() for line in zip(*columns)])
 
 
 def to_json(key: str, records: list[dict[str, Any]]) -> str:
@@ -89,17 +89,22 @@ def _user(job: dict[str, Any]) -> str:
 
 def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
     rows = []
-    for j in jobs:
-        state = str(j.get("state", "?"))
-        if state in ("PENDING",) or not j.get("node"):
-            where = f"({j.get('reason') or 'None'})"
+    append, codes, flags = rows.append, STATE_CODES, RUNNING_FLAGS
+    for j in jobs:       # _clip and _user inline: one pass per line of a long queue
+        get = j.get
+        state, node, reason = str(get("state", "?")), get("node"), get("reason")
+        if state == "PENDING" or not node:
+            where = f"({reason or 'None'})"
         else:
-            where = str(j.get("nodelist") or j["node"])
-            if j.get("reason") in RUNNING_FLAGS:
-                where += f" ({j['reason']})"
-        rows.append((j.get("job_id", "?"), j.get("partition") or "-", _clip(j.get("name"), 24),
-                     _clip(_user(j), 16), STATE_CODES.get(state, state), squeue_time(elapsed(j, now)),
-                     j.get("gpus", 0), where))
+            where = str(get("nodelist") or node)
+            if reason in flags:
+                where += f" ({reason})"
+        name, user = get("name"), get("user")
+        name = "" if name is None else str(name)
+        user = str(user) if user else str(get("uid", "?"))
+        append((get("job_id", "?"), get("partition") or "-", name if len(name) <= 24 else name[:23] + "+",
+                user if len(user) <= 16 else user[:15] + "+", codes.get(state, state),
+                "0:00" if get("start_time") is None else squeue_time(elapsed(j, now)), get("gpus", 0), where))
     return table(("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)"),
                  rows, right=(0, 5, 6), header=header)
 

@@ -26,14 +26,17 @@ Operations (args -> result):
              "cpus", "gpus", "reason", "warnings"}, nothing inserted.
 ``jobs``     {"job_ids": [int]?, "users": [str]?, "states": [str]?, "all": bool?,
              "since": float?, "partitions": [str]?, "accounts": [str]?, "fields": [str]?,
-             "fold": bool?} -> {"jobs": [JOB], "folded": bool?}
+             "fold": bool?, "rows": bool?} -> {"jobs": [JOB], "folded": bool?}
              Without ``all`` only pending and active jobs are listed (squeue); with it,
              finished ones too (sacct).  An array's id in job_ids selects all its tasks.
              ``fields``: each JOB record carries only these keys (unknown ones are left
              out).  ``fold``: records come in squeue's order (running by id, then pending
              by priority, highest first) with each array's pending tasks folded into one
              record whose display_id is ``123_[4-99%10]``, and "folded": true; a head
-             older than these arguments ignores them (then no "folded").
+             older than these arguments ignores them (then no "folded").  ``rows`` with
+             ``fold`` and ``fields`` (squeue's table fields): {"fields": [str], "rows":
+             [[value, ...]], "folded": true} instead of "jobs", each row the values of
+             ``fields`` in their order; a head older than ``rows`` answers with "jobs".
 ``cancel``   {"job_ids": [int]?, "array_tasks": [[int, int]]?, "users": [str]?, "signal": str?}
              -> {"cancelled": [int], "errors": [str]}
              Naming jobs (here and in the ops below): a job id, or an array's id for all
@@ -157,7 +160,14 @@ def request(op: str, **args: Any) -> bytes:
     return encode({"v": VERSION, "op": op, "args": args})
 
 
-def ok(result: dict[str, Any]) -> bytes:
+class Encoded(bytes):
+    """A result already encoded as one JSON object: a head keeps a long answer so, to send
+    it again without encoding it again."""
+
+
+def ok(result: dict[str, Any] | Encoded) -> bytes:
+    if isinstance(result, Encoded):
+        return b'{"ok":true,"result":' + result + b"}\n"
     return encode({"ok": True, "result": result})
 
 

@@ -194,8 +194,9 @@ def test_squeue_json(head):
 
 
 def filters(args):
-    """The jobs op's filters, without how the answer is shaped (fields, fold)."""
+    """The jobs op's filters, without how the answer is shaped (fields, fold, rows)."""
     assert args.pop("fields", None) in (None, list(squeue.TABLE_FIELDS))
+    assert args.pop("rows", False) is ("fold" in args)
     args.pop("fold", None)
     return args
 

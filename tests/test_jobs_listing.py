@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpud import jsoncodec, protocol
 from gpud.head import arrays
 from gpud.head.api import Caller, RequestError
 from gpud.head.ops_jobs import OPS, op_jobs
@@ -23,16 +24,25 @@ def job(array: str | None = None) -> JobRecord:
                      time_limit=None, submit_time=1_700_000_000.0)
 
 
-async def listing(r, args=TABLE) -> dict:
+async def answer(r, args=TABLE) -> dict | protocol.Encoded:
     return await OPS["jobs"](r.head, CALLER, dict(args))
+
+
+async def listing(r, args=TABLE) -> dict:
+    """The answer as a client reads it (the kept table comes encoded)."""
+    a = await answer(r, args)
+    return jsoncodec.loads(a) if isinstance(a, protocol.Encoded) else a
 
 
 async def test_the_table_is_kept_until_a_job_changes(tmp_path) -> None:
     async with rig(tmp_path) as r:
         tasks = await r.store.insert_jobs(arrays.expand(job("0-4"), arrays.parse_array("0-4")), r.clock())
+        kept = await answer(r)
+        assert isinstance(kept, protocol.Encoded)
+        assert await answer(r) is kept                          # nothing changed: the same answer
         first = await listing(r)
-        assert await listing(r) is first                        # nothing changed: the same answer
         assert first == await op_jobs(r.head, CALLER, dict(TABLE))
+        assert protocol.decode_response(protocol.ok(kept)) == first
 
         (lone,) = await r.store.insert_jobs([job()], r.clock())  # a submission
         second = await listing(r)
@@ -58,8 +68,8 @@ async def test_other_questions_are_answered_afresh(tmp_path) -> None:
         await r.store.insert_jobs([job()], r.clock())
         for args in ({}, {"fold": True}, {"fold": True, "fields": ["job_id", "comment"]},
                      {"fields": ["job_id"]}, {"fold": True, "all": True, "fields": ["job_id"]}):
-            first = await listing(r, args)
-            assert await listing(r, args) is not first
+            first = await answer(r, args)
+            assert await answer(r, args) is not first and not isinstance(first, protocol.Encoded)
         filtered = {**TABLE, "users": ["bob"]}
         assert (await listing(r, filtered))["jobs"] == []
         assert len((await listing(r))["jobs"]) == 1             # each question its own answer

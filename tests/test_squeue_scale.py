@@ -21,7 +21,8 @@ from gpuctl import format as fmt
 from gpuctl.commands import squeue
 from gpuctl.main import cli
 from gpud.head.api import Caller
-from gpud.head.ops_jobs import fold_arrays, op_jobs
+from gpud.head.ops_jobs import fold_arrays, fold_rows, op_jobs
+from gpud.protocol import ProtocolError
 from gpud.head.store import JobRecord
 from gpud.model import JobSpec, JobState
 from tests.fake_head import FakeHead
@@ -73,6 +74,29 @@ def test_fold_matches_gpuctl_for_any_queue(shape) -> None:
             task = tasks[array] = tasks.get(array, -1) + 1 + (i % 3)
         jobs.append(record(i, state, float(prio), array, task, throttle=2 if array == 300 else None))
     assert fold_arrays(jobs) == client_side(jobs)
+    fields = list(squeue.TABLE_FIELDS)
+    assert squeue._records({"fields": fields, "rows": [list(r) for r in fold_rows(jobs, fields)]}) \
+        == fold_arrays(jobs, fields)
+
+
+def test_rows_are_the_folded_records_values_in_field_order() -> None:
+    jobs = [record(1, "RUNNING", priority=2.5), record(2, priority=1.0, reason="Resources")]
+    jobs += [record(10 + t, array=10, task=t, throttle=3) for t in range(4)]
+    for fields in (list(squeue.TABLE_FIELDS), ["state"], ["display_id"], ["gpus", "display_id", "job_id"]):
+        rows = fold_rows(jobs, fields)
+        assert [list(r) for r in rows] == [[rec[f] for f in fields] for rec in fold_arrays(jobs, fields)]
+    assert [r[0] for r in fold_rows(jobs, ["display_id"])] == ["1", "2", "10_[0-3%3]"]
+    assert fold_rows(jobs, ["state"])[0] == ("RUNNING",) and type(fold_rows(jobs, ["state"])[0][0]) is str
+
+
+@pytest.mark.parametrize("bad", [
+    {"fields": "job_id", "rows": []}, {"fields": ["job_id"], "rows": {}}, {"fields": [1], "rows": []},
+    {"fields": ["job_id"], "rows": [[1, 2]]}, {"fields": ["job_id"], "rows": [7]}, {"rows": [[1]]},
+])
+def test_a_malformed_listing_is_a_protocol_error(bad) -> None:
+    with pytest.raises(ProtocolError, match="malformed job listing"):
+        squeue._records(bad)
+    assert squeue._records({"jobs": [{"job_id": 1}], "folded": True}) == [{"job_id": 1}]   # an older head
 
 
 async def test_jobs_op_folds_filters_and_trims_records(tmp_path) -> None:
@@ -91,6 +115,13 @@ async def test_jobs_op_folds_filters_and_trims_records(tmp_path) -> None:
         assert out["folded"] is True
         assert out["jobs"] == [{"job_id": 1, "display_id": "1", "state": "PENDING"},
                                {"job_id": first, "display_id": f"{first}_[0-4]", "state": "PENDING"}]
+        rows = await op_jobs(r.head, caller, {"fold": True, "rows": True, "fields": ["job_id", "display_id"]})
+        assert rows == {"fields": ["job_id", "display_id"], "folded": True,
+                        "rows": [(1, "1"), [first, f"{first}_[0-4]"]]}
+        # rows only for the table's own fields and a fold; otherwise records, as before
+        for args in ({"rows": True, "fields": ["job_id"]}, {"fold": True, "rows": True},
+                     {"fold": True, "rows": True, "fields": ["job_id", "bogus"]}):
+            assert "rows" not in await op_jobs(r.head, caller, args)
         assert (await op_jobs(r.head, caller, {"partitions": ["other"]}))["jobs"] == []
         assert len((await op_jobs(r.head, caller, {"accounts": ["default"]}))["jobs"]) == 6
         with pytest.raises(Exception, match="fields must be a list of strings"):
@@ -197,12 +228,15 @@ def test_trimmed_records_read_fields_as_to_public_does() -> None:
 
 
 def test_the_table_fields_are_all_the_table_reads() -> None:
-    jobs = [record(1, "RUNNING"), record(2, priority=1.0, reason="Resources")]
+    gang = record(3, "RUNNING", parts=({"node": "gpu02", "gpu_indices": [0]}, {"node": "gpu03", "gpu_indices": [0]}))
+    jobs = [record(1, "RUNNING"), record(2, priority=1.0, reason="Resources"), gang]
     jobs += [record(10 + t, array=10, task=t, throttle=2) for t in range(3)]
     full = client_side(jobs)
     trimmed = [{k: r[k] for k in squeue.TABLE_FIELDS if k in r} for r in full]
-    assert fmt.squeue_table(squeue._displayed(trimmed), T0 + 60) == fmt.squeue_table(squeue._displayed(full), T0 + 60)
+    table = fmt.squeue_table(squeue._displayed(full), T0 + 60)
+    assert fmt.squeue_table(squeue._displayed(trimmed), T0 + 60) == table
     assert fold_arrays(jobs, list(squeue.TABLE_FIELDS)) == trimmed
+    assert "gpu[01-03]" in table.splitlines()[2]     # a multi-node job shows all its nodes
 
 
 def test_the_fast_path_frames_a_closed_pipe_and_an_interrupt_as_click_does(head, monkeypatch) -> None:

@@ -15,7 +15,7 @@ from operator import attrgetter, itemgetter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .. import __version__, jsoncodec, protocol
 from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import format_indices
 from . import admission, gang, slurm
@@ -100,14 +100,17 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
             jobs = [j for j in jobs if getattr(j, attr) in keep]
     fields = _str_list(args.get("fields"), "fields")
     fold = bool(args.get("fold"))
+    if fold and args.get("rows") and fields and all(f in _FIELD for f in fields):
+        return {"fields": fields, "rows": fold_rows(jobs, fields), "folded": True}
     records = fold_arrays(jobs, fields) if fold else [public(j, fields) for j in jobs]
     return {"jobs": records, "folded": True} if fold else {"jobs": records}
 
 
-async def op_jobs_listing(head: "Head", caller: Caller, args: dict) -> dict:
+async def op_jobs_listing(head: "Head", caller: Caller, args: dict) -> dict | protocol.Encoded:
     """``jobs``: squeue's folded table (``fold`` with ``fields`` from the table's
-    columns) is kept until a job changes, as many squeue runs between two passes over
-    100,000 pending jobs each folded them all again; anything else is answered afresh."""
+    columns) is kept, encoded, until a job changes, as many squeue runs between two passes
+    over 100,000 pending jobs each folded them all again (and encoding 10,000 rows costs
+    as much as folding them); anything else is answered afresh."""
     fields = args.get("fields")
     if not (args.get("fold") and not args.get("all") and isinstance(fields, list) and fields
             and all(isinstance(f, str) and f in _FIELD for f in fields)):
@@ -119,13 +122,13 @@ async def op_jobs_listing(head: "Head", caller: Caller, args: dict) -> dict:
         kept = _LISTINGS[store] = (store.changes, {})
     reply = kept[1].get(key)
     if reply is None:
-        reply = await op_jobs(head, caller, args)
+        reply = protocol.Encoded(jsoncodec.dumps(await op_jobs(head, caller, args)).encode())
         if kept[0] == store.changes and len(kept[1]) < _LISTINGS_KEPT:
             kept[1][key] = reply
     return reply
 
 
-_LISTINGS: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, dict]]]" = weakref.WeakKeyDictionary()
+_LISTINGS: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, protocol.Encoded]]]" = weakref.WeakKeyDictionary()
 _LISTINGS_KEPT = 16     # different questions answered from one state of the jobs
 
 
@@ -137,13 +140,16 @@ _FIELD = {
     "job_id": lambda j: j.job_id, "display_id": lambda j: j.display_id, "name": lambda j: j.name,
     "user": lambda j: j.user, "uid": lambda j: j.uid, "account": lambda j: j.account,
     "partition": lambda j: j.partition, "qos": lambda j: j.qos, "state": lambda j: j.state.value,
-    "reason": lambda j: j.reason, "node": lambda j: j.node, "gpus": lambda j: j.gpus,
+    "reason": lambda j: j.reason, "node": lambda j: j.node, "nodelist": lambda j: j.nodelist,
+    "gpus": lambda j: j.gpus,
     "cpus": lambda j: j.cpus, "mem_mb": lambda j: j.mem_mb, "time_limit": lambda j: j.time_limit,
     "submit_time": lambda j: j.submit_time, "start_time": lambda j: j.start_time,
     "end_time": lambda j: j.end_time, "priority": lambda j: j.priority,
     "array_job_id": lambda j: j.array_job_id, "array_task_id": lambda j: j.array_task_id,
     "array_throttle": lambda j: j.array_throttle,
 }
+# The same fields as attribute paths, for rows built by one attrgetter call per record.
+_ATTR = {f: "state.value" if f == "state" else f for f in _FIELD}
 
 
 def public(j: JobRecord, fields: list[str] | None) -> dict:
@@ -162,6 +168,34 @@ def fold_arrays(jobs: list[JobRecord], fields: list[str] | None = None) -> list[
     (``display_id`` ``123_[4-99%10]``; the rest is its lowest task's) where its first task
     in that order stood.  The same as gpuctl's squeue_order then collapse_arrays, done here
     so squeue over 100,000 pending tasks receives a few records instead of all of them."""
+    out = []
+    for j, shown in _folded(jobs):
+        record = public(j, fields)
+        if shown is not None and (not fields or "display_id" in fields):
+            record["display_id"] = shown
+        out.append(record)
+    return out
+
+
+def fold_rows(jobs: list[JobRecord], fields: list[str]) -> list[tuple | list]:
+    """``fold_arrays`` as rows of ``fields`` (each a ``_FIELD`` name): a tenth of the work
+    and a third of the bytes of records for 10,000 separate jobs, where keys repeated in
+    every record cost more than the values."""
+    get = attrgetter(*(_ATTR[f] for f in fields))
+    single = len(fields) == 1
+    at = fields.index("display_id") if "display_id" in fields else None
+    rows: list[tuple | list] = []
+    for j, shown in _folded(jobs):
+        row = (get(j),) if single else get(j)
+        if shown is not None and at is not None:
+            row = list(row)
+            row[at] = shown
+        rows.append(row)
+    return rows
+
+
+def _folded(jobs: list[JobRecord]) -> list[tuple[JobRecord, str | None]]:
+    """(record, display id of its folded array or None) in squeue's order."""
     pending = JobState.PENDING
     others: list[JobRecord] = []
     by_array: dict[int, list[JobRecord]] = defaultdict(list)
@@ -200,13 +234,7 @@ def fold_arrays(jobs: list[JobRecord], fields: list[str] | None = None) -> list[
         items.append(((True, -top, first_id), first, shown))
     items += [(_squeue_key(j), j, None) for j in others]
     items.sort(key=_KEY)
-    out = []
-    for _, j, shown in items:
-        record = public(j, fields)
-        if shown is not None and (not fields or "display_id" in fields):
-            record["display_id"] = shown
-        out.append(record)
-    return out
+    return [(j, shown) for _, j, shown in items]
 
 
 _KEY = itemgetter(0)

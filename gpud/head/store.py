@@ -278,12 +278,15 @@ class JobRecord:
             "cron_entry": self.cron_entry, "devices": [dict(d) for d in self.devices],
             "mig_profile": self.spec.mig_profile, "gpu_mem_mb": self.spec.gpu_mem_mb,
             "nodes": self.spec.nodes if self.node is None else 1 + len(self.parts),
-            "nodelist": self._nodelist() if self.parts else self.node,
+            "nodelist": self.nodelist,
             "ntasks_per_node": self.spec.ntasks_per_node,
         }
 
-    def _nodelist(self) -> str:
-        """A multi-node job's nodes as a compressed hostlist (rank 0 is ``node``)."""
+    @property
+    def nodelist(self) -> str | None:
+        """The job's nodes as a compressed hostlist (rank 0 is ``node``), or its one node."""
+        if not self.parts:
+            return self.node
         from .gang import job_nodes, nodelist_text
 
         return nodelist_text(job_nodes(self))
