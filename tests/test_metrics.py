@@ -87,6 +87,11 @@ def test_metrics_match_the_cluster_state(cluster, tmp_path):
             return None   # the first samples are not in yet
         if get(samples, "gpud_jobs", state="PENDING", reason="Resources", partition="gpu") is None:
             return None   # no pass has given the big job its reason yet
+        sampled = jobs.get(idle, {}).get("gpu_indices") or []
+        if (not sampled or get(samples, "gpud_gpu_utilization_percent", node="w2", gpu=str(sampled[0]),
+                                   model="A100-80GB") is None
+                or any(jobs.get(j, {}).get("gpu_util_mean") is None for j in (busy, idle))):
+            return None   # w2's samples (a worker of its own, reporting on its own clock) are not in yet
         return samples, jobs, nodes
 
     samples, jobs, nodes = wait_for(consistent, 60, "metrics to catch up")
