@@ -136,20 +136,11 @@ _LISTINGS_KEPT = 16     # different questions answered from one state of the job
 # other field in a ``fields`` list costs a whole to_public().  Kept equal to to_public by
 # tests/test_squeue_scale.py.  Each changes only through a Store commit or insert or the
 # scheduler's annotations, all counted in Store.changes, which op_jobs_listing relies on.
-_FIELD = {
-    "job_id": lambda j: j.job_id, "display_id": lambda j: j.display_id, "name": lambda j: j.name,
-    "user": lambda j: j.user, "uid": lambda j: j.uid, "account": lambda j: j.account,
-    "partition": lambda j: j.partition, "qos": lambda j: j.qos, "state": lambda j: j.state.value,
-    "reason": lambda j: j.reason, "node": lambda j: j.node, "nodelist": lambda j: j.nodelist,
-    "gpus": lambda j: j.gpus,
-    "cpus": lambda j: j.cpus, "mem_mb": lambda j: j.mem_mb, "time_limit": lambda j: j.time_limit,
-    "submit_time": lambda j: j.submit_time, "start_time": lambda j: j.start_time,
-    "end_time": lambda j: j.end_time, "priority": lambda j: j.priority,
-    "array_job_id": lambda j: j.array_job_id, "array_task_id": lambda j: j.array_task_id,
-    "array_throttle": lambda j: j.array_throttle,
-}
-# The same fields as attribute paths, for rows built by one attrgetter call per record.
-_ATTR = {f: "state.value" if f == "state" else f for f in _FIELD}
+_ATTR = {f: "state.value" if f == "state" else f for f in (   # field -> attribute path
+    "job_id", "display_id", "name", "user", "uid", "account", "partition", "qos", "state", "reason", "node",
+    "nodelist", "gpus", "cpus", "mem_mb", "time_limit", "submit_time", "start_time", "end_time", "priority",
+    "array_job_id", "array_task_id", "array_throttle")}
+_FIELD = {f: attrgetter(path) for f, path in _ATTR.items()}
 
 
 def public(j: JobRecord, fields: list[str] | None) -> dict:
