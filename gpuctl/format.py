@@ -88,6 +88,8 @@ def _user(job: dict[str, Any]) -> str:
 
 
 def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) -> str:
+    """gpud's own squeue table; a job shows as its ``display_id`` (an array task as
+    ``123_4``) when it has one."""
     rows = []
     append, codes, flags = rows.append, STATE_CODES, RUNNING_FLAGS
     for j in jobs:       # _clip and _user inline: one pass per line of a long queue
@@ -102,7 +104,7 @@ def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True)
         name, user = get("name"), get("user")
         name = "" if name is None else str(name)
         user = str(user) if user else str(get("uid", "?"))
-        append((get("job_id", "?"), get("partition") or "-", name if len(name) <= 24 else name[:23] + "+",
+        append((get("display_id") or get("job_id", "?"), get("partition") or "-", name if len(name) <= 24 else name[:23] + "+",
                 user if len(user) <= 16 else user[:15] + "+", codes.get(state, state),
                 "0:00" if get("start_time") is None else squeue_time(elapsed(j, now)), get("gpus", 0), where))
     return table(("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)"),

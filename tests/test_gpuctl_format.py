@@ -25,6 +25,7 @@ def test_squeue_table():
     ]
     assert fmt.squeue_table(jobs, T0, header=False).startswith("12 gpu train ")
     assert fmt.squeue_table([], T0, header=False) == ""
+    assert fmt.squeue_table([job(40, display_id="40_[1-3]")], T0, header=False).startswith("40_[1-3] gpu ")
 
 
 def padded_cell_by_cell(headers, rows, right, header):

@@ -233,8 +233,8 @@ def test_the_table_fields_are_all_the_table_reads() -> None:
     jobs += [record(10 + t, array=10, task=t, throttle=2) for t in range(3)]
     full = client_side(jobs)
     trimmed = [{k: r[k] for k in squeue.TABLE_FIELDS if k in r} for r in full]
-    table = fmt.squeue_table(squeue._displayed(full), T0 + 60)
-    assert fmt.squeue_table(squeue._displayed(trimmed), T0 + 60) == table
+    table = fmt.squeue_table(full, T0 + 60)
+    assert fmt.squeue_table(trimmed, T0 + 60) == table
     assert fold_arrays(jobs, list(squeue.TABLE_FIELDS)) == trimmed
     assert "gpu[01-03]" in table.splitlines()[2]     # a multi-node job shows all its nodes
 
@@ -265,7 +265,7 @@ def test_a_real_head_folds_as_gpuctl_did(tmp_path, mosquitto) -> None:  # noqa: 
             wait_for(lambda: all(j["reason"] for j in client.jobs()), timeout=30)
             full = client.jobs()
         # pending only (no workers): TIME is 0:00 whenever it is printed
-        expected = fmt.squeue_table(squeue._displayed(cols.collapse_arrays(fmt.squeue_order(full))), T0)
+        expected = fmt.squeue_table(cols.collapse_arrays(fmt.squeue_order(full)), T0)
         for verb in (["-m", "gpuctl"], ["-m", "gpuctl.main"]):   # fast path, click path
             r = subprocess.run([sys.executable, *verb, "--socket", c.socket, "squeue"], capture_output=True,
                                text=True, env=c.env, timeout=60)

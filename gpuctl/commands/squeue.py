@@ -156,7 +156,7 @@ def listing(client: Any, q: Query) -> str:
     if not q.expand_arrays and not folded:
         records = _columns().collapse_arrays(records)
     if q.layout is None:
-        return fmt.squeue_table(_displayed(records), now, header=not q.noheader)
+        return fmt.squeue_table(records, now, header=not q.noheader)
     out = _columns().render(q.layout, records, now, header=not q.noheader)
     if q.long_ and not q.noheader:
         out = time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)) + "\n" + out
@@ -183,11 +183,6 @@ def _columns() -> Any:
     from .. import columns
 
     return columns
-
-
-def _displayed(records: list[dict]) -> list[dict]:
-    """gpud's own table shows array tasks by their display id."""
-    return [dict(j, job_id=j["display_id"]) if j.get("display_id") else j for j in records]
 
 
 # -- the click command ------------------------------------------------------------------------
