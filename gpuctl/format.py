@@ -104,8 +104,9 @@ def squeue_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True)
         name, user = get("name"), get("user")
         name = "" if name is None else str(name)
         user = str(user) if user else str(get("uid", "?"))
-        append((get("display_id") or get("job_id", "?"), get("partition") or "-", name if len(name) <= 24 else name[:23] + "+",
-                user if len(user) <= 16 else user[:15] + "+", codes.get(state, state),
+        append((get("display_id") or get("job_id", "?"), get("partition") or "-",
+                name if len(name) <= 24 else name[:23] + "+", user if len(user) <= 16 else user[:15] + "+",
+                codes.get(state, state),
                 "0:00" if get("start_time") is None else squeue_time(elapsed(j, now)), get("gpus", 0), where))
     return table(("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)"),
                  rows, right=(0, 5, 6), header=header)

@@ -171,6 +171,19 @@ def test_refusals(req, user, needle):
     cfg = parse(EXAMPLE)
     msg = refusal(req, resolve_job(req, user, cfg, NODES), user, cfg, NODES)
     assert msg is not None and needle in msg and "\n" not in msg
+    kept = tuple(NODES)         # a tuple's partition bounds are kept: the same answers, twice
+    assert refusal(req, resolve_job(req, user, cfg, kept), user, cfg, kept) == msg
+    assert refusal(req, resolve_job(req, user, cfg, kept), user, cfg, kept) == msg
+
+
+def test_a_new_tuple_of_nodes_is_read_afresh():
+    cfg = parse(EXAMPLE)
+    req = {"gpus": 6}
+    small = (node("n101", gpus=4, cpus=64, mem_mb=512 * 1024),)
+    big = (node("n102", gpus=8, cpus=64, mem_mb=512 * 1024),)
+    for nodes, refused in ((small, True), (big, False), (small, True), (tuple(small), True)):
+        msg = refusal(req, resolve_job(req, "alice", cfg, nodes), "alice", cfg, nodes)
+        assert (msg is not None) is refused, nodes
 
 
 def test_user_in_no_account_is_told_so():

@@ -66,11 +66,15 @@ def test_node_infos_follow_a_node_that_registers_again() -> None:
     _register(head, "cache-n1", "A100-40GB")
     first = node_infos(head)
     assert [g.model for n in first for g in n.gpus] == ["A100-40GB"] * 2
-    assert node_infos(head)[0] is first[0]    # parsed once
+    assert node_infos(head) is first          # the same tuple until a node registers anew
     _register(head, "cache-n1", "H100-80GB", gpus=3)
     assert [g.model for n in node_infos(head) for g in n.gpus] == ["H100-80GB"] * 3
+    _register(head, "cache-n2", "A100-40GB")
+    assert [n.name for n in node_infos(head)] == ["cache-n1", "cache-n2"]
+    del head.store.nodes["cache-n2"]
+    assert [n.name for n in node_infos(head)] == ["cache-n1"]
     head.store.nodes["cache-n1"] = NodeRecord("cache-n1", {"name": "cache-n1"}, "UP", None, 0.0, 0.0)
-    assert node_infos(head) == []    # malformed: left out, as before
+    assert node_infos(head) == ()    # malformed: left out, as before
 
 
 def _loaded(code: str) -> set[str]:

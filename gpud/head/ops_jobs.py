@@ -11,7 +11,7 @@ import os
 import weakref
 from collections import defaultdict
 from itertools import groupby
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -327,10 +327,21 @@ async def op_nodes(head: "Head", caller: Caller, args: dict) -> dict:
     return {"nodes": nodes}
 
 
-def node_infos(head: "Head") -> list[NodeInfo]:
-    """Every registered node's NodeInfo (malformed ones left out), each parsed once."""
-    infos = (node_info(head.store, name) for name in head.store.nodes)
-    return [info for info in infos if info is not None]
+def node_infos(head: "Head") -> tuple[NodeInfo, ...]:
+    """Every registered node's NodeInfo (malformed ones left out), each parsed once; the same
+    tuple until a node registers anew, so that admission works a partition's nodes out once
+    (gpud.sched.admission) rather than at every submission."""
+    store = head.store
+    registered = [rec.info for rec in store.nodes.values()]   # replaced, never changed, on registration
+    kept = _INFOS.get(store)
+    if kept is not None and len(kept[0]) == len(registered) and all(map(is_, kept[0], registered)):
+        return kept[1]
+    infos = tuple(info for info in (node_info(store, name) for name in store.nodes) if info is not None)
+    _INFOS[store] = (registered, infos)
+    return infos
+
+
+_INFOS: "weakref.WeakKeyDictionary[Any, tuple[list[dict], tuple[NodeInfo, ...]]]" = weakref.WeakKeyDictionary()
 
 
 def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:

@@ -105,7 +105,8 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
     if part.max_time is not None and (resolved.time_limit is None or resolved.time_limit > part.max_time):
         return (f"time limit {format_duration(resolved.time_limit)} exceeds partition {part.name}'s "
                 f"max_time of {format_duration(part.max_time)}: ask for less with --time")
-    members = [n for n in nodes if any(fnmatchcase(n.name, pat) for pat in part.nodes)]
+    view = _members(nodes, part.nodes)
+    members = view.members
     gpus, cpus = int(_get(req, "gpus", 0)), int(_get(req, "cpus", 1))
     gpu_type = _get(req, "gpu_type")
     mem = resolved.mem_mb
@@ -129,29 +130,63 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
         return _gang_refusal(part.name, members, count, gpus // count, cpus, mem, gpu_type, wanted, banned,
                              features, exclusive)
 
-    def have(n: Any) -> int:
-        return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
-
-    if gpu_type is not None and not any(have(n) for n in members):
+    most = view.most_whole(gpu_type)
+    if gpu_type is not None and not most:
         models = sorted({g.model for n in members for g in n.gpus if _mode(g) == "whole"})
         return (f"no node in partition {part.name} has GPUs of type {gpu_type!r}: use one of "
                 f"{', '.join(models) or '(none: this partition has no GPUs)'} with --gpu-type")
-    most = max(have(n) for n in members)
     if gpus > most:
         return (f"Requested node configuration is not available: {gpus} GPUs on one node, but the largest "
                 f"node in partition {part.name} has {most}; ask for at most {most}")
-    if cpus > max(n.cpus for n in members):
-        top = max(n.cpus for n in members)
+    if cpus > view.cpus:
         return (f"Requested node configuration is not available: {cpus} CPUs, but the largest node in "
-                f"partition {part.name} has {top}; ask for at most {top}")
-    if mem > max(n.mem_mb for n in members):
-        top = max(n.mem_mb for n in members)
+                f"partition {part.name} has {view.cpus}; ask for at most {view.cpus}")
+    if mem > view.mem_mb:
         return (f"Requested node configuration is not available: {format_size_mb(mem)} of memory, but the "
-                f"largest node in partition {part.name} has {format_size_mb(top)}; ask for less with --mem")
-    if not any(have(n) >= gpus and n.cpus >= cpus and n.mem_mb >= mem for n in members):
+                f"largest node in partition {part.name} has {format_size_mb(view.mem_mb)}; ask for less with --mem")
+    if not any(_whole(n, gpu_type) >= gpus and n.cpus >= cpus and n.mem_mb >= mem for n in members):
         return (f"Requested node configuration is not available: no node in partition {part.name} has "
                 f"{gpus} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
     return None
+
+
+def _whole(n: Any, gpu_type: str | None) -> int:
+    """Node ``n``'s GPUs in whole mode (of ``gpu_type``, when given)."""
+    return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
+
+
+class _Members:
+    """A partition's nodes among one sequence of nodes, and the largest node's GPUs, CPUs
+    and memory, each worked out once."""
+
+    def __init__(self, nodes: Sequence[Any], patterns: Sequence[str]) -> None:
+        self.nodes = nodes
+        self.members = [n for n in nodes if any(fnmatchcase(n.name, pat) for pat in patterns)]
+        self.cpus = max((n.cpus for n in self.members), default=0)
+        self.mem_mb = max((n.mem_mb for n in self.members), default=0)
+        self._whole: dict[str | None, int] = {}
+
+    def most_whole(self, gpu_type: str | None) -> int:
+        most = self._whole.get(gpu_type)
+        if most is None:
+            most = self._whole[gpu_type] = max((_whole(n, gpu_type) for n in self.members), default=0)
+        return most
+
+
+_KEPT: dict[tuple[str, ...], _Members] = {}
+
+
+def _members(nodes: Sequence[Any], patterns: Sequence[str]) -> _Members:
+    """``_Members`` of ``nodes``, kept while the same tuple of nodes comes again: the head
+    passes one tuple until a node registers anew, and walking 1,000 nodes' GPUs cost every
+    submission over a millisecond.  Any other sequence is walked each time."""
+    if not isinstance(nodes, tuple):
+        return _Members(nodes, patterns)
+    key = tuple(patterns)
+    kept = _KEPT.get(key)
+    if kept is None or kept.nodes is not nodes:
+        kept = _KEPT[key] = _Members(nodes, patterns)
+    return kept
 
 
 def _request_refusal(count: int, gpus: int, shared: bool, exclusive: bool, wanted: tuple[str, ...],
