@@ -46,9 +46,9 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
     now = head.clock()
-    infos = node_infos(head)
+    infos, models = registered(head)
     if spec.gpu_type is not None:   # the only field this may change: no copy of the spec otherwise
-        gpu_type = slurm.resolve_gpu_type(spec.gpu_type, {g.model for n in infos for g in n.gpus})
+        gpu_type = slurm.resolve_gpu_type(spec.gpu_type, models)
         if gpu_type != spec.gpu_type:
             spec = replace(spec, gpu_type=gpu_type)
     try:
@@ -331,17 +331,22 @@ def node_infos(head: "Head") -> tuple[NodeInfo, ...]:
     """Every registered node's NodeInfo (malformed ones left out), each parsed once; the same
     tuple until a node registers anew, so that admission works a partition's nodes out once
     (gpud.sched.admission) rather than at every submission."""
+    return registered(head)[0]
+
+
+def registered(head: "Head") -> tuple[tuple[NodeInfo, ...], frozenset[str]]:
+    """``node_infos`` and the GPU models among them, kept until a node registers anew."""
     store = head.store
-    registered = [rec.info for rec in store.nodes.values()]   # replaced, never changed, on registration
-    kept = _INFOS.get(store)
-    if kept is not None and len(kept[0]) == len(registered) and all(map(is_, kept[0], registered)):
-        return kept[1]
-    infos = tuple(info for info in (node_info(store, name) for name in store.nodes) if info is not None)
-    _INFOS[store] = (registered, infos)
-    return infos
+    infos = [rec.info for rec in store.nodes.values()]   # replaced, never changed, on registration
+    kept = _REGISTERED.get(store)
+    if kept is None or len(kept[0]) != len(infos) or not all(map(is_, kept[0], infos)):
+        nodes = tuple(info for info in (node_info(store, name) for name in store.nodes) if info is not None)
+        kept = _REGISTERED[store] = (infos, (nodes, frozenset(g.model for n in nodes for g in n.gpus)))
+    return kept[1]
 
 
-_INFOS: "weakref.WeakKeyDictionary[Any, tuple[list[dict], tuple[NodeInfo, ...]]]" = weakref.WeakKeyDictionary()
+_REGISTERED: "weakref.WeakKeyDictionary[Any, tuple[list[dict], tuple[tuple[NodeInfo, ...], frozenset[str]]]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def _display_state(state: str, gpus_alloc: int, gpus_total: int, busy: bool) -> str:

@@ -136,7 +136,7 @@ async def missing_targets(head: "Head", dep: Dependency | None) -> list[str]:
     return missing
 
 
-def resolve_gpu_type(requested: str | None, models: set[str]) -> str:
+def resolve_gpu_type(requested: str | None, models: set[str] | frozenset[str]) -> str:
     """Slurm's short GPU names to this cluster's models: ``h100`` -> ``H100-80GB`` when that is
     the one model it can mean; RequestError when it could mean several."""
     if requested is None or requested in models or not models:
