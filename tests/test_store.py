@@ -81,6 +81,25 @@ async def test_failed_commit_leaves_memory_and_disk_unchanged(tmp_path):
         assert again.job_id == 2
 
 
+async def test_an_older_database_is_migrated_and_keeps_its_jobs(tmp_path):
+    path = str(tmp_path / "head.db")
+    con = sqlite3.connect(path, isolation_level=None)
+    for stmt in ";".join(MIGRATIONS[:3]).split(";"):     # a database of schema 3
+        if stmt.strip():
+            con.execute(stmt)
+    con.execute("PRAGMA user_version=3")
+    con.execute("INSERT INTO jobs(name, user, uid, gid, account, partition, qos, state, spec, gpus, cpus, "
+                "mem_mb, submit_time) VALUES ('old', 'alice', 1000, 1000, 'default', 'gpu', 'normal', "
+                "'PENDING', '{\"script\": \"#!/bin/sh\\ntrue\\n\"}', 1, 1, 1024, 1.0)")
+    con.close()
+    async with Store(path) as store:
+        (job,) = store.active.values()
+        assert (job.name, job.devices, job.parts) == ("old", (), ())
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    con.close()
+
+
 async def test_schema_version_and_newer_database_refused(tmp_path):
     path = str(tmp_path / "head.db")
     async with Store(path):

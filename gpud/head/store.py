@@ -264,6 +264,14 @@ def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection
     return result
 
 
+def _migrate_to(version: int, conn: sqlite3.Connection) -> None:
+    """(the database thread, in a transaction) Run migration number ``version``."""
+    for stmt in MIGRATIONS[version - 1].split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+    conn.execute(f"PRAGMA user_version={version}")
+
+
 def _one_writer(method: Callable) -> Callable:
     """Run a write method under ``Store.write_lock`` (see there)."""
     @functools.wraps(method)
@@ -357,16 +365,7 @@ class Store:
                 f"{self.path}: database schema {version} is newer than this gpud ({len(MIGRATIONS)}); upgrade gpud"
             )
         for n in range(version, len(MIGRATIONS)):
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in MIGRATIONS[n].split(";"):
-                    if stmt.strip():
-                        await self.db.execute(stmt)
-                await self.db.execute(f"PRAGMA user_version={n + 1}")
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+            await self.transaction(functools.partial(_migrate_to, n + 1))
             log.info("database %s migrated to schema %d", self.path, n + 1)
 
     # -- writes -----------------------------------------------------------------------
