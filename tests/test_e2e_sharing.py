@@ -89,8 +89,11 @@ def test_dynamic_mig_and_mps_through_the_daemons(world_dir, mosquitto):  # noqa:
         mps_go = os.path.join(world_dir, "mps-go")
         on_h100 = ("--gpu-type", "H100-80GB", "--gpu-mem", "20G")    # not a slice of the A100
         shares = [sbatch(alice, *on_h100, "--wrap", _held(mps_go)) for _ in range(5)]
-        other = sbatch(bob, *on_h100, "--wrap", "true")
         wait_for(lambda: _running(c, shares[:4]), 60, "four MPS shares running")
+        # bob's only now: with less usage he ranks above alice, and a waiting user's claim on
+        # an MPS GPU holds back the other user's next shares, so submitted with hers it could
+        # keep her fourth one waiting (by design: a stream of hers cannot starve him)
+        other = sbatch(bob, *on_h100, "--wrap", "true")
         for j in shares[:4]:
             env = _output(os.path.join(homes[alice.name], f"gpud-{j}.out"), 3)
             assert "CUDA_MPS_PIPE_DIRECTORY=" in env
