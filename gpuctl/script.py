@@ -336,6 +336,15 @@ def _mail_type(text: str) -> dict[str, Any]:
     return {"mail_type": ",".join(words)}
 
 
+def _mail_user(text: str) -> dict[str, Any]:
+    from gpud.syntax import SyntaxProblem, parse_mail_users
+
+    try:
+        return {"mail_user": ",".join(parse_mail_users(text))}
+    except SyntaxProblem as e:
+        raise ScriptError(f"--mail-user: {e}") from None
+
+
 def _export(text: str) -> dict[str, Any]:
     items = [w.strip() for w in text.split(",") if w.strip()]
     for w in items:
@@ -443,7 +452,7 @@ OPTIONS: tuple[Option, ...] = (
            "Append to or truncate the output files."),
     Option("--export", None, "ALL|NONE|VARS", _export, "The job's environment: ALL, NONE, or NAME[=VALUE],..."),
     Option("--mail-type", None, "TYPES", _mail_type, "Mail on BEGIN, END, FAIL, ... (if the cluster mails)."),
-    Option("--mail-user", None, "ADDRESS", _text("mail_user", "--mail-user"), "Whom to mail (default: you)."),
+    Option("--mail-user", None, "ADDRESS", _mail_user, "Whom to mail (default: you)."),
     Option("--parsable", None, None, _flag({"parsable": True}), "Print only the job id."),
     Option("--wait", "-W", None, _flag({"wait": True}), "Wait for the job to end; exit with its exit code."),
     Option("--test-only", None, None, _flag({"test_only": True}), "Say when and where it would start; submit nothing."),
@@ -792,7 +801,7 @@ _API_KEYS = frozenset({
 })
 # Keyword options given as text that go through sbatch's converters.
 _API_TEXT = {"array": _array, "dependency": _dependency, "begin_time": _when("begin_time", "begin_time"),
-             "deadline": _when("deadline", "deadline"), "mail_type": _mail_type,
+             "deadline": _when("deadline", "deadline"), "mail_type": _mail_type, "mail_user": _mail_user,
              "nodelist": _hosts("nodelist", "nodelist"), "exclude": _hosts("exclude", "exclude"),
              "constraint": _constraint, "switches": _switches}
 

@@ -276,8 +276,11 @@ def _slurm_fields(d: dict) -> dict[str, Any]:
             raise SpecError(f"invalid mail_type {mail!r}: use {', '.join(sorted(MAIL_TYPES))}")
         kw["mail_type"] = ",".join(words)
     user = d.get("mail_user")
-    if user is not None and (not isinstance(user, str) or not user or "\x00" in user or len(user) > 256):
-        raise SpecError(f"invalid mail_user {user!r}")
+    if user is not None:
+        try:
+            user = ",".join(syntax.parse_mail_users(user))
+        except syntax.SyntaxProblem as e:
+            raise SpecError(f"mail_user: {e}") from None
     kw["mail_user"] = user
     return kw
 

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta, tzinfo
 __all__ = [
     "SyntaxProblem", "ArraySpec", "parse_array", "format_indices", "Target", "Term", "Dependency",
     "parse_dependency", "parse_job_ref", "parse_time", "format_time", "CronSchedule", "CronEntry",
-    "parse_crontab", "MAX_ARRAY_TASKS", "MAX_ARRAY_INDEX",
+    "parse_crontab", "parse_mail_users", "MAX_ARRAY_TASKS", "MAX_ARRAY_INDEX",
 ]
 
 MAX_ARRAY_TASKS = 10_000        # tasks in one submission
@@ -39,6 +39,31 @@ MAX_ARRAY_INDEX = 4_000_000     # largest task index
 
 class SyntaxProblem(ValueError):
     """Text that is not valid in its notation; the message is one line for the user."""
+
+
+# -- mail recipients --------------------------------------------------------------------------
+# --mail-user ends up as an argument of the head's mail program, so only plain addresses pass:
+# a local user name or user@domain, from a conservative subset of addr-spec.  No leading '-'
+# (an option: mailutils' --exec runs commands), no '|' or '/' (mailx pipes and files), no
+# quotes, spaces or '!'.  The mail program is also called with '--' before the recipients.
+MAX_MAIL_USERS = 8
+_MAIL_LOCAL = r"[A-Za-z0-9_+=%][A-Za-z0-9._+=%-]{0,63}"
+_MAIL_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_MAIL_ADDRESS = re.compile(rf"^{_MAIL_LOCAL}(?:@{_MAIL_LABEL}(?:\.{_MAIL_LABEL})*)?$")
+
+
+def parse_mail_users(text: str) -> tuple[str, ...]:
+    """``"a@example.org,bob"`` -> ("a@example.org", "bob"); SyntaxProblem for anything else."""
+    if not isinstance(text, str):
+        raise SyntaxProblem(f"invalid mail address {text!r}")
+    users = tuple(w.strip() for w in text.split(","))
+    if not 0 < len(users) <= MAX_MAIL_USERS:
+        raise SyntaxProblem(f"give at most {MAX_MAIL_USERS} mail addresses, separated by commas")
+    for u in users:
+        if len(u) > 254 or not _MAIL_ADDRESS.match(u):
+            raise SyntaxProblem(f"invalid mail address {u!r}: give a user name or user@domain "
+                                "(letters, digits and . _ + = % -, not starting with - or .)")
+    return users
 
 
 # -- job arrays -------------------------------------------------------------------------------

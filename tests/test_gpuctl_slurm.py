@@ -114,6 +114,8 @@ def test_unsupported_slurm_options_warn_or_fail_under_strict(head, tmp_path):
     (["--open-mode", "sideways"], "--open-mode takes append or truncate"),
     (["--kill-on-invalid-dep=maybe"], "--kill-on-invalid-dep takes yes or no"),
     (["--mail-type", "WEEKLY"], "--mail-type: unknown type 'WEEKLY'"),
+    (["--mail-type=BEGIN", "--mail-user=--exec=!id >/tmp/x"], "--mail-user: invalid mail address '--exec=!id >/tmp/x'"),
+    (["--mail-user=|/bin/sh"], "--mail-user: invalid mail address '|/bin/sh'"),
     (["--export", "1BAD"], "--export: '1BAD' is not ALL, NONE, NAME or NAME=VALUE"),
     (["--mem=0"], "--mem must be positive"),
 ])

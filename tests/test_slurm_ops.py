@@ -4,12 +4,13 @@ nodes, show, and the submit options --begin, --deadline, --skip-if-active, --tes
 from __future__ import annotations
 
 import asyncio
-import stat
+import os
 
 import pytest
 
 from gpud.head.ops_slurm import expand_hostlist
-from gpud.head.slurm import mail_event, resolve_gpu_type
+from gpud.head.mail import mail_event
+from gpud.head.slurm import resolve_gpu_type
 from gpud.head.api import RequestError
 from gpud.model import JobState
 from tests.slurm_head import ALICE, BOB, ROOT, HeadKit, T0, spec
@@ -283,25 +284,82 @@ def test_mail_events(old, new, types, task, expected):
     assert mail_event(JobState(old), JobState(new), types, task) == expected
 
 
-async def test_mail_goes_through_the_configured_command(tmp_path):
+# A stand-in for GNU mailutils' mail: it runs the command of any --exec option it is given (the
+# option that made --mail-user a way to root) and logs its uid and its recipients.
+FAKE_MAIL = """#!/bin/sh
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --) shift; break ;;
+        -s) shift 2 ;;
+        --exec=*) sh -c "${1#--exec=}"; shift ;;
+        *) break ;;
+    esac
+done
+echo "uid=$(id -u) home=$HOME path=$PATH ld=${LD_PRELOAD:-} to=$*" >> LOG
+"""
+
+
+def _fake_mail(tmp_path):
+    """The stand-in and its log in a directory every user may enter: as root the head runs
+    the mail program unprivileged, and pytest's own tmp_path is root's alone."""
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="gpud-mail-")
+    os.chmod(where, 0o777)
+    log = os.path.join(where, "mail.log")
+    prog = os.path.join(where, "mail")
+    with open(prog, "w") as f:
+        f.write(FAKE_MAIL.replace("LOG", log))
+    os.chmod(prog, 0o755)
+    return prog, log
+
+
+async def test_mail_goes_through_the_configured_command(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    log = tmp_path / "mail.log"
-    prog = tmp_path / "mail"
-    prog.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
-    prog.chmod(prog.stat().st_mode | stat.S_IXUSR)
+    prog, log = _fake_mail(tmp_path)
+    monkeypatch.setenv("LD_PRELOAD", "/nonexistent/evil.so")
     async with HeadKit(tmp_path) as kit:
         kit.add_node("n1")
         r = await kit.call("submit", spec=spec("true", mail_type="END"))
         assert r["warnings"] == ["--mail-type: this cluster sends no mail (no [head] mail_command); no notifications"]
-        kit.head.cfg = replace(kit.head.cfg, head=replace(kit.head.cfg.head, mail_command=str(prog)))
-        a = await kit.submit(gpus=1, mail_type="BEGIN,END", mail_user="me@example.org")
+        kit.head.cfg = replace(kit.head.cfg, head=replace(kit.head.cfg.head, mail_command=prog))
+        a = await kit.submit(gpus=1, mail_type="BEGIN,END", mail_user="me@example.org,ops")
         await kit.schedule()
         await kit.finish(a, exit_code=0)
-        await asyncio.wait_for(_until(lambda: log.exists() and len(log.read_text().splitlines()) == 2), 10)
-        lines = log.read_text().splitlines()
-        assert f"-s gpud Job_id={a} Name=job Began me@example.org" in lines
-        assert f"-s gpud Job_id={a} Name=job Ended, COMPLETED, ExitCode 0 me@example.org" in lines
+        await asyncio.wait_for(_until(lambda: os.path.exists(log) and len(open(log).read().splitlines()) == 2), 10)
+        lines = open(log).read().splitlines()
+        uid = os.geteuid()
+        for line in lines:
+            # A fixed environment: the head's LD_PRELOAD, PATH and HOME do not reach it.
+            assert " home=/ path=/usr/sbin:/usr/bin:/sbin:/bin ld= to=me@example.org ops" in line
+            # Run unprivileged when the head is root.
+            assert (line.split()[0] == f"uid={uid}") == (uid != 0)
+
+
+@pytest.mark.parametrize("who", ["--exec=!id >/tmp/x", "-fexec", "a b", "|/bin/sh", "/etc/passwd",
+                                 "x@-evil.org", "a,--exec=id", "", "me@example.org\n-x"])
+async def test_mail_user_that_is_not_an_address_is_refused_at_submit(tmp_path, who):
+    async with HeadKit(tmp_path) as kit:
+        kit.add_node("n1")
+        with pytest.raises(RequestError) as e:
+            await kit.call("submit", spec=spec("true", mail_type="BEGIN", mail_user=who))
+        assert "mail_user: " in str(e.value) and "\n" not in str(e.value)
+
+
+async def test_mail_injection_never_reaches_the_mail_program(tmp_path):
+    """Even a recipient stored before addresses were checked (an old database) is not passed
+    on: the argument list is checked again, and '--' ends the options before it."""
+    from gpud.head import mail
+
+    prog, log = _fake_mail(tmp_path)
+    marker = os.path.join(os.path.dirname(log), "pwned")
+    assert mail.mail_argv(prog, "s", "a@b.org") == [prog, "-s", "s", "--", "a@b.org"]
+    await mail.send(prog, "subject", f"--exec=touch {marker}", "7")
+    await mail.send(prog, "-s", "ok@example.org", "8")           # a subject is never an option
+    await asyncio.wait_for(_until(lambda: os.path.exists(log)), 10)
+    assert not os.path.exists(marker)
+    assert open(log).read().split("to=")[1].strip() == "ok@example.org"
 
 
 async def _until(cond) -> None:

@@ -13,7 +13,7 @@ need between requests:
   ``--deadline``, and stop a running job whose time limit was lowered below its run time.
 * ``on_commit`` (a store listener) records the facts of jobs as they end, for
   dependencies (``deps.DependencyBook``), and sends ``--mail-type`` notices through
-  ``[head] mail_command``.
+  ``[head] mail_command`` (``mail``).
 * ``launch_fields(job)`` adds array and Slurm-environment facts to launch messages.
 * ``run()`` is the head's task for scrontab (``cron.Cron``).
 
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import JobState
 from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
-from . import arrays, deps
+from . import arrays, deps, mail
 from .api import Caller, RequestError
 from .cron import Cron
 from .scheduling import build_snapshot, run_core
@@ -49,7 +49,6 @@ HELD_REASONS = {"user": "JobHeldUser", "admin": "JobHeldAdmin"}
 TIME_LIMIT_SLACK = 5.0      # s: the worker enforces the limit it was launched with; the head
                             # steps in only after this, for limits lowered since the launch
 TRIAL_JOB_ID = 2**62        # the pretend job of --test-only
-MAIL_TIMEOUT = 30.0         # s a mail command may take
 MAX_REFS = 100_000
 
 
@@ -361,7 +360,7 @@ class SlurmSupport:
             if after.state.terminal:
                 self.book.record(_facts(after))
             if after.spec.mail_type and getattr(self.head.cfg.head, "mail_command", None):
-                what = mail_event(before.state, after.state, after.spec.mail_type, after.array_job_id is not None)
+                what = mail.mail_event(before.state, after.state, after.spec.mail_type, after.array_job_id is not None)
                 if what:
                     self._send_mail(after, what)
 
@@ -374,40 +373,11 @@ class SlurmSupport:
         task.add_done_callback(self._mail_tasks.discard)
 
     async def _mail(self, job: JobRecord, what: str) -> None:
-        command = self.head.cfg.head.mail_command
-        who = job.spec.mail_user or job.user
         subject = f"gpud Job_id={job.display_id} Name={job.name} {what}"
         if job.state.terminal:
             subject += f", {job.state.value}, ExitCode {job.exit_code if job.exit_code is not None else 0}"
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                command, "-s", subject, who, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            code = await asyncio.wait_for(proc.wait(), MAIL_TIMEOUT)
-            if code:
-                log.warning("mail command %s exited %d for job %s", command, code, job.display_id)
-        except (OSError, asyncio.TimeoutError) as e:
-            log.warning("could not send mail for job %s with %s: %s", job.display_id, command, e)
-
-
-def mail_event(old: JobState, new: JobState, mail_type: str, is_task: bool) -> str | None:
-    """The notification a move calls for under ``--mail-type`` (None: none)."""
-    kinds = set(mail_type.split(","))
-    if "NONE" in kinds or (is_task and "ARRAY_TASKS" not in kinds and "ALL" not in kinds):
-        return None
-    every = "ALL" in kinds
-    if new is JobState.RUNNING and old is JobState.PENDING and (every or "BEGIN" in kinds):
-        return "Began"
-    if new is JobState.PENDING and old.active and (every or "REQUEUE" in kinds):
-        return "Requeued"
-    if new.terminal:
-        if new is JobState.TIMEOUT and (every or "TIME_LIMIT" in kinds):
-            return "Reached time limit"
-        if new is not JobState.COMPLETED and (every or "FAIL" in kinds):
-            return "Failed"
-        if every or "END" in kinds:
-            return "Ended"
-    return None
+        await mail.send(self.head.cfg.head.mail_command, subject, job.spec.mail_user or job.user,
+                        job.display_id)
 
 
 def _to_judge(jobs) -> tuple[list[JobRecord], list[JobRecord]]:
