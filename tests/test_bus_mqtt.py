@@ -104,8 +104,8 @@ async def test_forged_garbage_and_replayed_payloads_are_dropped(mosquitto, caplo
         assert after.kind == "after"   # nothing bad got through, and the bus still works
         assert head._inbox.drain() == []
     text = caplog.text
-    assert "dropped message on head/events: bad signature" in text
-    assert "dropped message on head/events: not JSON" in text
+    assert "dropped message on head/events: sealed with an unknown key" in text
+    assert "dropped message on head/events: not a gpud envelope" in text
     assert "dropped message on head/events: replayed" in text
 
 
@@ -316,6 +316,10 @@ def test_constructor_refuses_bad_settings(tmp_path):
         MqttBus("mqtt://h:1", "a/b", "n1", KEY)
     with pytest.raises(ValueError, match="cannot load broker CA file"):
         MqttBus("mqtts://h:1", "c", "n1", KEY, tls_ca=str(tmp_path / "missing.pem"))
-    assert MqttBus("mqtt://h:1", "c", "n1", KEY, persistent=True).client_id == "gpud-c-n1"
+    # A persistent session's id is stable, but only key holders can compute it.
+    stable = MqttBus("mqtt://h:1", "c", "n1", KEY, persistent=True).client_id
+    assert stable.startswith("gpud-c-n1-") and len(stable) == len("gpud-c-n1-") + 16
+    assert MqttBus("mqtt://h:1", "c", "n1", KEY, persistent=True).client_id == stable
+    assert MqttBus("mqtt://h:1", "c", "n1", WRONG_KEY, persistent=True).client_id != stable
     a, b = MqttBus("mqtt://h:1", "c", "n1", KEY), MqttBus("mqtt://h:1", "c", "n1", KEY)
     assert a.client_id != b.client_id

@@ -7,6 +7,7 @@ import pytest
 from gpud.bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will, node_cmd, node_status, relay_replies
 from gpud.bus.broker import EmbeddedBroker
 from gpud.bus.envelope import seal
+from gpud.bus.epoch import process_epoch
 from gpud.bus.inbox import Inbox
 from gpud.bus.memory import MemoryBroker, MemoryBus
 from gpud.bus.mqtt import MqttBus
@@ -60,7 +61,8 @@ async def test_head_reads_both_sides_in_one_stream_with_one_replay_cache():
         await relay.publish(HEAD_REQUESTS, "request", {"id": "x"})
         assert [(await next_message(head)).kind for _ in range(2)] == ["started", "request"]
         # The same sealed message arriving both ways is one message.
-        payload = seal(KEY, "worker:box", "finished", {"job": 1}, now=box._clock(), topic=HEAD_EVENTS)
+        payload = seal(KEY, "worker:box", "finished", {"job": 1}, now=box._clock(), topic=HEAD_EVENTS,
+                       epoch=process_epoch())
         near.inject(f"gpud/{CLUSTER}/{HEAD_EVENTS}", payload)
         far.inject(f"gpud/{CLUSTER}/{HEAD_EVENTS}", payload)
         assert [m.kind for m in head._inbox.drain()] == ["finished"]

@@ -1,34 +1,49 @@
-"""Signed envelopes: how a message proves who sent it, when, and that it is new.
+"""Sealed envelopes: how a message stays secret, proves who sent it, and that it is new.
 
 Theory of operation
 -------------------
-Every payload on the bus is one JSON object::
+Every payload on the bus is a short clear header followed by one AEAD ciphertext::
 
-    {"body": {...}, "id": "...", "kind": "...", "sender": "...", "topic": "node/n1/cmd",
-     "ts": 1712345678.9, "v": 1, "sig": "<hex>"}
+    b"\\x02" | key id (4 bytes) | nonce (12 bytes) | ChaCha20-Poly1305(JSON fields) + tag
 
-``sig`` is HMAC-SHA256, keyed with the cluster key, over the *canonical* JSON of every
-other field (sorted keys, compact separators, ASCII escapes).  The receiver parses the
-payload, re-serialises it canonically and compares MACs in constant time, so the
-signature does not depend on how the sender happened to format its bytes.  ``topic``
-is the topic suffix the sender published to; signing it stops a captured command for
-one node being replayed onto another node's topic.  (An empty ``topic`` means unbound;
-the buses always bind one.)
+The JSON inside holds ``kind``, ``sender``, ``id``, ``ts`` (the sender's wall clock, shown
+and used for a first contact only), ``epoch``, ``seq``, ``conn``, ``will`` and ``body``.
+The associated data is the header and the topic suffix the sender published to, so a
+captured command for one node cannot be moved onto another node's topic, and the tag
+authenticates every field inside.  An observer of the broker learns topics and sizes only.
 
-A signature alone does not stop replays, so ``Verifier`` also checks:
+Keys.  The cluster key is never used directly: HKDF-SHA256 derives an encryption key
+(the AEAD's) and an authentication key (HMAC-SHA256: the key id in the header, and the
+client ids of ``gpud.bus.mqtt``) from it.  A ``Keyring`` seals with its first key and opens
+with any of its keys, found by key id: that is how the cluster key is rotated without
+stopping anything (docs/security.md).
 
-* freshness: ``ts`` must be within ``max_skew`` seconds of the receiver's clock.
-  Retained messages and last wills are old by nature; the caller opens them with
-  ``allow_stale=True``, which skips this check but nothing else.
-* uniqueness: ids are remembered until their message would be rejected as stale
-  anyway (``ts + max_skew``), or for ``replay_window`` seconds after receipt when
-  opened with ``allow_stale``.  The cache holds at most ``max_ids`` ids; when a flood
-  fills it, the oldest entries are forgotten and ``floor`` rises to the newest
-  timestamp forgotten, and fresh messages at or below the floor are refused.  So
-  memory stays bounded and a forgotten id can still never be replayed.
+Replay protection does not depend on clocks agreeing across hosts.  Each sending
+process has an *epoch* (``gpud.bus.epoch``: its start, on its own clock, kept above a
+persisted floor) and numbers its messages ``seq`` = 1, 2, 3...  ``Verifier`` keeps, per
+sender, the newest epoch seen and a window of the sequence numbers seen in it:
 
-Sans-IO and stdlib only: no sockets, no clock (callers pass ``now``), no asyncio.
-Everything wrong with a payload raises ``EnvelopeError`` with a short reason.
+* a newer epoch is that sender's new process: its state starts afresh;
+* an older epoch is an earlier run of that sender: refused;
+* in the same epoch, a number seen before, or one more than ``window`` below the highest
+  seen, is refused ("replayed"); a QoS 1 repeat is the commonest case.
+
+Only epochs of one sender are compared with each other, so one host's clock stepping
+an hour either way changes nothing for its peers.  The clock is consulted once per
+sender: a receiver with no state for a sender (it just started, or a flood evicted it)
+accepts that sender's first message only if ``ts`` is within ``max_skew`` of its own
+clock, as before epochs existed.
+
+Status messages (``.../status``, retained, and the last will) are re-delivered by the
+broker and may be old by nature.  They skip the window and the clock; instead the newest
+status per (topic, sender) wins, ordered by ``(epoch, conn, will, seq)``: ``conn`` is
+the sequence number taken when the current connection began, which is also the will's,
+so a will fired at a disconnect beats every status of its own connection, the next
+connection's "online" beats the will, and a replayed old "offline" never beats anything.
+
+Sans-IO: no sockets, no clock (callers pass ``now`` and ``epoch``), no asyncio; the only
+dependency is ``cryptography`` for the AEAD.  Everything wrong with a payload raises
+``EnvelopeError`` with a short reason.
 """
 
 from __future__ import annotations
@@ -39,21 +54,31 @@ import itertools
 import json
 import math
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Sequence, Union
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .base import Message
 
-VERSION = 1
+VERSION = 2
 MAX_PAYLOAD = 1024 * 1024
 MAX_NAME = 256           # longest kind, sender, id or topic accepted
-RESEAL_AFTER = 30.0      # a bus re-signs a queued message older than this before sending it
-_FIELDS = ("v", "kind", "sender", "id", "ts", "topic", "body", "sig")
+RESEAL_AFTER = 30.0      # a bus re-seals a queued message older than this before sending it
+WINDOW = 1 << 16         # sequence numbers this far below a sender's highest are still checked
+MAX_SENDERS = 100_000    # senders a Verifier keeps state for; past it the oldest is forgotten
+_KID_BYTES = 4
+_NONCE_BYTES = 12
+_HEADER = 1 + _KID_BYTES + _NONCE_BYTES
+_AD_PREFIX = b"gpud bus v2\0"
+_FIELDS = frozenset(("kind", "sender", "id", "ts", "epoch", "seq", "conn", "will", "body"))
 
 
 class EnvelopeError(ValueError):
-    """A payload that is not a valid, fresh, unseen message from a key holder."""
+    """A payload that is not a valid, new message from a key holder."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -70,6 +95,10 @@ class Envelope:
     ts: float
     topic: str
     body: dict[str, Any]
+    epoch: int = 0
+    seq: int = 0
+    conn: int = 0
+    will: bool = False
 
     def message(self, *, retained: bool = False) -> Message:
         return Message(topic=self.topic, kind=self.kind, sender=self.sender, msg_id=self.msg_id,
@@ -80,54 +109,204 @@ def new_id() -> str:
     return secrets.token_hex(12)
 
 
+# Sequence numbers are process-wide: buses of one process that share a sender name (a
+# worker and its relay) then never reuse a number within their common epoch.
+_SEQ = itertools.count(1)
 _LOCAL_IDS = itertools.count(1)   # unsigned payloads' ids: unique in the process is enough
 
-
-# Encoders built once: json.dumps would rebuild one per call, a third of sealing's cost.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 _PLAIN = json.JSONEncoder(separators=(",", ":"))
 
 
-def _canonical(obj: dict[str, Any]) -> bytes:
-    return _CANONICAL.encode(obj).encode("ascii")
+# -- keys -----------------------------------------------------------------------------------------
+
+def _hkdf(key: bytes, purpose: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"gpud cluster key",
+                info=b"gpud bus " + purpose).derive(key)
 
 
-def _mac(key: bytes, unsigned: dict[str, Any]) -> str:
-    return hmac.new(key, _canonical(unsigned), hashlib.sha256).hexdigest()
+class _Key:
+    __slots__ = ("kid", "aead", "auth")
+
+    def __init__(self, key: bytes) -> None:
+        self.auth = _hkdf(key, b"authentication")
+        self.aead = ChaCha20Poly1305(_hkdf(key, b"encryption"))
+        self.kid = hmac.new(self.auth, b"key id", hashlib.sha256).digest()[:_KID_BYTES]
 
 
-def _signed(key: bytes, unsigned: dict[str, Any]) -> bytes:
-    """The payload: the canonical unsigned object with ``sig`` appended as its last field."""
-    canonical = _canonical(unsigned)
-    sig = hmac.new(key, canonical, hashlib.sha256).hexdigest()
-    return canonical[:-1] + b',"sig":"' + sig.encode("ascii") + b'"}'
+class Keyring:
+    """Cluster keys: the first seals, every one opens (a rotation holds two)."""
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        keys = [bytes(k) for k in keys]
+        if not keys or not all(keys):
+            raise ValueError("empty cluster key")
+        self._keys = [_Key(k) for k in keys]
+        self._by_kid = {}
+        for k in self._keys:
+            self._by_kid.setdefault(k.kid, k)
+
+    @classmethod
+    def of(cls, keys: "KeysLike") -> "Keyring":
+        if isinstance(keys, Keyring):
+            return keys
+        if isinstance(keys, (bytes, bytearray, memoryview)):
+            return cls([bytes(keys)])
+        return cls(list(keys))
+
+    @property
+    def primary(self) -> _Key:
+        return self._keys[0]
+
+    def find(self, kid: bytes) -> _Key | None:
+        return self._by_kid.get(kid)
+
+    def client_tag(self, name: str) -> str:
+        """A tag only key holders can compute, for broker client ids (gpud.bus.mqtt)."""
+        return hmac.new(self.primary.auth, b"client id\0" + name.encode(), hashlib.sha256).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
-def seal(key: bytes, sender: str, kind: str, body: dict[str, Any], *, now: float,
-         msg_id: str | None = None, topic: str = "") -> bytes:
-    """The signed payload for one message.  ``body`` must be JSON-serialisable."""
-    if not key:
-        raise ValueError("empty cluster key")
-    if not isinstance(body, dict):
-        raise TypeError(f"message body must be a dict, not {type(body).__name__}")
-    unsigned = {"v": VERSION, "kind": kind, "sender": sender, "id": msg_id or new_id(),
-                "ts": float(now), "topic": topic, "body": body}
-    for name in ("kind", "sender", "id", "topic"):
-        value = unsigned[name]
-        if not isinstance(value, str) or len(value) > MAX_NAME or (name != "topic" and not value):
+KeysLike = Union[bytes, Keyring, Iterable[bytes]]
+
+
+# -- sealing --------------------------------------------------------------------------------------
+
+def _check_names(fields: dict[str, Any]) -> None:
+    for name in ("kind", "sender", "id"):
+        value = fields[name]
+        if not isinstance(value, str) or not value or len(value) > MAX_NAME:
             raise ValueError(f"invalid envelope {name}: {value!r}")
-    # Round-trip the body so the MAC covers exactly what the receiver will parse
-    # (tuples become lists, int keys become strings and sort as strings).
-    unsigned["body"] = json.loads(_PLAIN.encode(body))
-    payload = _signed(key, unsigned)
+
+
+def _encrypt(key: _Key, topic: str, fields: dict[str, Any]) -> bytes:
+    header = bytes((VERSION,)) + key.kid + secrets.token_bytes(_NONCE_BYTES)
+    plain = _PLAIN.encode(fields).encode()
+    payload = header + key.aead.encrypt(header[1 + _KID_BYTES:], plain, _AD_PREFIX + header + topic.encode())
     if len(payload) > MAX_PAYLOAD:
         raise EnvelopeError(f"message too large ({len(payload)} bytes, limit {MAX_PAYLOAD})")
     return payload
 
 
+def seal(keys: KeysLike, sender: str, kind: str, body: dict[str, Any], *, now: float,
+         msg_id: str | None = None, topic: str = "", epoch: int = 0, seq: int | None = None,
+         conn: int = 0, will: bool = False) -> bytes:
+    """The sealed payload for one message.  ``body`` must be JSON-serialisable.
+
+    Daemons seal through a ``Sealer``, which keeps the epoch and connection; this is the
+    one-off form (tests, tools).  ``seq`` defaults to the process's next number."""
+    if not isinstance(body, dict):
+        raise TypeError(f"message body must be a dict, not {type(body).__name__}")
+    if not isinstance(topic, str) or len(topic) > MAX_NAME:
+        raise ValueError(f"invalid envelope topic: {topic!r}")
+    fields = {"kind": kind, "sender": sender, "id": msg_id or new_id(), "ts": float(now),
+              "epoch": int(epoch), "seq": int(seq if seq is not None else next(_SEQ)),
+              "conn": int(conn), "will": bool(will), "body": body}
+    _check_names(fields)
+    return _encrypt(Keyring.of(keys).primary, topic, fields)
+
+
+def _decrypt(keyring: Keyring, payload: Any, topic: str) -> dict[str, Any]:
+    """The payload's fields, authenticated and well-formed; EnvelopeError otherwise."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise EnvelopeError("payload is not bytes")
+    payload = bytes(payload)
+    if not payload:
+        raise EnvelopeError("empty payload")
+    if len(payload) > MAX_PAYLOAD:
+        raise EnvelopeError("too large")
+    if len(payload) < _HEADER + 16 or payload[0] != VERSION:
+        raise EnvelopeError("not a gpud envelope (or from an incompatible version)")
+    header = payload[:_HEADER]
+    key = keyring.find(header[1:1 + _KID_BYTES])
+    if key is None:
+        raise EnvelopeError("sealed with an unknown key (another cluster's, or one rotated out)")
+    try:
+        plain = key.aead.decrypt(header[1 + _KID_BYTES:], payload[_HEADER:],
+                                 _AD_PREFIX + header + topic.encode())
+    except InvalidTag:
+        # Also what a payload moved to another topic gives: the topic is associated data.
+        raise EnvelopeError("bad seal (altered, or sealed for another topic)") from None
+    # Only a key holder gets here; still, a key holder's bug must not crash a receiver.
+    try:
+        obj = json.loads(plain)
+    except (ValueError, RecursionError):
+        raise EnvelopeError("sealed content is not JSON") from None
+    if not isinstance(obj, dict) or set(obj) != _FIELDS:
+        raise EnvelopeError("sealed content lacks the envelope's fields")
+    for name in ("kind", "sender", "id"):
+        value = obj[name]
+        if not isinstance(value, str) or not value or len(value) > MAX_NAME:
+            raise EnvelopeError(f"bad field {name!r}")
+    for name in ("epoch", "seq", "conn"):
+        if isinstance(obj[name], bool) or not isinstance(obj[name], int) or obj[name] < 0:
+            raise EnvelopeError(f"bad field {name!r}")
+    ts = obj["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise EnvelopeError("bad field 'ts'")
+    obj["ts"] = float(ts)
+    if not isinstance(obj["will"], bool):
+        raise EnvelopeError("bad field 'will'")
+    if not isinstance(obj["body"], dict):
+        raise EnvelopeError("bad field 'body'")
+    return obj
+
+
+def reseal(keys: KeysLike, payload: bytes, *, now: float, topic: str) -> bytes:
+    """``payload`` sealed again with timestamp ``now`` (and a new nonce), keeping its id,
+    epoch and sequence number, so a repeat is still recognised as one.
+
+    For messages that waited in a queue while the broker was away: a receiver meeting
+    their sender for the first time judges them by ``ts``."""
+    keyring = Keyring.of(keys)
+    fields = _decrypt(keyring, payload, topic)
+    fields["ts"] = float(now)
+    return _encrypt(keyring.primary, topic, fields)
+
+
+def peek(keys: KeysLike, payload: bytes, *, topic: str) -> Envelope:
+    """A payload's content, authenticated but not checked for replay: for diagnostics and
+    tests, never for acting on a message."""
+    obj = _decrypt(Keyring.of(keys), payload, topic)
+    return Envelope(kind=obj["kind"], sender=obj["sender"], msg_id=obj["id"], ts=obj["ts"], topic=topic,
+                    body=obj["body"], epoch=obj["epoch"], seq=obj["seq"], conn=obj["conn"], will=obj["will"])
+
+
+class Sealer:
+    """Seals one sender's messages: its keys, its epoch, its current connection."""
+
+    def __init__(self, keys: KeysLike, sender: str, *, epoch: int) -> None:
+        self.keyring = Keyring.of(keys)
+        self.sender = sender
+        self.epoch = int(epoch)
+        self.conn = 0
+
+    def seal(self, kind: str, body: dict[str, Any], *, now: float, topic: str,
+             msg_id: str | None = None) -> bytes:
+        return seal(self.keyring, self.sender, kind, body, now=now, msg_id=msg_id, topic=topic,
+                    epoch=self.epoch, conn=self.conn)
+
+    def seal_will(self, kind: str, body: dict[str, Any], *, now: float, topic: str) -> bytes:
+        """The will for a connection about to open: it starts the connection's numbering, so
+        it outranks this connection's statuses and is outranked by the next one's."""
+        self.conn = next(_SEQ)
+        return seal(self.keyring, self.sender, kind, body, now=now, topic=topic, epoch=self.epoch,
+                    seq=self.conn, conn=self.conn, will=True)
+
+    def new_connection(self) -> None:
+        """A connection without a will starts its numbering too."""
+        self.conn = next(_SEQ)
+
+    def reseal(self, payload: bytes, *, now: float, topic: str) -> bytes:
+        return reseal(self.keyring, payload, now=now, topic=topic)
+
+
+# -- unsigned (in-process) payloads ------------------------------------------------------------
+
 def unsigned_payload(sender: str, kind: str, body: dict[str, Any], *, now: float, topic: str) -> bytes:
-    """The envelope's fields without a signature, for an in-process broker nobody else can
-    reach (``gpud.bus.memory``, ``signed=False``); ``open_unsigned`` reads it."""
+    """The envelope's fields in the clear, for an in-process broker nobody else can reach
+    (``gpud.bus.memory``, ``signed=False``); ``open_unsigned`` reads it."""
     if not isinstance(body, dict):
         raise TypeError(f"message body must be a dict, not {type(body).__name__}")
     return _PLAIN.encode({"kind": kind, "sender": sender, "id": f"local-{next(_LOCAL_IDS)}", "ts": float(now),
@@ -144,20 +323,8 @@ def open_unsigned(payload: bytes, topic: str) -> Envelope:
         raise EnvelopeError("malformed unsigned payload") from None
 
 
-def reseal(key: bytes, payload: bytes, *, now: float) -> bytes:
-    """``payload`` re-signed with timestamp ``now``, keeping its id.
-
-    For messages that waited in a queue while the broker was away: the receiver would
-    refuse them as stale, yet a repeat must keep its id so it can be recognised as one.
-    """
-    obj, _ = _parse(payload)
-    obj.pop("sig")
-    obj["ts"] = float(now)
-    return _signed(key, obj)
-
-
 def may_be_stale(topic: str, retained: bool) -> bool:
-    """Whether a message on ``topic`` may carry an old timestamp.
+    """Whether a message on ``topic`` may be an old one delivered again.
 
     Retained messages are as old as their last update, and last wills are sealed when
     their client connected; wills go to status topics, and the broker delivers them to
@@ -166,128 +333,95 @@ def may_be_stale(topic: str, retained: bool) -> bool:
     return retained or topic.endswith("/status")
 
 
-def _parse(payload: bytes) -> tuple[dict[str, Any], float]:
-    """The payload's fields, as sent, and its timestamp; EnvelopeError if malformed."""
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise EnvelopeError("payload is not bytes")
-    if len(payload) > MAX_PAYLOAD:
-        raise EnvelopeError("too large")
-    if not payload:
-        raise EnvelopeError("empty payload")
-    try:
-        obj = json.loads(bytes(payload))
-    except (ValueError, RecursionError):  # ValueError includes UnicodeDecodeError
-        raise EnvelopeError("not JSON") from None
-    if not isinstance(obj, dict):
-        raise EnvelopeError("not a JSON object")
-    missing = [f for f in _FIELDS if f not in obj]
-    if missing:
-        raise EnvelopeError(f"missing field {missing[0]!r}")
-    extra = set(obj) - set(_FIELDS)
-    if extra:
-        raise EnvelopeError(f"unknown field {sorted(extra)[0]!r}")
-    if obj["v"] != VERSION or isinstance(obj["v"], bool):
-        raise EnvelopeError(f"unsupported version {obj['v']!r}")
-    for name in ("kind", "sender", "id", "topic", "sig"):
-        value = obj[name]
-        if not isinstance(value, str) or len(value) > MAX_NAME or (name != "topic" and not value):
-            raise EnvelopeError(f"bad field {name!r}")
-    ts = obj["ts"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        raise EnvelopeError("bad field 'ts'")
-    try:
-        ts = float(ts)
-    except OverflowError:
-        raise EnvelopeError("bad field 'ts'") from None
-    if not math.isfinite(ts):
-        raise EnvelopeError("bad field 'ts'")
-    if not isinstance(obj["body"], dict):
-        raise EnvelopeError("bad field 'body'")
-    return obj, ts
+# -- opening --------------------------------------------------------------------------------------
+
+class _Peer:
+    """What a receiver knows of one sender: its epoch and the numbers seen in it."""
+
+    __slots__ = ("epoch", "top", "seen")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.top = 0      # highest sequence number seen (0: none yet)
+        self.seen = 0     # bit i set: top - i was seen
+
+    def check(self, seq: int, window: int) -> None:
+        if seq > self.top:
+            return
+        behind = self.top - seq
+        if behind >= window:
+            raise EnvelopeError("replayed (too far behind its sender's newest message to be new)")
+        if self.seen >> behind & 1:
+            raise EnvelopeError("replayed")
+
+    def record(self, seq: int, window: int) -> None:
+        if seq > self.top:
+            self.seen = ((self.seen << (seq - self.top)) | 1) & ((1 << window) - 1)
+            self.top = seq
+        else:
+            self.seen |= 1 << (self.top - seq)
 
 
 class Verifier:
-    """Opens payloads for one receiver; holds that receiver's replay cache."""
+    """Opens payloads for one receiver; holds that receiver's replay state."""
 
-    def __init__(self, key: bytes, *, max_skew: float = 120.0, replay_window: float | None = None,
-                 max_ids: int = 200_000) -> None:
-        if not key:
-            raise ValueError("empty cluster key")
-        if max_skew <= 0 or max_ids <= 0:
-            raise ValueError("max_skew and max_ids must be positive")
-        self._key = bytes(key)
+    def __init__(self, keys: KeysLike, *, max_skew: float = 120.0, window: int = WINDOW,
+                 max_senders: int = MAX_SENDERS) -> None:
+        if max_skew <= 0 or window <= 0 or max_senders <= 0:
+            raise ValueError("max_skew, window and max_senders must be positive")
+        self.keyring = Keyring.of(keys)
         self.max_skew = float(max_skew)
-        self.replay_window = float(replay_window if replay_window is not None else 2 * max_skew)
-        self.max_ids = max_ids
-        # Both map id -> a time, in receipt order.  _fresh: the message's ts (the id is
-        # kept until ts + max_skew); _stale: when to forget an id opened with allow_stale.
-        self._fresh: OrderedDict[str, float] = OrderedDict()
-        self._stale: OrderedDict[str, float] = OrderedDict()
-        self.floor = -math.inf
+        self.window = window
+        self.max_senders = max_senders
+        self._peers: dict[str, _Peer] = {}
+        self._status: dict[tuple[str, str], tuple[int, int, bool, int]] = {}
 
     def __len__(self) -> int:
-        return len(self._fresh) + len(self._stale)
+        return len(self._peers)
 
     def open(self, payload: bytes, *, now: float, allow_stale: bool = False,
              topic: str | None = None) -> Envelope:
-        """Verify ``payload``; ``topic``, when given, must be the one it was signed for."""
-        obj, ts = _parse(payload)
-        sig = obj.pop("sig")
-        # The MAC is checked before any judgement of content, so an outsider without
-        # the key learns nothing from which later check failed.
-        if not hmac.compare_digest(_mac(self._key, obj), sig):
-            raise EnvelopeError("bad signature")
-        # An empty topic is unbound (``seal`` without one).  Only a key holder can make
-        # such a payload, and every bus binds its topic, so captured traffic cannot be
-        # moved to another topic this way.
-        if topic is not None and obj["topic"] and obj["topic"] != topic:
-            raise EnvelopeError(f"signed for topic {obj['topic']!r}")
-        if not allow_stale:
+        """Verify ``payload``, sealed for ``topic`` (None: sealed without one).
+
+        ``allow_stale``: a status message (retained, or a will): the newest per topic wins,
+        whatever its age; see the module docstring."""
+        topic = topic or ""
+        obj = _decrypt(self.keyring, payload, topic)
+        sender, epoch, seq = obj["sender"], obj["epoch"], obj["seq"]
+        peer = self._peers.get(sender)
+        if peer is not None and epoch < peer.epoch:
+            raise EnvelopeError(f"from an earlier run of {sender} (epoch {epoch} < {peer.epoch})")
+        if peer is None and not allow_stale:
+            # First contact: nothing to compare with but the clock.
+            ts = obj["ts"]
             if ts < now - self.max_skew:
-                raise EnvelopeError(f"stale ({now - ts:.0f}s old, limit {self.max_skew:.0f}s)")
+                raise EnvelopeError(f"stale ({now - ts:.0f}s old, limit {self.max_skew:.0f}s; "
+                                    f"first message from {sender})")
             if ts > now + self.max_skew:
-                raise EnvelopeError(f"from the future ({ts - now:.0f}s ahead, limit {self.max_skew:.0f}s)")
-        self._remember(obj["id"], ts, now, allow_stale)
-        return Envelope(kind=obj["kind"], sender=obj["sender"], msg_id=obj["id"], ts=ts,
-                        topic=topic if topic is not None else obj["topic"], body=obj["body"])
+                raise EnvelopeError(f"from the future ({ts - now:.0f}s ahead, limit {self.max_skew:.0f}s; "
+                                    f"first message from {sender})")
+        fresh_epoch = peer is None or epoch > peer.epoch
+        if allow_stale:
+            rank = (epoch, obj["conn"], obj["will"], seq)
+            last = self._status.get((topic, sender))
+            if last is not None:
+                if rank == last:
+                    raise EnvelopeError("replayed")
+                if rank < last:
+                    raise EnvelopeError("older than the status already seen")
+            self._status[(topic, sender)] = rank
+        elif not fresh_epoch:
+            peer.check(seq, self.window)
+        if fresh_epoch:
+            peer = self._new_peer(sender, epoch)
+        if not allow_stale:
+            peer.record(seq, self.window)
+        return Envelope(kind=obj["kind"], sender=sender, msg_id=obj["id"], ts=obj["ts"], topic=topic,
+                        body=obj["body"], epoch=epoch, seq=seq, conn=obj["conn"], will=obj["will"])
 
-    def _remember(self, msg_id: str, ts: float, now: float, stale: bool) -> None:
-        seen_ts = self._fresh.get(msg_id)
-        if seen_ts is not None and seen_ts + self.max_skew >= now:
-            raise EnvelopeError("replayed")
-        forget_at = self._stale.get(msg_id)
-        if forget_at is not None and forget_at >= now:
-            raise EnvelopeError("replayed")
-        if not stale and ts <= self.floor:
-            raise EnvelopeError("too old to check for replay (replay cache overflowed)")
-        if stale:
-            self._stale[msg_id] = now + self.replay_window
-            self._stale.move_to_end(msg_id)
-            _trim(self._stale, now, 0.0, self.max_ids)
-        else:
-            self._fresh[msg_id] = ts
-            self._fresh.move_to_end(msg_id)
-            evicted = _trim(self._fresh, now, self.max_skew, self.max_ids)
-            if evicted is not None:
-                self.floor = max(self.floor, evicted)
-
-
-def _trim(seen: OrderedDict[str, float], now: float, keep_for: float, cap: int) -> float | None:
-    """Forget expired ids; past ``cap``, the oldest too.  Returns the newest time forgotten
-    early (None if none was)."""
-    # Times are nearly in receipt order, so trimming the front is O(1) amortised.
-    while seen:
-        first = next(iter(seen.values()))
-        if first + keep_for >= now:
-            break
-        seen.popitem(last=False)
-    if len(seen) <= cap:
-        return None
-    for k in [k for k, t in seen.items() if t + keep_for < now]:
-        del seen[k]
-    # Evict down to 90% so the O(n) sweep above runs once per cap/10 insertions at most.
-    newest = None
-    while len(seen) > cap * 9 // 10:
-        _, t = seen.popitem(last=False)
-        newest = t if newest is None else max(newest, t)
-    return newest
+    def _new_peer(self, sender: str, epoch: int) -> _Peer:
+        self._peers.pop(sender, None)
+        while len(self._peers) >= self.max_senders:
+            del self._peers[next(iter(self._peers))]   # the longest known; it meets the clock again
+        peer = self._peers[sender] = _Peer(epoch)
+        return peer

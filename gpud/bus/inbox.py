@@ -2,8 +2,8 @@
 
 ``MqttBus`` and ``MemoryBus`` differ in how bytes arrive; from there on they must behave
 the same (the fake is only worth its tests if it does), so both hand each payload to an
-``Inbox``: it checks the envelope (signature, freshness, replay; retained messages and wills
-may be old), drops what fails with one log line, and queues the rest for ``messages()``.
+``Inbox``: it opens the envelope (seal, epoch and sequence; retained messages and wills
+by their rank), drops what fails with one log line, and queues the rest for ``messages()``.
 Two buses may share one inbox (``gpud.bus.split``): one reader, one replay cache.  An
 in-process broker's unsigned payloads (``MemoryBroker(signed=False)``) are only parsed.
 """
@@ -15,7 +15,7 @@ import logging
 from typing import Any, AsyncIterator
 
 from .base import Message
-from .envelope import EnvelopeError, Verifier, may_be_stale, open_unsigned
+from .envelope import EnvelopeError, KeysLike, Verifier, may_be_stale, open_unsigned
 
 log = logging.getLogger("gpud.bus")
 
@@ -23,7 +23,7 @@ _CLOSED: Any = object()
 
 
 class Inbox:
-    def __init__(self, key: bytes, prefix: str, *, max_skew: float, limit: int | None = None) -> None:
+    def __init__(self, key: KeysLike, prefix: str, *, max_skew: float, limit: int | None = None) -> None:
         self.prefix = prefix
         self.verifier = Verifier(key, max_skew=max_skew)
         self.limit = limit              # None: unbounded (the in-memory fake)
@@ -44,7 +44,8 @@ class Inbox:
             env = self.verifier.open(payload, now=now, topic=topic, allow_stale=may_be_stale(topic, retained))
         except EnvelopeError as e:
             # QoS 1 repeats are normal (redelivery, retained copies): not worth a warning.
-            log.log(logging.DEBUG if e.reason == "replayed" else logging.WARNING,
+            quiet = e.reason.startswith("replayed") or e.reason.startswith("older than the status")
+            log.log(logging.DEBUG if quiet else logging.WARNING,
                     "bus: dropped message on %s: %s", topic, e.reason)
             return
         self._put(env.message(retained=retained))

@@ -8,7 +8,7 @@ MQTT topic filters (``+``, ``#``), keeps retained messages, fires a client's las
 when the client is dropped (not when it closes cleanly), and keeps the sessions of
 persistent clients, queueing their messages while they are away.  ``MemoryBus`` has the
 API of ``MqttBus``: every payload is sealed and verified with ``gpud.bus.envelope``
-exactly as on the wire, so forged, stale and replayed messages are dropped the same way,
+exactly as on the wire, so forged, moved and replayed messages are dropped the same way,
 and a test can inject raw bytes with ``MemoryBroker.inject``.
 
 ``MemoryBroker(signed=False)`` is for a broker no test injects into: ``gpud standalone``'s,
@@ -39,7 +39,8 @@ from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from .base import Message, Will, topic_prefix
-from .envelope import RESEAL_AFTER, reseal, seal, unsigned_payload
+from .envelope import RESEAL_AFTER, KeysLike, Keyring, Sealer, unsigned_payload
+from .epoch import process_epoch
 from .inbox import Inbox
 
 log = logging.getLogger("gpud.bus")
@@ -204,13 +205,14 @@ class MemoryBus:
         broker: MemoryBroker,
         cluster: str,
         sender: str,
-        key: bytes,
+        key: KeysLike,
         subscriptions: Iterable[str] = (),
         will: Will | None = None,
         *,
         client_id: str | None = None,
         persistent: bool = False,
         clock: Callable[[], float] = time.time,
+        epoch: int | None = None,
         max_skew: float = 120.0,
         max_queued: int = MAX_QUEUED,
         inbox: Inbox | None = None,
@@ -224,7 +226,8 @@ class MemoryBus:
         self.client_id = client_id or sender
         self.persistent = persistent
         self.on_connect: Callable[[], Awaitable[None]] | None = None
-        self._key = bytes(key)
+        self._key = Keyring.of(key)
+        self._sealer = Sealer(self._key, sender, epoch=process_epoch() if epoch is None else epoch)
         self._clock = clock
         self._max_queued = max_queued
         self._outbox: deque[tuple[str, bytes, bool, float]] = deque()
@@ -304,14 +307,17 @@ class MemoryBus:
 
     def _payload(self, kind: str, body: dict[str, Any], topic: str, now: float) -> bytes:
         if self.broker.signed:
-            return seal(self._key, self.sender, kind, body, now=now, topic=topic)
+            return self._sealer.seal(kind, body, now=now, topic=topic)
         return unsigned_payload(self.sender, kind, body, now=now, topic=topic)
 
     def _seal_will(self) -> tuple[str, bytes] | None:
         if self.will is None:
+            self._sealer.new_connection()
             return None
         w = self.will
-        return self.prefix + w.topic, self._payload(w.kind, w.body, w.topic, self._clock())
+        if not self.broker.signed:
+            return self.prefix + w.topic, self._payload(w.kind, w.body, w.topic, self._clock())
+        return self.prefix + w.topic, self._sealer.seal_will(w.kind, w.body, now=self._clock(), topic=w.topic)
 
     def _on_connected(self, will: tuple[str, bytes] | None) -> None:
         self._will_payload = will
@@ -322,7 +328,7 @@ class MemoryBus:
         while self._outbox and self.connected:
             topic, payload, retain, sealed_at = self._outbox.popleft()
             if payload and self.broker.signed and self._clock() - sealed_at > RESEAL_AFTER:
-                payload = reseal(self._key, payload, now=self._clock())
+                payload = self._sealer.reseal(payload, now=self._clock(), topic=topic)
             self.broker._route(self.prefix + topic, payload, retain)
         if self.on_connect is not None:
             task = asyncio.get_running_loop().create_task(self._run_hook(self.on_connect))

@@ -11,13 +11,14 @@ published meanwhile) under a stable client id, and redelivers on reconnect.
 
 A session runs three kinds of task until the first one fails:
 
-* the *receiver* reads the client's messages, verifies each (``envelope.Verifier``) and
+* the *receiver* reads the client's messages, opens each (``envelope.Verifier``) and
   puts good ones on the inbox that ``messages()`` reads; bad ones are logged and dropped;
 * ``SENDERS`` *senders* take messages from the outbox and publish them at QoS 1, each
   waiting for its PUBACK, so up to ``SENDERS`` messages are in flight at once;
 * the ``on_connect`` hook, if the daemon set one (it re-announces itself).
 
-``publish`` never touches the network: it seals the message and puts it in the outbox,
+``publish`` never touches the network: it seals the message (``envelope.Sealer``: encrypted,
+with this process's epoch and next sequence number) and puts it in the outbox,
 so a daemon's tasks never wait inside aiomqtt, where a cancellation can be lost on
 Python 3.11 (CPython gh-86296).  A message leaves the outbox only when the broker has
 acknowledged it; when a connection drops, the messages in flight go back to the front
@@ -25,10 +26,12 @@ of the queue in their original order and are sent again after reconnecting (QoS 
 least once anyway; the ids let receivers drop repeats).  While connected and full the
 outbox makes ``publish`` wait (back-pressure); while disconnected it keeps the newest
 ``max_queued`` messages and drops the oldest with a warning.  A message that waited
-longer than ``RESEAL_AFTER`` is re-signed with a new timestamp (same id) before sending,
-so a long outage does not make it stale on arrival.
+longer than ``RESEAL_AFTER`` is re-sealed with a new timestamp (same id and sequence number)
+before sending, so a long outage does not make it stale to a receiver meeting its sender
+for the first time.
 
-The will is sealed at each connect and published, retained, by the broker if the
+The will is sealed at each connect (it starts the connection's numbering, so it outranks
+this connection's statuses; see ``gpud.bus.envelope``) and published, retained, by the broker if the
 connection drops without a DISCONNECT.  ``close`` first flushes the outbox (bounded by
 ``close_timeout``), then ends the session with a clean DISCONNECT, so a graceful exit
 never fires the will: daemons publish their own "offline" status first.  Every task is
@@ -54,7 +57,8 @@ from urllib.parse import urlsplit
 import aiomqtt
 
 from .base import Message, Will, topic_prefix
-from .envelope import RESEAL_AFTER, reseal, seal
+from .envelope import RESEAL_AFTER, KeysLike, Keyring, Sealer
+from .epoch import process_epoch
 from .inbox import Inbox
 
 log = logging.getLogger("gpud.bus")
@@ -206,7 +210,7 @@ class MqttBus:
         url: str,
         cluster: str,
         sender: str,
-        key: bytes,
+        key: KeysLike,
         *,
         subscriptions: Iterable[str] = (),
         will: Will | None = None,
@@ -217,6 +221,7 @@ class MqttBus:
         tls_ca: str | None = None,
         tls: bool = False,
         clock: Callable[[], float] = time.time,
+        epoch: int | None = None,
         reconnect_delay: tuple[float, float] = (0.1, 5.0),
         max_skew: float = 120.0,
         max_queued: int = MAX_QUEUED,
@@ -234,12 +239,17 @@ class MqttBus:
         self.subscriptions = list(subscriptions)
         self.will = will
         self.persistent = persistent
-        # A persistent session is found again by its id; otherwise add a random part so two
-        # processes with the same name do not keep kicking each other off the broker.
-        self.client_id = client_id or (f"gpud-{cluster}-{sender}" if persistent
-                                       else f"gpud-{cluster}-{sender}-{secrets.token_hex(4)}")
+        self._key = Keyring.of(key)
+        self._sealer = Sealer(self._key, sender, epoch=process_epoch() if epoch is None else epoch)
+        # A persistent session is found again by its id, so it must be stable, yet whoever
+        # connects with a client id takes over its session and messages.  Key holders alone
+        # can compute this one; a locked-down broker (use_username_as_clientid) replaces it
+        # with the username anyway.  Otherwise a random part keeps two processes with the
+        # same name from kicking each other off the broker.
+        self.client_id = client_id or (
+            f"gpud-{cluster}-{sender}-{self._key.client_tag(cluster + '/' + sender)}" if persistent
+            else f"gpud-{cluster}-{sender}-{secrets.token_hex(8)}")
         self.on_connect: OnConnect | None = None
-        self._key = bytes(key)
         self._username, self._password = username, password
         self._tls_context: ssl.SSLContext | None = None
         if url_tls or tls or tls_ca:
@@ -279,7 +289,7 @@ class MqttBus:
             log.warning("bus: closed; dropped %s message for %s", kind, topic)
             return
         now = self._clock()
-        payload = seal(self._key, self.sender, kind, body, now=now, topic=topic)
+        payload = self._sealer.seal(kind, body, now=now, topic=topic)
         item = _Pending(self._outbox.next_seq(), topic, payload, retain, now)
         await self._outbox.put(item, self._connected.is_set)
 
@@ -344,8 +354,10 @@ class MqttBus:
         will = None
         if self.will is not None:
             w = self.will
-            payload = seal(self._key, self.sender, w.kind, w.body, now=self._clock(), topic=w.topic)
+            payload = self._sealer.seal_will(w.kind, w.body, now=self._clock(), topic=w.topic)
             will = aiomqtt.Will(self.prefix + w.topic, payload, qos=1, retain=True)
+        else:
+            self._sealer.new_connection()
         client = aiomqtt.Client(
             self.host, self.port,
             username=self._username, password=self._password,
@@ -406,6 +418,10 @@ class MqttBus:
         self.connects += 1
         self._connected.set()
         log.info("bus: connected to %s as %s", self.url, self.client_id)
+        if self._username is None and self.connects == 1:
+            log.warning("bus: the broker at %s let this daemon in without a user name: anyone who "
+                        "reaches it can read the traffic's topics and sizes and fill its queues; "
+                        "lock it down (etc/mosquitto/gpud.conf, gpud broker-credentials)", self.url)
         tasks = [asyncio.create_task(self._receiver(client), name="mqtt-receiver")]
         tasks += [asyncio.create_task(self._sender(client), name=f"mqtt-sender-{i}") for i in range(SENDERS)]
         tasks.append(asyncio.create_task(self._stop_watch(), name="mqtt-stop"))
@@ -444,7 +460,7 @@ class MqttBus:
             item = await self._outbox.get()
             if not item.raw and self._clock() - item.sealed_at > RESEAL_AFTER:
                 item.sealed_at = self._clock()
-                item.payload = reseal(self._key, item.payload, now=item.sealed_at)
+                item.payload = self._sealer.reseal(item.payload, now=item.sealed_at, topic=item.topic)
             await client.publish(self.prefix + item.topic, item.payload, qos=1, retain=item.retain)
             self._outbox.done(item)
 
