@@ -1,6 +1,6 @@
 """`gpud`: the daemons and admin tools.
 
-    gpud head | worker | relay | standalone | check-config | keygen | simulate
+    gpud head | worker | relay | standalone | check-config | keygen | broker-credentials | simulate
 
 Every daemon reads the same gpud.toml; an invalid one stops it before it starts, with the
 ``FILE:LINE: message`` lines that ``gpud check-config`` prints.  Command-line flags override
@@ -206,16 +206,76 @@ def check_config(path: str | None) -> None:
 
 
 @main.command()
+@click.option("--rotate", type=click.Choice(["add", "promote", "retire"]),
+              help="One step of a key rotation (docs/security.md): add a second key, make it the "
+                   "sealing one, drop the old one.")
 @click.argument("path")
-def keygen(path: str) -> None:
+def keygen(path: str, rotate: str | None) -> None:
     """Write a new cluster key to PATH (mode 0600); copy it to every host."""
-    from .keys import KeyFileError, generate_key
+    from .keys import KeyFileError, generate_key, rotate_key
 
     try:
-        generate_key(path)
+        if rotate is None:
+            generate_key(path)
+        else:
+            keys = rotate_key(path, rotate)
     except KeyFileError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"wrote cluster key {path}; copy it (mode 0600) to every gpud host")
+    if rotate is None:
+        click.echo(f"wrote cluster key {path}; copy it (mode 0600) to every gpud host")
+    else:
+        click.echo(f"{path}: {rotate}: {len(keys)} key(s), the first seals; copy it to every gpud host "
+                   "and restart its daemons (running jobs are kept)")
+
+
+@main.command("broker-credentials")
+@click.option("--config", "config_path", metavar="PATH",
+              help="Config file, for the cluster name (default $GPUD_CONFIG, else /etc/gpud/gpud.toml).")
+@click.option("--cluster", metavar="NAME", help="Cluster name (default: the config's).")
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="A worker's name (repeat, or comma-separated): users node-NAME and node-NAME-relay.")
+@click.option("--relay", "relays", multiple=True, metavar="NAME",
+              help="A `gpud relay --name NAME` (repeat, or comma-separated): user relay-NAME.")
+@click.option("--dir", "directory", default="/etc/gpud/broker", show_default=True, metavar="DIR",
+              help="One password file per user; [broker] credentials_dir on each host.")
+@click.option("--passwd", "passwd_file", default="/etc/mosquitto/gpud.passwd", show_default=True,
+              metavar="FILE", help="Mosquitto's password_file.")
+@click.option("--acl", "acl_file", default="/etc/mosquitto/gpud.acl", show_default=True, metavar="FILE",
+              help="Mosquitto's acl_file.")
+def broker_credentials(config_path, cluster, nodes, relays, directory, passwd_file, acl_file) -> None:
+    """Write the broker's password and ACL files and one password file per daemon user.
+
+    Users: head (every topic), node-NAME and node-NAME-relay per worker, relay-NAME per login
+    relay.  Existing users keep their passwords, so run it again with every node to add
+    one; then reload Mosquitto (SIGHUP) and copy each host its own files from DIR.
+    """
+    from .bus.credentials import accounts, write_broker_files
+    from .keys import KeyFileError
+
+    if cluster is None:
+        try:
+            cluster = config_mod.load(config_path).cluster
+        except ConfigError as e:
+            for line in e.lines:
+                click.echo(line, err=True)
+            raise click.ClickException("invalid configuration; give --cluster or fix it") from None
+    try:
+        names = {opt: [n for v in vals for n in v.split(",") if n] for opt, vals in
+                 (("--node", nodes), ("--relay", relays))}
+        for opt, vals in names.items():
+            for n in vals:
+                try:
+                    config_mod.ident(n)
+                except ValueError as e:
+                    raise click.ClickException(f"{opt} {n!r}: {e}") from None
+        accts = accounts(config_mod.ident(cluster), names["--node"], names["--relay"])
+        created = write_broker_files(accts, directory=directory, passwd_file=passwd_file, acl_file=acl_file)
+    except (KeyFileError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {passwd_file} and {acl_file} for {len(accts)} user(s) of cluster {cluster!r}"
+               f" ({len(created)} new); per-user passwords in {directory}/")
+    click.echo("next: reload mosquitto (systemctl reload mosquitto); give each host its own users' files "
+               f"(mode 0600, owned by the daemon's user) and set [broker] credentials_dir = \"{directory}\"")
 
 
 def _register_optional() -> None:

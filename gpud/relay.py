@@ -302,13 +302,18 @@ class Relay:
 # -- `gpud relay` and the worker's relay ---------------------------------------------------------
 
 def make_bus(cfg: Config, sender: str, name: str, key: bytes) -> Any:
+    from .bus.credentials import login, node_relay_user, relay_user
     from .bus.mqtt import MqttBus
 
+    # A worker's relay is that worker's second connection: a broker user of its own.
+    on_worker = sender.startswith("worker:")
+    username, password = login(cfg.broker, node_relay_user(name) if on_worker else relay_user(name),
+                               suffix="-relay" if on_worker else "")
     # A clean session: replies to a relay that restarted are of no use to anyone.
     return MqttBus(
         cfg.broker.url, cfg.cluster, sender, key,
         subscriptions=[relay_replies(name), HEAD_STATUS], persistent=False,
-        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        username=username, password=password, tls_ca=cfg.broker.ca_file,
         tls=cfg.broker.tls,
     )
 
@@ -316,12 +321,12 @@ def make_bus(cfg: Config, sender: str, name: str, key: bytes) -> Any:
 async def run_relay(cfg: Config, *, socket_path: str | None = None, name: str | None = None,
                     timeout: float = DEFAULT_TIMEOUT) -> int:
     """``gpud relay``: serve gpuctl's socket here and forward to the head; the exit code."""
-    from .keys import KeyFileError, load_key
+    from .keys import KeyFileError, load_keys
 
     name = name or socket.gethostname().split(".")[0]
     path = socket_path or cfg.head.socket
     try:
-        key = load_key(cfg.key_file)
+        key = load_keys(cfg.key_file)
         bus = make_bus(cfg, f"relay:{name}", name, key)
         relay = Relay(bus, path, name, timeout=timeout)
     except (KeyFileError, ValueError) as e:
@@ -348,7 +353,14 @@ async def worker_relay(cfg: Config, name: str, key: bytes) -> AsyncIterator[Rela
     if not path:
         yield None
         return
-    bus = make_bus(cfg, f"worker:{name}", name, key)
+    from .keys import KeyFileError
+
+    try:
+        bus = make_bus(cfg, f"worker:{name}", name, key)
+    except (KeyFileError, ValueError) as e:
+        log.error("worker %s: cannot serve gpuctl at %s: %s (jobs are not affected)", name, path, e)
+        yield None
+        return
     relay = Relay(bus, path, name)
 
     async def serve() -> None:

@@ -44,14 +44,14 @@ async def _run(cfg: Config, *, port: int, loader: Callable[[], Config] | None) -
     from .bus.broker import EmbeddedBroker  # amqtt is only needed here
     from .head.daemon import Head
     from .head.service import run_head
-    from .keys import KeyFileError, load_key
+    from .keys import KeyFileError, load_keys
     from .worker.daemon import Worker, run_worker
 
     os.makedirs(cfg.state_dir, mode=0o755, exist_ok=True)
     if not os.path.exists(cfg.key_file):
         generate_key(cfg.key_file)
     try:
-        key = load_key(cfg.key_file)
+        key = load_keys(cfg.key_file)
     except KeyFileError as e:
         print(f"gpud standalone: error: {e}", file=sys.stderr)
         return 1

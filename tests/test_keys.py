@@ -92,3 +92,65 @@ def test_not_a_regular_file(tmp_path):
     d.mkdir(mode=0o700)
     with pytest.raises(KeyFileError):
         load_key(str(d))
+
+
+def test_a_symbolic_link_is_refused(tmp_path):
+    real = tmp_path / "real.key"
+    generate_key(str(real))
+    link = tmp_path / "cluster.key"
+    link.symlink_to(real)
+    with pytest.raises(KeyFileError, match="symbolic link"):
+        load_key(str(link))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
+def test_a_key_owned_by_another_user_is_refused(tmp_path):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    here = Path(tempfile.mkdtemp(prefix="gpud-key-"))   # pytest's tmp_path is root's alone
+    here.chmod(0o711)
+    try:
+        _owner_checks(here / "cluster.key")
+    finally:
+        shutil.rmtree(here)
+
+
+def _owner_checks(path):
+    generate_key(str(path))
+    os.chown(path, 65534, 65534)   # nobody's, mode 0600: private, but not ours
+    with pytest.raises(KeyFileError, match=r"owned by .*not by this daemon's user .*chown"):
+        load_key(str(path))
+    # The daemon running as that user accepts it; root-owned stays accepted for everyone.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            load_key(str(path))
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0
+    os.chown(path, 0, 0)
+    load_key(str(path))
+
+
+def test_rotation_steps(tmp_path):
+    from gpud.keys import load_keys, rotate_key
+
+    path = tmp_path / "cluster.key"
+    generate_key(str(path))
+    old = load_key(str(path))
+    keys = rotate_key(str(path), "add")
+    assert load_keys(str(path)) == keys and keys[0] == old and len(keys) == 2
+    with pytest.raises(KeyFileError, match="finish that rotation"):
+        rotate_key(str(path), "add")
+    new = keys[1]
+    assert rotate_key(str(path), "promote") == [new, old] and load_key(str(path)) == new
+    assert rotate_key(str(path), "retire") == [new] and load_keys(str(path)) == [new]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["cluster.key"]
+    with pytest.raises(KeyFileError, match="add one first"):
+        rotate_key(str(path), "promote")

@@ -7,6 +7,7 @@ config file and applies it without touching running jobs (``Head.reload``).
 from __future__ import annotations
 
 import asyncio
+import os
 import logging
 import signal
 import sys
@@ -15,7 +16,7 @@ from typing import Callable
 from .. import sdnotify
 from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will
 from ..config import Config, ConfigError
-from ..keys import KeyFileError, load_key
+from ..keys import KeyFileError, load_keys
 from .daemon import HEAD_SENDER, Head
 from .store import Store
 
@@ -24,14 +25,17 @@ log = logging.getLogger("gpud.head")
 
 def make_bus(cfg: Config, key: bytes, inbox=None):
     """The head's MQTT bus; ``inbox``: verify into this one (shared with another bus)."""
+    from ..bus.credentials import HEAD_USER, login
+    from ..bus.epoch import process_epoch
     from ..bus.mqtt import MqttBus
 
+    username, password = login(cfg.broker, HEAD_USER)
     return MqttBus(
         cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
         subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
         will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
-        client_id=f"gpud-head-{cfg.cluster}", persistent=True,
-        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file,
+        persistent=True, epoch=process_epoch(os.path.join(cfg.state_dir, "bus-epoch-head")),
+        username=username, password=password, tls_ca=cfg.broker.ca_file,
         tls=cfg.broker.tls, inbox=inbox,
     )
 
@@ -76,12 +80,14 @@ async def run_head(cfg: Config, *, install_signals: bool = True,
     ``loader`` re-reads the config for a reload, flags applied (default: the file alone).
     """
     try:
-        key = load_key(cfg.key_file)
+        key = load_keys(cfg.key_file)
+        if bus is None:
+            os.makedirs(cfg.state_dir, exist_ok=True)
+            bus = make_bus(cfg, key)
     except KeyFileError as e:
         print(f"gpud head: error: {e}", file=sys.stderr)
         return 1
     async with Store(cfg.database) as store:
-        bus = bus if bus is not None else make_bus(cfg, key)
         head = Head(cfg, bus, store, loader=loader)
         if install_signals:
             install_stop_handlers(head.stop)

@@ -564,13 +564,19 @@ async def _cancel_all(tasks: Iterable[asyncio.Task]) -> None:
 # -- `gpud worker` ------------------------------------------------------------------------------
 
 def make_bus(cfg: Config, name: str, key: bytes) -> Any:
+    import os
+
+    from ..bus.credentials import login, node_user
+    from ..bus.epoch import process_epoch
     from ..bus.mqtt import MqttBus
 
+    username, password = login(cfg.broker, node_user(name))
+    epoch_file = os.path.join(cfg.state_dir, f"bus-epoch-worker-{name}") if os.path.isdir(cfg.state_dir) else None
     return MqttBus(
         cfg.broker.url, cfg.cluster, worker_sender(name), key,
         subscriptions=worker_subscriptions(name), will=worker_will(name),
-        client_id=f"gpud-worker-{cfg.cluster}-{name}", persistent=True,
-        username=cfg.broker.username, password=cfg.broker.password, tls_ca=cfg.broker.ca_file, tls=cfg.broker.tls,
+        persistent=True, epoch=process_epoch(epoch_file),
+        username=username, password=password, tls_ca=cfg.broker.ca_file, tls=cfg.broker.tls,
     )
 
 
@@ -603,19 +609,19 @@ async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuB
     MQTT bus (standalone's in-process one).
     """
     from ..gpu.backend import GpuError, open_backend
-    from ..keys import KeyFileError, load_key
+    from ..keys import KeyFileError, load_keys
 
     name = cfg.worker_name()
     try:
-        key = load_key(cfg.key_file)
+        key = load_keys(cfg.key_file)
         if backend is None:
             backend = open_backend(cfg.worker.sim, name)
+        if bus is None:
+            bus = make_bus(cfg, name, key)
     except (KeyFileError, GpuError) as e:
         print(f"gpud worker: error: {e}", file=sys.stderr)
         return 1
     try:
-        if bus is None:
-            bus = make_bus(cfg, name, key)
         worker = Worker(cfg, bus, backend, executor_factory=executor_factory)
         if install_signals:
             install_stop_handlers(worker)
