@@ -460,13 +460,6 @@ def _cross_checks(cfg: Config, data: dict[str, Any], problems: _Problems) -> Non
     if cfg.broker.password is not None and not tls:
         problems.warn(("broker", "password"), "broker.password is sent in clear text without TLS; "
                       "use an mqtts:// url or tls = true")
-    if cfg.broker.username is None and (cfg.broker.password is not None or cfg.broker.password_file is not None):
-        key = "password" if cfg.broker.password is not None else "password_file"
-        problems.error(("broker", key), f"broker.{key} needs broker.username (or use broker.credentials_dir, "
-                       "where each daemon finds its own user's password)")
-    if cfg.broker.password is not None and cfg.broker.password_file is not None:
-        problems.error(("broker", "password_file"), "broker.password and broker.password_file are both set; "
-                       "keep one (the file keeps the secret out of gpud.toml)")
 
 
 # -- unknown keys ---------------------------------------------------------------------------------
