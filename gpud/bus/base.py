@@ -17,7 +17,9 @@ suffix                direction   kinds (body)
                                   stream, text]]}  (gpuctl srun output; whole lines)
                                   ``step_exit`` {job, attempt, step, rank (null: every task
                                   of the node), exit_code, signal, message}
-``head/status``       head→all    ``head_status`` {state: "online"|"offline"} (retained, will)
+``head/status``       head→all    ``head_status`` {state: "online"|"offline", version, refresh}
+                                  (retained, will; ``refresh``: the head's periodic
+                                  re-publication, which outranks any older status)
 ``head/requests``     relay→head  ``request`` {id, part, parts, data, uid, gid, pid, user,
                                   deadline}  (a gpuctl request relayed from another host;
                                   senders ``relay:<name>`` and ``worker:<name>``; see
@@ -73,7 +75,7 @@ def relay_replies(name: str) -> str:
 
 @dataclass(frozen=True)
 class Message:
-    """A message whose signature, freshness and uniqueness have been verified."""
+    """A message whose seal (sender, topic, content), epoch and sequence have been verified."""
 
     topic: str          # suffix after gpud/<cluster>/
     kind: str

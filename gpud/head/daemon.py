@@ -79,6 +79,7 @@ HEAD_SENDER = "head"
 LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
+STATUS_REFRESH = 60.0           # seconds between re-publications of the retained "online"
 MAX_REPORT_BATCH = 1000         # worker messages taken from the bus at once
 CORE_SWITCH_INTERVAL = 0.001    # seconds: the GIL hand-over while the core's thread runs
 
@@ -98,6 +99,7 @@ class Head:
                                                  **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
         })
         self._kick = asyncio.Event()
+        self.status_refresh = STATUS_REFRESH
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
         self._gap = 0.0                       # the least time from it to the next pass
         self.views = PendingViews()           # pending jobs' snapshot views, kept between passes
@@ -143,6 +145,7 @@ class Head:
                     tg.create_task(self._liveness(), name="liveness"),
                     tg.create_task(self.telemetry.run(), name="telemetry"),
                     tg.create_task(self.slurm.run(), name="scrontab"),
+                    tg.create_task(self._status_refresher(), name="status-refresh"),
                 ]
                 self.ready.set()
                 log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)
@@ -195,6 +198,17 @@ class Head:
             log.error("reload refused: the running configuration is kept")
             raise
         return self.reconfigure(new_cfg)
+
+    async def _status_refresher(self) -> None:
+        """Re-publish the retained "online" now and then: it outranks any older status, so
+        a replayed old "offline" that a relay started after it saw (and took) is undone
+        within ``status_refresh`` seconds.  Receivers that already know the head is online
+        ignore a refresh."""
+        while True:
+            await asyncio.sleep(self.status_refresh)
+            if getattr(self.bus, "connected", True):
+                await self.bus.publish(HEAD_STATUS, "head_status",
+                                       {"state": "online", "version": __version__, "refresh": True}, retain=True)
 
     async def _on_bus_connect(self) -> None:
         # Reconnected: whatever time we were away does not count against the nodes.

@@ -405,6 +405,8 @@ class Worker:
         state = msg.body.get("state") if isinstance(msg.body, dict) else None
         if state not in ("online", "offline"):
             raise BadMessage(f"unknown head state {state!r}"[:200])
+        if msg.body.get("refresh") and state == "online" and self._head_online:
+            return   # the head's periodic reminder (gpud.head.daemon): nothing changed
         log.info("worker %s: head is %s", self.name, state)
         self._head_online = state == "online"
         if self._head_online:
