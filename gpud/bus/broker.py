@@ -37,7 +37,8 @@ def quiet_amqtt_logging(level: int = logging.WARNING) -> None:
 
 
 class OpenAuth(BaseAuthPlugin):
-    """Admit every client.  Messages are authenticated by their signatures, not here.
+    """Admit every client.  Messages are sealed (encrypted and authenticated) with keys from
+    the cluster key, so what this broker routes is opaque to everyone else on it.
 
     amqtt's own anonymous plugin marks sessions anonymous, and amqtt then keeps no
     messages for a persistent session while its client is away.

@@ -34,10 +34,15 @@ def make_bus(cfg: Config, key: bytes, inbox=None):
         cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
         subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
         will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
-        persistent=True, epoch=process_epoch(os.path.join(cfg.state_dir, "bus-epoch-head")),
+        persistent=True, epoch=process_epoch(_epoch_file(cfg)),
         username=username, password=password, tls_ca=cfg.broker.ca_file,
         tls=cfg.broker.tls, inbox=inbox,
     )
+
+
+def _epoch_file(cfg: Config) -> str | None:
+    """Where the head keeps its last bus epoch (gpud.bus.epoch); None before its first start."""
+    return os.path.join(cfg.state_dir, "bus-epoch-head") if os.path.isdir(cfg.state_dir) else None
 
 
 def install_stop_handlers(stop) -> None:
@@ -82,7 +87,6 @@ async def run_head(cfg: Config, *, install_signals: bool = True,
     try:
         key = load_keys(cfg.key_file)
         if bus is None:
-            os.makedirs(cfg.state_dir, exist_ok=True)
             bus = make_bus(cfg, key)
     except KeyFileError as e:
         print(f"gpud head: error: {e}", file=sys.stderr)
