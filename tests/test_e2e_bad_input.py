@@ -13,7 +13,7 @@ import socket
 import aiomqtt
 import pytest
 
-from gpud.bus.envelope import seal
+from gpud.bus.envelope import EnvelopeError, peek, seal
 from gpud.keys import load_key
 from tests.cluster import Cluster, wait_for
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
@@ -90,16 +90,25 @@ def test_mqtt_forged_replayed_and_garbage_messages_are_dropped(cluster, tmp_path
             await c.subscribe("gpud/fuzz/#", qos=1)
             job = await asyncio.to_thread(cluster.sbatch, "--gpus", "1", "-o", "/dev/null", "--wrap",
                                           f'echo "$GPUD_JOB_ID" >> {log}')
+            right_key = load_key(cluster.key_file)
+            kinds: set[str] = set()
+            newest: dict[str, tuple[int, int]] = {}   # sender -> (epoch, seq) seen
+
             async def collect():
                 async for m in c.messages:
-                    captured.append((str(m.topic), bytes(m.payload)))
-                    if any(t.endswith("/cmd") and b'"launch"' in p for t, p in captured) and \
-                            any(b'"finished"' in p for _, p in captured):
+                    topic, payload = str(m.topic), bytes(m.payload)
+                    captured.append((topic, payload))
+                    try:   # the test holds the key: it may look inside, an outsider may not
+                        env = peek(right_key, payload, topic=topic.split("/", 2)[2])
+                    except EnvelopeError:
+                        continue
+                    kinds.add(env.kind)
+                    newest[env.sender] = max(newest.get(env.sender, (0, 0)), (env.epoch, env.seq))
+                    if {"launch", "finished"} <= kinds:
                         return
             await asyncio.wait_for(collect(), 30)
             await asyncio.to_thread(cluster.wait_job_state, job, "COMPLETED", 30)
             wrong_key = os.urandom(32)
-            right_key = load_key(cluster.key_file)
             topics = ["gpud/fuzz/head/events", "gpud/fuzz/head/status", "gpud/fuzz/node/w1/cmd",
                       "gpud/fuzz/node/w1/status", "gpud/fuzz/node/w2/cmd"]
             rng = random.Random(3)
@@ -111,20 +120,26 @@ def test_mqtt_forged_replayed_and_garbage_messages_are_dropped(cluster, tmp_path
                                                    "ts": 0, "body": {}}).encode(), qos=1)
                 forged = seal(wrong_key, "head", "kill", {"allocs": [[1, 1]], "reason": "x"}, now=_now())
                 await c.publish(topic, forged, qos=1)
-                good = json.loads(seal(right_key, "worker:w1", "heartbeat", {"running": [], "done": []},
-                                       now=_now()))
-                good["body"]["running"] = [[999, 1]]
-                await c.publish(topic, json.dumps(good).encode(), qos=1)
+                tampered = bytearray(seal(right_key, "worker:w1", "heartbeat", {"running": [[999, 1]], "done": []},
+                                          now=_now(), topic=topic.split("/", 2)[2]))
+                tampered[-20] ^= 0xFF
+                await c.publish(topic, bytes(tampered), qos=1)
             for topic, payload in captured:
                 await c.publish(topic, payload, qos=1)
-            # valid signature, nonsense bodies: handlers must drop them
+            # valid seal, nonsense bodies: handlers must drop them
+            forged_seq: dict[str, int] = {}
             for kind, body in [("launch", {"job_id": "x"}), ("kill", {"allocs": "all"}),
                                ("signal", {"job": None}), ("ack", {"done": [["a"]]}),
                                ("finished", {"job": 1, "attempt": "z"}), ("heartbeat", {"running": 5}),
                                ("register", {"node": {"name": 1}})]:
                 sender = "head" if kind in ("launch", "kill", "signal", "ack") else "worker:w1"
-                topic = "gpud/fuzz/node/w1/cmd" if sender == "head" else "gpud/fuzz/head/events"
-                await c.publish(topic, seal(right_key, sender, kind, body, now=_now()), qos=1)
+                suffix = "node/w1/cmd" if sender == "head" else "head/events"
+                # In the sender's own run, numbered well ahead of it, so the receiver's
+                # handlers (not the replay check) are what must drop them.
+                epoch, seq = newest[sender]
+                forged_seq[sender] = forged_seq.get(sender, seq + 30_000) + 1
+                await c.publish(f"gpud/fuzz/{suffix}", seal(right_key, sender, kind, body, now=_now(), topic=suffix,
+                                                            epoch=epoch, seq=forged_seq[sender]), qos=1)
 
     asyncio.run(capture_then_attack())
     # Both daemons alive and working; the replayed launch did not run the job again.
