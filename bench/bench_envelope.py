@@ -3,8 +3,9 @@ the encrypted envelope (ChaCha20-Poly1305, epochs and sequence numbers) against 
 signed-only one it replaced (HMAC-SHA256 over canonical JSON, timestamps and an id cache):
 ``python bench/bench_envelope.py [--messages N] [--old PATH]``.
 
-``--old`` is a checkout's gpud/bus/envelope.py from before encryption (default: the main
-worktree's, when it still has one); without it only the new envelope is measured.
+``--old`` is gpud/bus/envelope.py from before encryption (default: taken from git at
+``OLD_REV``, the last commit with the signed-only envelope); when neither is at hand only
+the new envelope is measured.
 One process, one core, no broker: this is the CPU each end spends per message.
 """
 
@@ -32,6 +33,7 @@ LAUNCH = {
     "env": {f"VAR_{i}": "/usr/local/lib/python3.11/site-packages:" * 1 + str(i) for i in range(60)},
 }
 HEARTBEAT = {"running": [[123456, 1], [123457, 1]], "done": []}
+OLD_REV = "6024e03"
 CASES = [("launch", "node/n1/cmd", LAUNCH), ("heartbeat", "head/events", HEARTBEAT)]
 
 
@@ -45,6 +47,20 @@ def measure_new(kind, topic, body, n):
         v.open(p, now=1.0e9, topic=topic)
     t2 = time.perf_counter()
     return (t1 - t0) / n, (t2 - t1) / n, len(payloads[0])
+
+
+def old_from_git():
+    import subprocess
+    import tempfile
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    r = subprocess.run(["git", "-C", root, "show", f"{OLD_REV}:gpud/bus/envelope.py"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    f = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+    f.write(r.stdout)
+    f.close()
+    return f.name
 
 
 def load_old(path):
@@ -69,12 +85,15 @@ def measure_old(mod, kind, topic, body, n):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000)
-    ap.add_argument("--old", default="/work/main/gpud/bus/envelope.py")
+    ap.add_argument("--old", metavar="PATH", help=f"the old envelope.py (default: git show {OLD_REV}:...)")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
     old = None
-    if a.old and os.path.exists(a.old) and "Verifier" in open(a.old).read() and "ChaCha" not in open(a.old).read():
-        old = load_old(a.old)
+    path = a.old or old_from_git()
+    if path and os.path.exists(path):
+        old = load_old(path)
+        if not a.old:
+            os.unlink(path)
     rows = []
     for kind, topic, body in CASES:
         results = [("encrypted (v2)", measure_new(kind, topic, body, a.messages))]
@@ -87,6 +106,10 @@ def main() -> None:
     text = ("### Sealing a message: encryption's cost\n\n"
             f"`python bench/bench_envelope.py` ({a.messages:,} messages per row, one core, no broker). "
             f"{stamp()}\n\n"
+            "Encryption made sealing cheaper, not dearer: ChaCha20-Poly1305 runs in C over the bytes "
+            "once, where the signed envelope serialised canonical JSON (sorted keys, ASCII escapes) "
+            "on both ends and round-tripped the body to sign exactly what the receiver would parse. "
+            "A launch is about 6 KB (a 2 KB script, 60 environment variables).\n\n"
             + table(["message", "envelope", "bytes", "seal us", "open us", "both us", "messages/s"],
                     rows, "llrrrrr"))
     print(text)

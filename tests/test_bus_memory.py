@@ -253,3 +253,32 @@ async def wait_until(cond, timeout=5.0):
     async with asyncio.timeout(timeout):
         while not cond():
             await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("step", [30.0, -30.0, 3600.0, -3600.0])
+@pytest.mark.parametrize("stepped", ["head", "n1"])
+async def test_one_hosts_clock_step_drops_no_message_and_admits_no_replay(broker, step, stepped):
+    """Issue 18: +-30 s and +-1 h on either side, injected clocks, the buses as the daemons use them."""
+    clocks = {"head": Clock(), "n1": Clock()}
+    async with make(broker, "head", [HEAD_EVENTS, "node/+/status"], clocks["head"]) as head, \
+            make(broker, "n1", [node_cmd("n1")], clocks["n1"],
+                 will=Will(node_status("n1"), "node_status", {"state": "offline"})) as n1:
+        await n1.publish(node_status("n1"), "node_status", {"state": "online"}, retain=True)
+        await n1.publish(HEAD_EVENTS, "heartbeat", {"i": 0})
+        await head.publish(node_cmd("n1"), "launch", {"job": 1})
+        assert [m.kind for m in drain(head)] == ["node_status", "heartbeat"]
+        assert [m.kind for m in drain(n1)] == ["launch"]
+        captured = [(t, p) for t, p, _ in broker.published]
+        clocks[stepped].t += step
+        for i in range(1, 4):
+            for c in clocks.values():
+                c.t += 5
+            await n1.publish(HEAD_EVENTS, "heartbeat", {"i": i})
+            await head.publish(node_cmd("n1"), "ack", {"done": []})
+        assert [m.body["i"] for m in drain(head)] == [1, 2, 3]
+        assert [m.kind for m in drain(n1)] == ["ack"] * 3
+        for topic, payload in captured:            # everything recorded before the step
+            broker.inject(topic, payload, retain=topic.endswith("/status"))
+        assert drain(head) == [] and drain(n1) == []
+        broker.disconnect("n1")                    # and the will still fires after the step
+        assert [(m.kind, m.body["state"]) for m in drain(head)] == [("node_status", "offline")]

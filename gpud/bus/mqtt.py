@@ -419,9 +419,10 @@ class MqttBus:
         self._connected.set()
         log.info("bus: connected to %s as %s", self.url, self.client_id)
         if self._username is None and self.connects == 1:
-            log.warning("bus: the broker at %s let this daemon in without a user name: anyone who "
-                        "reaches it can read the traffic's topics and sizes and fill its queues; "
-                        "lock it down (etc/mosquitto/gpud.conf, gpud broker-credentials)", self.url)
+            log.warning("bus: the broker at %s let this daemon in without a user name, so it lets in "
+                        "anyone who reaches it: they see topics and sizes (never contents) and can fill "
+                        "its queues; on a shared cluster lock it down (etc/mosquitto/gpud.conf, "
+                        "gpud broker-credentials)", self.url)
         tasks = [asyncio.create_task(self._receiver(client), name="mqtt-receiver")]
         tasks += [asyncio.create_task(self._sender(client), name=f"mqtt-sender-{i}") for i in range(SENDERS)]
         tasks.append(asyncio.create_task(self._stop_watch(), name="mqtt-stop"))
