@@ -5,8 +5,8 @@ the socket live in the state directory; the printed ``GPUD_SOCKET=…`` line poi
 at this cluster.
 
 The head and its own worker speak in the process (``gpud.bus.split``): their messages
-never leave it, so they are not signed.  The embedded broker serves everyone else
-(relays, other workers pointed at it), signed and verified as always.
+never leave it, so they are not sealed.  The embedded broker serves everyone else
+(relays, other workers pointed at it), sealed and opened as always.
 """
 
 from __future__ import annotations

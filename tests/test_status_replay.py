@@ -109,3 +109,21 @@ async def test_a_replayed_old_offline_changes_no_relays_view(mosquitto, tmp_path
             await late.wait_seen(3)
             assert late.seen == ["offline", "online", "online"] and late.relay.head_online is True
 
+
+
+async def test_the_head_republishes_online_periodically(tmp_path):
+    from tests.slurm_head import HeadKit
+
+    async with HeadKit(tmp_path) as kit:
+        kit.record_sent()
+        kit.head.status_refresh = 0.01
+        task = asyncio.create_task(kit.head._status_refresher())
+        try:
+            async with asyncio.timeout(10):
+                while len([b for t, k, b in kit.sent if k == "head_status"]) < 3:
+                    await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+        statuses = [(t, b) for t, k, b in kit.sent if k == "head_status"]
+        assert all(t == HEAD_STATUS and b["state"] == "online" and b["refresh"] for t, b in statuses)
+        assert all(r for t, p, r in kit.broker.published if t.endswith(HEAD_STATUS))   # retained

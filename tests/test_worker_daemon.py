@@ -538,3 +538,19 @@ async def test_a_real_job_with_the_real_executor(tmp_path):
             pass
         worker.stop()
         await asyncio.wait_for(runner, WAIT)
+
+
+async def test_the_heads_periodic_online_changes_nothing_once_known(rig):
+    await rig.head.publish(HEAD_STATUS, "head_status", {"state": "online"}, retain=True)
+    await rig.wait("register", after=len(rig.inbox))
+    await rig.barrier()
+    mark = len(rig.inbox)
+    await rig.head.publish(HEAD_STATUS, "head_status", {"state": "online", "refresh": True}, retain=True)
+    await rig.barrier()
+    assert [m.kind for m in rig.inbox[mark:]].count("register") == 1   # the barrier's own
+    # After an offline, a refresh is news: the head is back.
+    await rig.head.publish(HEAD_STATUS, "head_status", {"state": "offline"}, retain=True)
+    await rig.barrier()
+    mark = len(rig.inbox)
+    await rig.head.publish(HEAD_STATUS, "head_status", {"state": "online", "refresh": True}, retain=True)
+    await rig.wait("register", after=mark)

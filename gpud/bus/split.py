@@ -19,11 +19,11 @@ process, ``head/status`` both ways (relays and the local worker both follow it),
 (replies to relays, other nodes' commands) only over MQTT.  The head reads one stream with
 one replay cache whichever way a message came.
 
-In the process, messages are neither signed nor verified (``MemoryBroker(signed=False)``):
+In the process, messages are neither sealed nor opened (``MemoryBroker(signed=False)``):
 only the head and the worker of this process can reach that broker, and they hold the
-same key anyway.  Sealing and opening a launch costs about 150 us here, against 25 us for
-the plain JSON round trip that stays, so the receiver still sees exactly what the wire
-would carry.  What comes over MQTT is verified as always.  ``connected``, ``on_connect`` and ``flush`` are
+same key anyway.  Sealing and opening a launch costs about 80-140 us (docs/benchmarks.md),
+against 25 us for the plain JSON round trip that stays, so the receiver still sees exactly
+what the wire would carry.  What comes over MQTT is opened and checked as always.  ``connected``, ``on_connect`` and ``flush`` are
 the MQTT side's: the local side is connected while the bus is open.
 """
 
