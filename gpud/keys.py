@@ -105,7 +105,7 @@ def _read_private(path: str, what: str) -> bytes:
         raise KeyFileError(f"{what} {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
         me = os.geteuid()
-        if st.st_uid not in (me, 0):
+        if st.st_uid not in _trusted_owners(me):
             raise KeyFileError(
                 f"{what} {path} is owned by {_user(st.st_uid)}, not by this daemon's user "
                 f"({_user(me)}) or root; run: chown {_user(me)} {path}"
@@ -177,6 +177,22 @@ def rotate_key(path: str, step: str) -> list[bytes]:
         raise
     _fsync_dir(directory)
     return keys
+
+
+SERVICE_USER = "gpud"   # the head's system user (scripts/install creates it)
+
+
+def _trusted_owners(me: int) -> set[int]:
+    """Who may own a secret this process reads: itself and root; for root also the head's
+    service user, whose daemon holds the same key anyway, so that a worker (root) and the
+    head (gpud) on one host can share the head's key file."""
+    owners = {me, 0}
+    if me == 0:
+        try:
+            owners.add(pwd.getpwnam(SERVICE_USER).pw_uid)
+        except KeyError:
+            pass
+    return owners
 
 
 def _user(uid: int) -> str:

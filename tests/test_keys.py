@@ -137,6 +137,21 @@ def _owner_checks(path):
     load_key(str(path))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
+def test_root_also_trusts_the_heads_service_user(tmp_path, monkeypatch):
+    """A worker (root) and the head (its service user) on one host share the key file."""
+    import gpud.keys
+
+    path = tmp_path / "cluster.key"
+    generate_key(str(path))
+    os.chown(path, 65534, 65534)
+    monkeypatch.setattr(gpud.keys, "SERVICE_USER", "nobody")
+    load_key(str(path))
+    monkeypatch.setattr(gpud.keys, "SERVICE_USER", "no-such-user-here")
+    with pytest.raises(KeyFileError, match="owned by"):
+        load_key(str(path))
+
+
 def test_rotation_steps(tmp_path):
     from gpud.keys import load_keys, rotate_key
 
