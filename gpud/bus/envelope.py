@@ -32,10 +32,11 @@ Only epochs of one sender are compared with each other, so one host's clock step
 an hour either way changes nothing for its peers.  The clock is consulted once per
 sender: a receiver with no state for a sender (it just started, or a flood evicted it)
 accepts that sender's first message only if ``ts`` is within ``max_skew`` of its own
-clock, as before epochs existed.
+clock, as before epochs existed.  (A status alone, which may be old, does not count as
+that first message.)
 
-Status messages (``.../status``, retained, and the last will) are re-delivered by the
-broker and may be old by nature.  They skip the window and the clock; instead the newest
+Status messages (``.../status`` topics: retained, and the last will) are re-delivered by
+the broker and may be old by nature.  They skip the window and the clock; instead the newest
 status per (topic, sender) wins, ordered by ``(epoch, conn, will, seq)``: ``conn`` is
 the sequence number taken when the current connection began, which is also the will's,
 so a will fired at a disconnect beats every status of its own connection, the next
@@ -324,13 +325,15 @@ def open_unsigned(payload: bytes, topic: str) -> Envelope:
 
 
 def may_be_stale(topic: str, retained: bool) -> bool:
-    """Whether a message on ``topic`` may be an old one delivered again.
+    """Whether a message on ``topic`` may be an old one delivered again: a status.
 
-    Retained messages are as old as their last update, and last wills are sealed when
-    their client connected; wills go to status topics, and the broker delivers them to
-    current subscribers without the retained flag.
+    gpud retains only statuses, and last wills (sealed when their client connected) go to
+    status topics, which the broker delivers to current subscribers without the retained
+    flag.  Anything else that comes retained was put there by someone replaying it, and is
+    judged like any other message, flag or not (``retained`` is accepted for the callers'
+    convenience and ignored).
     """
-    return retained or topic.endswith("/status")
+    return topic.endswith("/status")
 
 
 # -- opening --------------------------------------------------------------------------------------
@@ -338,12 +341,15 @@ def may_be_stale(topic: str, retained: bool) -> bool:
 class _Peer:
     """What a receiver knows of one sender: its epoch and the numbers seen in it."""
 
-    __slots__ = ("epoch", "top", "seen")
+    __slots__ = ("epoch", "top", "seen", "confirmed")
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, confirmed: bool) -> None:
         self.epoch = epoch
         self.top = 0      # highest sequence number seen (0: none yet)
         self.seen = 0     # bit i set: top - i was seen
+        # Whether a message of this sender passed the first-contact clock check; a status
+        # (which may be old) alone does not vouch for its epoch being the current one.
+        self.confirmed = confirmed
 
     def check(self, seq: int, window: int) -> None:
         if seq > self.top:
@@ -391,7 +397,7 @@ class Verifier:
         peer = self._peers.get(sender)
         if peer is not None and epoch < peer.epoch:
             raise EnvelopeError(f"from an earlier run of {sender} (epoch {epoch} < {peer.epoch})")
-        if peer is None and not allow_stale:
+        if (peer is None or not peer.confirmed) and not allow_stale:
             # First contact: nothing to compare with but the clock.
             ts = obj["ts"]
             if ts < now - self.max_skew:
@@ -413,15 +419,16 @@ class Verifier:
         elif not fresh_epoch:
             peer.check(seq, self.window)
         if fresh_epoch:
-            peer = self._new_peer(sender, epoch)
+            peer = self._new_peer(sender, epoch, confirmed=not allow_stale)
         if not allow_stale:
+            peer.confirmed = True
             peer.record(seq, self.window)
         return Envelope(kind=obj["kind"], sender=sender, msg_id=obj["id"], ts=obj["ts"], topic=topic,
                         body=obj["body"], epoch=epoch, seq=seq, conn=obj["conn"], will=obj["will"])
 
-    def _new_peer(self, sender: str, epoch: int) -> _Peer:
+    def _new_peer(self, sender: str, epoch: int, *, confirmed: bool) -> _Peer:
         self._peers.pop(sender, None)
         while len(self._peers) >= self.max_senders:
             del self._peers[next(iter(self._peers))]   # the longest known; it meets the clock again
-        peer = self._peers[sender] = _Peer(epoch)
+        peer = self._peers[sender] = _Peer(epoch, confirmed)
         return peer
