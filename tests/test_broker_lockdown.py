@@ -107,3 +107,27 @@ async def test_a_client_sending_the_heads_client_id_takes_nothing(broker):
                         break
             assert seen == [f"gpud/{CLUSTER}/{HEAD_STATUS}"]
         assert head.connected and head.connects == 1
+
+
+def test_broker_credentials_command_keeps_passwords_and_refuses_bad_names(tmp_path):
+    from click.testing import CliRunner
+
+    from gpud.cli import main
+
+    args = ["broker-credentials", "--cluster", "c1", "--dir", str(tmp_path / "b"), "--passwd",
+            str(tmp_path / "passwd"), "--acl", str(tmp_path / "acl")]
+    r = CliRunner().invoke(main, [*args, "--node", "n1"])
+    assert r.exit_code == 0, r.output
+    before = (tmp_path / "b" / "node-n1").read_text()
+    r = CliRunner().invoke(main, [*args, "--node", "n1,n2", "--relay", "login"])
+    assert r.exit_code == 0 and "(3 new)" in r.output, r.output
+    assert (tmp_path / "b" / "node-n1").read_text() == before
+    users = [line.split(":")[0] for line in (tmp_path / "passwd").read_text().splitlines()]
+    assert users == ["head", "node-n1", "node-n1-relay", "node-n2", "node-n2-relay", "relay-login"]
+    assert all(oct(p.stat().st_mode)[-3:] == "600" for p in (tmp_path / "b").iterdir())
+    acl = (tmp_path / "acl").read_text()
+    assert "user node-n2\ntopic read gpud/c1/node/n2/cmd\n" in acl and "gpud/c1/node/n1/cmd" not in \
+        acl.split("user node-n2\n")[1].split("\n\n")[0]
+    for bad, words in ((["--node", "a/b"], "--node 'a/b'"), (["--node", "x", "--relay", "x"], "also a node's")):
+        r = CliRunner().invoke(main, [*args, *bad])
+        assert r.exit_code == 1 and words in r.output, r.output
