@@ -326,3 +326,11 @@ def test_an_old_status_does_not_vouch_for_its_run():
 def test_retained_is_only_a_status_privilege():
     assert envelope.may_be_stale("node/n1/status", False) and envelope.may_be_stale("head/status", True)
     assert not envelope.may_be_stale("node/n1/cmd", True)
+
+
+def test_a_huge_jump_in_numbers_costs_nothing():
+    v = Verifier(KEY)
+    v.open(sealed(seq=1), now=NOW, topic=TOPIC)
+    v.open(sealed(seq=10**18), now=NOW, topic=TOPIC)      # a key holder's bug: no 10**18-bit int
+    assert v._peers["node1"].seen == 1
+    assert reason(sealed(seq=1), v).startswith("replayed (too far behind")

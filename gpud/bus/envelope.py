@@ -362,7 +362,9 @@ class _Peer:
 
     def record(self, seq: int, window: int) -> None:
         if seq > self.top:
-            self.seen = ((self.seen << (seq - self.top)) | 1) & ((1 << window) - 1)
+            jump = seq - self.top
+            # A jump past the window forgets everything (and never builds a huge int).
+            self.seen = ((self.seen << jump) | 1) & ((1 << window) - 1) if jump < window else 1
             self.top = seq
         else:
             self.seen |= 1 << (self.top - seq)
