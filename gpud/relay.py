@@ -95,7 +95,7 @@ class Identity:
     uid: int
     gid: int
     pid: int
-    user: str          # the relay host's name for uid; "" when it has none
+    user: str          # the relay host's name for uid ("" when none): logs only; the head resolves uid
     deadline: float    # relay clock: when the relay stops waiting
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import time
 from typing import Any
 
@@ -297,3 +298,18 @@ async def test_a_worker_may_relay_too(tmp_path):
             assert (await w.call(relay.socket_path, "ping"))["uid"] == os.getuid()
             relay.stop()
             await task
+
+
+async def test_a_relays_claimed_user_name_is_not_trusted(tmp_path):
+    """A relay vouches for a uid; the name it sends is its host's and makes no one an admin."""
+    async with running(tmp_path) as w:
+        w.head.admins = frozenset({"alice"})
+        nobody = pwd.getpwnam("nobody")
+        for claimed in ("root", "alice"):
+            body = request_body(id=f"forged-{claimed}", data=protocol.request("ping").decode(),
+                                uid=nobody.pw_uid, gid=nobody.pw_gid, user=claimed)
+            (reply,) = [r for r in await answered_after(w, [seal(KEY, "relay:login", "request", body,
+                                                                  now=time.time(), topic=HEAD_REQUESTS)])
+                        if r["body"]["id"] == f"forged-{claimed}"]
+            answer = json.loads(reply["body"]["data"])["result"]
+            assert (answer["uid"], answer["user"], answer["admin"]) == (nobody.pw_uid, "nobody", False)

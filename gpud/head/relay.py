@@ -11,7 +11,9 @@ or any other name, may not).  That is the whole trust decision, as with munge: a
 has the key vouches for the uid its kernel saw.
 
 Once every part is in, the line goes through ``head.server.dispatch`` exactly like a line
-from the local socket, with a ``Caller`` built from the relayed identity, and the response
+from the local socket, with a ``Caller`` built from the relayed uid and gid (the user name
+the relay sent is ignored: the head resolves the uid itself, so a relay host's passwd file
+cannot make anyone an admin), and the response
 line goes back to ``relay/<name>/replies`` in parts.  Each request runs as its own task, so
 a submission waiting for its group commit does not hold up the bus loop, and relayed
 submissions share commits like local ones; at most ``MAX_IN_FLIGHT`` run at once.
@@ -156,7 +158,10 @@ class RelayedRequests:
             self._forget(key)
 
     async def _answer(self, name: str, rid: str, ident: Identity, line: bytes) -> None:
-        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=ident.user or user_name(ident.uid))
+        # The uid is what the relay's kernel vouched for; the name the relay sent is only its
+        # host's view and is never trusted: admin checks, accounts and job records use the
+        # head's own name for the uid.
+        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=user_name(ident.uid))
         left = ident.deadline + CLOCK_SLACK - self.head.clock()
         try:
             async with asyncio.timeout(max(left, 0.0)):
