@@ -69,3 +69,56 @@ def test_deeply_nested_json_is_a_one_line_refusal(depth):
     line = b'{"v":1,"op":"ping","args":{"x":' + b"[" * depth + b"]" * depth + b"}}\n"
     with pytest.raises(protocol.ProtocolError, match="nested more than 32 levels deep"):
         protocol.decode_request(line)
+
+
+def caps_config(kit, text: str):
+    from dataclasses import replace
+
+    from gpud import config
+
+    cfg = config.from_text(text, "caps.toml")
+    kit.head.cfg = replace(kit.cfg, head=replace(kit.cfg.head, max_jobs=cfg.head.max_jobs), sched=cfg.sched)
+
+
+async def test_max_jobs_refuses_a_submission_that_would_pass_it_whole(kit):
+    caps_config(kit, "[head]\nmax_jobs = 5\n")
+    for _ in range(3):
+        await kit.submit(BOB, hold=True)
+    message = await kit.refused("submit", ALICE, spec={**spec_of("true"), "array": "0-2"})
+    assert message.startswith("Batch job submission failed: Slurm temporarily unable to accept job")
+    assert "takes at most 5 ([head] max_jobs)" in message
+    assert len(kit.store.active) == 3
+    await kit.submit(ALICE, array="0-1")
+    assert len(kit.store.active) == 5
+
+
+async def test_max_submit_jobs_per_user_on_a_qos_and_an_account(kit):
+    caps_config(kit, "[qos.normal]\nmax_submit_jobs = 2\n[qos.big]\n"
+                     "[accounts.lab]\nusers = [\"*\"]\nmax_submit_jobs = 3\n")
+    await kit.submit(ALICE, hold=True)
+    await kit.submit(ALICE, hold=True)
+    message = await kit.refused("submit", ALICE, spec=spec_of("true"))
+    assert "Job violates accounting/QOS policy" in message
+    assert "QOSMaxSubmitJobPerUserLimit: QOS normal allows 2 jobs per user and alice has 2" in message
+    await kit.submit(BOB, hold=True)                       # per user: bob has his own two
+    await kit.submit(ALICE, hold=True, qos="big")          # another QOS, the same account
+    message = await kit.refused("submit", ALICE, spec={**spec_of("true"), "qos": "big"})
+    assert "AssocMaxSubmitJobLimit: account lab allows 3 jobs per user and alice has 3" in message
+    await kit.call("cancel", ALICE, job_ids=[1])           # an ended job no longer counts
+    await kit.submit(ALICE, hold=True)
+
+
+async def test_submissions_in_one_group_commit_cannot_both_take_the_last_place(kit):
+    import asyncio
+
+    caps_config(kit, "[qos.normal]\nmax_submit_jobs = 1\n")
+    results = await asyncio.gather(*(kit.call("submit", ALICE, spec=spec_of("true")) for _ in range(5)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, dict) for r in results) == 1
+    assert len(kit.store.active) == 1
+
+
+def spec_of(command: str) -> dict:
+    from tests.slurm_head import spec
+
+    return spec(command, hold=True)

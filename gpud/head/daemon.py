@@ -51,7 +51,8 @@ from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
 from . import gang
-from .api import RequestError, SocketServer
+from .api import Limits, RequestError, SocketServer
+from .jobcaps import SubmitCaps
 from .jobs import requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
@@ -96,7 +97,7 @@ class Head:
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
                                                  **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
-        })
+        }, limits=Limits.from_config(cfg.head))
         self._kick = asyncio.Event()
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
         self._gap = 0.0                       # the least time from it to the next pass
@@ -214,6 +215,15 @@ class Head:
                 batch.append(self.submissions.get_nowait())
             try:
                 async with self.lock:
+                    caps = SubmitCaps(self.store.active, self.cfg)
+                    admitted = []
+                    for jobs, fut in batch:
+                        refusal = caps.admit(jobs)
+                        if refusal is None:
+                            admitted.append((jobs, fut))
+                        elif not fut.done():
+                            fut.set_exception(RequestError(refusal))
+                    batch = admitted
                     saved = await self.store.insert_jobs([j for js, _ in batch for j in js], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
                 log.exception("could not record %d submissions", len(batch))
