@@ -122,3 +122,46 @@ def spec_of(command: str) -> dict:
     from tests.slurm_head import spec
 
     return spec(command, hold=True)
+
+
+# -- a script too large for one bus message ----------------------------------------------------
+
+async def test_a_script_larger_than_one_launch_message_is_refused_at_submit(kit):
+    from gpud.head.jobcaps import LAUNCH_ROOM
+
+    big = spec_of("true")
+    big["script"] = "#!/bin/bash\n" + "# padding\n" * ((2 << 20) // 10) + "true\n"     # ~2 MiB
+    message = await kit.refused("submit", ALICE, spec=big)
+    assert message.startswith("Batch job submission failed: the script and its environment take")
+    assert f"more than one launch message carries ({LAUNCH_ROOM // 1024} KiB)" in message and "\n" not in message
+    env = spec_of("true")
+    env["env"] = {"BLOB": "é" * (LAUNCH_ROOM // 5)}   # few characters, but six bytes each when sent
+    assert "launch message carries" in await kit.refused("submit", ALICE, spec=env)
+    assert kit.store.active == {}
+    ok = spec_of("true")
+    ok["script"] = "#!/bin/bash\n" + "x" * (LAUNCH_ROOM - 4096) + "\n"
+    await kit.call("submit", ALICE, spec=ok)
+
+
+async def test_an_unsendable_launch_fails_its_job_and_the_node_goes_on(kit):
+    """A job already in the database with a script no message carries (say, from before the
+    submit check): its launch fails the job with the reason; the pass, the node and the next
+    job are unharmed."""
+    from dataclasses import replace as dc_replace
+
+    from tests.test_store import new_job
+
+    huge = new_job(user="bob", uid=BOB.uid, gid=BOB.gid, partition="gpu", account="default")
+    huge = dc_replace(huge, spec=dc_replace(huge.spec, script="#!/bin/bash\n" + "x" * (3 << 20) + "\n"))
+    await kit.store.insert_jobs([huge], now=kit.clock())
+    await kit.schedule()
+    (rec,) = await kit.store.find_jobs(job_ids=[1])
+    assert rec.state.value == "FAILED"
+    events = await kit.store.job_events(1)
+    assert "could not send the launch to n1" in events[-1]["detail"] and "too large" in events[-1]["detail"]
+    kit.sent.clear()
+    job_id = await kit.submit(ALICE, "true", gpus=1)
+    await kit.schedule()
+    assert kit.job(job_id).state.value == "RUNNING" and [b["job_id"] for _, b in kit.sent_to("launch")] == [job_id]
+    await kit.head._on_heartbeat("n1", {"running": [[job_id, kit.job(job_id).attempt]], "done": []})
+    assert kit.store.nodes["n1"].state == "UP"

@@ -336,7 +336,21 @@ class Head:
         slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
         for where, b in gang.launches(body, job, gang.master_addr(self.store, job), slurm=slurm_env):
             if node is None or where == node:
-                await self.bus.publish(node_cmd(where), "launch", b)
+                try:
+                    await self.bus.publish(node_cmd(where), "launch", b)
+                except (ValueError, TypeError) as e:   # the bus cannot carry it (too large)
+                    await self._launch_failed(job, where, str(e))
+                    return
+
+    async def _launch_failed(self, job: JobRecord, node: str, why: str) -> None:
+        """A launch that cannot be sent fails its job, as a worker's failed launch would; the
+        node and everything else go on (it must not stall the pass or the node's heartbeats)."""
+        log.error("job %d (user %s): cannot send its launch to %s: %s; the job fails", job.job_id, job.user,
+                  node, why)
+        await self.reports.apply([("finished", node, {
+            "job": job.job_id, "attempt": job.attempt, "exit_code": None, "signal": None,
+            "reason": "launch_failed", "time": self.clock(),
+            "message": f"the head could not send the launch to {node}: {why}"[:300]})])
 
     async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str,
                           nodes: list[str] | None = None) -> None:

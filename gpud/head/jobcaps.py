@@ -1,4 +1,5 @@
-"""How many jobs the head holds: ``[head] max_jobs`` over everyone, and ``max_submit_jobs``
+"""What the head takes at submit: a script and environment one launch message can carry
+(``launch_refusal``), and how many jobs it holds: ``[head] max_jobs`` over everyone, and ``max_submit_jobs``
 per user on a QOS (``[qos.NAME]``) and on an account (``[accounts.NAME]``), as Slurm's
 MaxJobCount, QOS MaxSubmitJobsPerUser and association MaxSubmitJobs.
 
@@ -11,12 +12,39 @@ submissions in one commit cannot both take the last place.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable
+
+from ..bus.envelope import MAX_PAYLOAD
 
 if TYPE_CHECKING:
     from ..config import Config
     from .store import JobRecord
+
+# Of one bus message (MAX_PAYLOAD, 1 MiB), what a job's script and environment may take,
+# encoded as the envelope encodes them (JSON, non-ASCII escaped): the rest of the launch
+# (paths, limits, a gang rank's variables) and the envelope's own fields take a few KiB,
+# and an encrypted body travels as base64, a third larger.
+LAUNCH_ROOM = MAX_PAYLOAD * 5 // 8
+_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+
+
+def launch_refusal(script: str, env: "dict[str, str]") -> str | None:
+    """None when ``script`` and ``env`` fit in one launch message; else the one-line refusal."""
+    if len(script) + sum(len(k) + len(v) for k, v in env.items()) <= LAUNCH_ROOM // 12:
+        return None   # fits even if every character took two \uXXXX escapes: no need to encode
+    size = len(_ASCII.encode(script)) + len(_ASCII.encode(env))
+    if size <= LAUNCH_ROOM:
+        return None
+    return (f"Batch job submission failed: the script and its environment take {_kib(size)} KiB as sent to the "
+            f"node, more than one launch message carries ({_kib(LAUNCH_ROOM)} KiB); keep large data in files "
+            "the job reads, and export only the variables it needs (--export=NONE,VAR)")
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:,.0f}"
+
 
 POLICY = "Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"
 
