@@ -12,7 +12,7 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-async def test_database_files_are_0600_and_a_new_directory_0700_under_umask_000(tmp_path):
+async def test_database_files_are_0600_and_a_new_directory_unlistable_under_umask_000(tmp_path):
     old = os.umask(0)
     try:
         path = tmp_path / "state" / "head.db"
@@ -21,7 +21,7 @@ async def test_database_files_are_0600_and_a_new_directory_0700_under_umask_000(
             files = [path, path.with_name("head.db-wal"), path.with_name("head.db-shm")]
             assert all(f.exists() for f in files)
             assert [mode(f) for f in files] == [0o600] * 3
-        assert mode(path.parent) == 0o700
+        assert mode(path.parent) == 0o711   # a worker sharing it needs others to pass through
     finally:
         os.umask(old)
 

@@ -284,12 +284,15 @@ def _one_writer(method: Callable) -> Callable:
 
 def private_files(path: str) -> None:
     """Make the database and its WAL and shared-memory files the owner's alone (0600),
-    whatever the umask: they hold every job's environment.  A missing directory is made
-    0700; SQLite gives the -wal and -shm files it creates the database file's mode."""
+    whatever the umask: they hold every job's environment.  SQLite gives the -wal and -shm
+    files it creates the database file's mode.  A missing directory is made 0711: nobody
+    else may list it, but a worker sharing it (one state_dir for both) keeps job scripts
+    below it that their users must reach.  gpud-head.service gives the head a directory of
+    its own, 0700 (StateDirectory=gpud/head)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
+        os.makedirs(directory, mode=0o711, exist_ok=True)
+        os.chmod(directory, 0o711)
     for name, create in ((path, True), (path + "-wal", False), (path + "-shm", False)):
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
