@@ -101,7 +101,7 @@ class RateLimitedLog:
         self.logger, self.period, self.burst, self.clock = logger, period, burst, clock
         self._windows: dict[str, list] = {}    # kind -> [window start, lines in it, left out]
 
-    def log(self, level: int, kind: str, msg: str, *args: Any) -> None:
+    def log(self, level: int, kind: str, msg: str, *args: Any, exc_info: bool = False) -> None:
         now = self.clock()
         w = self._windows.get(kind)
         if w is None or now - w[0] >= self.period:
@@ -113,7 +113,7 @@ class RateLimitedLog:
             w[2] += 1
             return
         w[1] += 1
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
 
 
 def _done(answer: bytes) -> "asyncio.Future[bytes]":
@@ -397,8 +397,10 @@ class SocketServer:
                 ready.append(pending.result() if pending.done() else await pending)
             if ready:
                 await self._flush(writer, ready)
-        except (ConnectionError, TimeoutError):
+        except ConnectionError:
             pass
+        except TimeoutError:   # answers unread: drop the connection, so its reader stops too
+            writer.transport.abort()
 
     async def _flush(self, writer: asyncio.StreamWriter, ready: list[bytes]) -> None:
         writer.write(b"".join(ready))
@@ -419,8 +421,9 @@ class SocketServer:
             return protocol.ok(await handler(caller, args))
         except RequestError as e:
             return protocol.error(str(e))
-        except Exception:
-            log.exception("request %s from uid %d failed", op, caller.uid)
+        except Exception:   # a bug of ours, with its traceback, but not one per request of a loop
+            self.quiet.log(logging.ERROR, f"failed {op}", "request %s from uid %d failed", op, caller.uid,
+                           exc_info=True)
             return protocol.error(f"internal error handling {op}; see the head's log")
 
 
