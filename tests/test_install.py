@@ -151,3 +151,17 @@ def test_uninstall_leaves_a_link_that_is_no_longer_ours(staged, tmp_path):
 def test_install_refuses_bad_settings_in_one_line(tmp_path, env, message):
     r = install(tmp_path, **env)
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_reinstall_opens_an_old_0640_config_to_users_unless_it_holds_a_password(staged, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(staged, root, symlinks=True)
+    conf, standalone = root / "etc/gpud/gpud.toml", root / "etc/gpud/standalone.toml"
+    conf.write_text('cluster = "site"\n')
+    standalone.write_text('[broker]\npassword = "s3cret"\n')
+    for f in (conf, standalone):
+        f.chmod(0o640)
+    r = install(root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644 and "made it readable by users" in r.stdout
+    assert stat.S_IMODE(standalone.stat().st_mode) == 0o640 and "it holds a broker password" in r.stdout
