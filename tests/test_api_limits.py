@@ -90,3 +90,10 @@ def test_rate_limited_log_keeps_a_few_lines_per_period_and_counts_the_rest(caplo
         quiet.log(20, "k", "event %d", 10)
     assert [r.getMessage() for r in caplog.records] == [
         "event 0", "event 1", "event 10 (8 more like it in the last 60s were not logged)"]
+
+
+async def test_json_nested_a_thousand_deep_is_answered_and_the_connection_goes_on(server):
+    r, w = await connect(server)
+    w.write(b'{"v":1,"op":"ping","args":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}\n" + protocol.request("ping"))
+    assert (await answer(r)) == {"ok": False, "error": "request is nested more than 32 levels deep"}
+    assert (await answer(r))["ok"]
