@@ -64,8 +64,9 @@ def test_install_makes_the_heads_system_user_and_the_unit_runs_the_head_as_it(in
     assert f"system user: {user}" in out
     unit = (top / "units/gpud-head.service").read_text()
     assert f"\nUser={user}\n" in unit and f"\nGroup={user}\n" in unit
-    assert f"LoadCredential=cluster.key:{top}/etc/gpud/cluster.key\n" in unit
-    assert "--key-file=%d/cluster.key" in unit and "StateDirectoryMode=0700" in unit
+    assert (f"ExecStartPre=+/usr/bin/install -m 0600 -o {user} -g {user} {top}/etc/gpud/cluster.key "
+            "/run/gpud/head.key\n") in unit
+    assert "--key-file=/run/gpud/head.key" in unit and "StateDirectoryMode=0700" in unit
     for name in ("gpud-head.service", "gpud-relay.service"):
         assert "LimitNOFILE=65536" in (top / "units" / name).read_text()
 
