@@ -13,7 +13,9 @@ accelerator ``_json`` either way, so this module calls it directly:
 Both are exact by construction on the common path and hand everything else to ``json``
 itself: an object JSON cannot encode, a document that does not parse, leading whitespace,
 a byte order mark or another encoding, or a Python without ``_json``.  So every error is
-``json``'s own, with its messages, and ``json`` is imported only then.
+``json``'s own, with its messages, and ``json`` is imported only then; the one exception is
+a document nested past the recursion limit, a ValueError here rather than json's
+RecursionError, so that callers which catch ValueError for bad input catch it too.
 """
 
 from __future__ import annotations
@@ -78,4 +80,9 @@ def loads(data: bytes | bytearray | str) -> Any:
                 return obj
     import json
 
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        # Nesting past the interpreter's recursion limit (about 1,000 levels): a bad document
+        # like any other, not an error that escapes whoever decodes untrusted input.
+        raise ValueError("JSON nested too deeply") from None

@@ -82,7 +82,8 @@ Operations (args -> result):
 
 ``step_launch`` {"job_id": int, "argv": [str], "ntasks_per_node": int?, "env": {str: str}?}
              -> {"job_id", "step", "ntasks", "nodes", "nodelist"}   (gpuctl srun: start argv
-             on every node of a running job; its owner, root or an admin only)
+             on every node of a running job; its owner or root only, never an admin: the tasks run as the
+             job's user)
 ``step_poll`` {"job_id", "step", "offset": int} -> {"lines": [[rank, stream (1 stdout, 2
              stderr), text]], "offset" (the next one to ask for), "dropped" (lines lost to
              the buffer cap), "done": bool, "exit_code": int|null, "message": str|null,
@@ -133,6 +134,7 @@ if TYPE_CHECKING:
 VERSION = 1
 MAX_LINE = 16 * 1024 * 1024            # a request (a script and its environment fit easily)
 MAX_RESPONSE = 1024 * 1024 * 1024      # an answer: squeue over 100,000 jobs is ~60 MB
+MAX_DEPTH = 32                         # lists and objects in a request (a submission nests 4)
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
@@ -175,16 +177,31 @@ def error(message: str) -> bytes:
     return encode({"ok": False, "error": message})
 
 
+def too_deep(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests lists and objects more than ``limit`` levels deep (no recursion)."""
+    level: list[Any] = [obj]
+    for _ in range(limit):
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if isinstance(v, (dict, list))]
+        if not level:
+            return False
+    return True
+
+
 def decode_request(line: bytes) -> tuple[str, dict[str, Any]]:
     """(op, args) from one request line; ProtocolError with a one-line reason otherwise."""
     if len(line) > MAX_LINE:
         raise ProtocolError("request too large")
     try:
         obj = jsoncodec.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError) as e:
+        if "nested too deeply" in str(e):
+            raise ProtocolError(f"request is nested more than {MAX_DEPTH} levels deep") from None
         raise ProtocolError("request is not valid JSON") from None
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object")
+    if too_deep(obj, MAX_DEPTH):
+        raise ProtocolError(f"request is nested more than {MAX_DEPTH} levels deep")
     if obj.get("v") != VERSION:
         raise ProtocolError(f"unsupported protocol version {obj.get('v')!r} (this head speaks {VERSION})")
     op, args = obj.get("op"), obj.get("args", {})

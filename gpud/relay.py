@@ -48,7 +48,7 @@ from . import protocol, sdnotify
 from .bus.base import HEAD_REQUESTS, HEAD_STATUS, Bus, Message, relay_replies
 from .bus.envelope import new_id
 from .config import Config
-from .head.api import Caller, SocketServer
+from .head.api import Caller, Limits, SocketServer
 
 log = logging.getLogger("gpud.relay")
 
@@ -95,7 +95,7 @@ class Identity:
     uid: int
     gid: int
     pid: int
-    user: str          # the relay host's name for uid; "" when it has none
+    user: str          # the relay host's name for uid ("" when none): logs only; the head resolves uid
     deadline: float    # relay clock: when the relay stops waiting
 
 
@@ -156,8 +156,8 @@ class Parts:
 class _Server(SocketServer):
     """The gpuctl socket, with SO_PEERCRED identity; every line goes to the relay."""
 
-    def __init__(self, path: str, relay: "Relay") -> None:
-        super().__init__(path, {})
+    def __init__(self, path: str, relay: "Relay", limits: Limits) -> None:
+        super().__init__(path, {}, limits=limits)
         self.relay = relay
 
     async def dispatch(self, caller: Caller, line: bytes) -> bytes:
@@ -178,7 +178,7 @@ class Relay:
     """
 
     def __init__(self, bus: Bus, socket_path: str, name: str, *, timeout: float = DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, limits: Limits = Limits()) -> None:
         if not valid_name(name):
             raise ValueError(f"invalid relay name {name!r}: use letters, digits, '-', '_' or '.'")
         if not timeout > 0:
@@ -189,7 +189,7 @@ class Relay:
         self.timeout = timeout
         self.clock = clock
         self.reply_topic = relay_replies(name)
-        self.server = _Server(socket_path, self)
+        self.server = _Server(socket_path, self, limits)
         self.head_online: bool | None = None     # from the head's retained status
         self.ready = asyncio.Event()             # set once the socket accepts requests
         self.forwarded = 0
@@ -254,8 +254,8 @@ class Relay:
             if not sent:
                 return protocol.error(f"gpud relay {self.name} cannot reach the MQTT broker; "
                                       "check that it runs and [broker] url in gpud.toml")
-            log.warning("relay %s: no answer from the head within %gs (uid %d)", self.name, self.timeout,
-                        caller.uid)
+            self.server.quiet.log(logging.WARNING, "no answer", "relay %s: no answer from the head within %gs "
+                                  "(uid %d)", self.name, self.timeout, caller.uid)
             return protocol.error(f"head did not answer within {self.timeout:g}s; the request may still "
                                   "have been carried out: check with gpuctl squeue")
         finally:
@@ -328,7 +328,7 @@ async def run_relay(cfg: Config, *, socket_path: str | None = None, name: str | 
     try:
         key = load_keys(cfg.key_file)
         bus = make_bus(cfg, f"relay:{name}", name, key)
-        relay = Relay(bus, path, name, timeout=timeout)
+        relay = Relay(bus, path, name, timeout=timeout, limits=Limits.from_config(cfg.head))
     except (KeyFileError, ValueError) as e:
         print(f"gpud relay: error: {e}", file=sys.stderr)
         return 1
@@ -361,7 +361,7 @@ async def worker_relay(cfg: Config, name: str, key: bytes) -> AsyncIterator[Rela
         log.error("worker %s: cannot serve gpuctl at %s: %s (jobs are not affected)", name, path, e)
         yield None
         return
-    relay = Relay(bus, path, name)
+    relay = Relay(bus, path, name, limits=Limits.from_config(cfg.head))
 
     async def serve() -> None:
         try:

@@ -25,8 +25,10 @@ PAGES = sorted(p.name for p in (REPO / "man").iterdir() if p.suffix[1:].isdigit(
 
 
 def install(destdir: Path, *, script: str = "install", **env: str) -> subprocess.CompletedProcess:
+    # The test host's python3 (its packages stand in for PyPI), wherever it lives: a staged
+    # install only warns about an interpreter other users cannot run.
     full = {**os.environ, "DESTDIR": str(destdir), "GPUD_VENV_ARGS": "--system-site-packages",
-            "GPUD_PIP_ARGS": "--no-deps", **env}
+            "GPUD_PIP_ARGS": "--no-deps", "PYTHON": os.environ.get("PYTHON") or "python3", **env}
     full.pop("GPUD_CONFIG", None)
     return subprocess.run([str(REPO / "scripts" / script)], env=full, capture_output=True, text=True, timeout=600)
 
@@ -52,7 +54,7 @@ def test_everything_lands_where_it_belongs(staged):
     for name in ("gpud.toml", "standalone.toml"):
         conf = staged / "etc/gpud" / name
         assert conf.read_bytes() == (REPO / "etc/gpud" / name).read_bytes()
-        assert stat.S_IMODE(conf.stat().st_mode) == 0o640
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o644   # users' gpuctl reads it; no secrets in it
     assert (venv / "share/gpud/etc/mosquitto/gpud.conf").exists()
     key = staged / "etc/gpud/cluster.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -149,3 +151,17 @@ def test_uninstall_leaves_a_link_that_is_no_longer_ours(staged, tmp_path):
 def test_install_refuses_bad_settings_in_one_line(tmp_path, env, message):
     r = install(tmp_path, **env)
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_reinstall_opens_an_old_0640_config_to_users_unless_it_holds_a_password(staged, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(staged, root, symlinks=True)
+    conf, standalone = root / "etc/gpud/gpud.toml", root / "etc/gpud/standalone.toml"
+    conf.write_text('cluster = "site"\n')
+    standalone.write_text('[broker]\npassword = "s3cret"\n')
+    for f in (conf, standalone):
+        f.chmod(0o640)
+    r = install(root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644 and "made it readable by users" in r.stdout
+    assert stat.S_IMODE(standalone.stat().st_mode) == 0o640 and "it holds a broker password" in r.stdout

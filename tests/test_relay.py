@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import time
 from typing import Any
 
@@ -177,9 +178,11 @@ async def test_refusals_come_back_as_the_heads_one_line_reason(tmp_path):
 
 async def test_large_requests_and_answers_travel_in_parts(tmp_path):
     async with running(tmp_path) as w:
-        script = "#!/bin/bash\n" + "# é padding\n" * 250_000           # ~3 MB
+        script = "#!/bin/bash\n" + "# é padding\n" * 30_000           # 360,000 characters, 3 parts
         job = (await w.call(w.relay_socket, "submit", spec=spec(script=script, hold=True)))["job_id"]
         assert w.head.store.active[job].spec.script == script
+        with pytest.raises(RemoteError, match="more than one launch message carries"):   # ~3 MB: it
+            await w.call(w.relay_socket, "submit", spec=spec(script=script * 6, hold=True))   # got there
         for i in range(250):
             await w.call(w.head_socket, "submit", spec=spec(name=f"job-{i:03d}-" + "n" * 100, hold=True))
         assert len(protocol.ok(await w.same_answer("jobs"))) > CHUNK_CHARS
@@ -300,3 +303,18 @@ async def test_a_worker_may_relay_too(tmp_path):
             assert (await w.call(relay.socket_path, "ping"))["uid"] == os.getuid()
             relay.stop()
             await task
+
+
+async def test_a_relays_claimed_user_name_is_not_trusted(tmp_path):
+    """A relay vouches for a uid; the name it sends is its host's and makes no one an admin."""
+    async with running(tmp_path) as w:
+        w.head.admins = frozenset({"alice"})
+        nobody = pwd.getpwnam("nobody")
+        for claimed in ("root", "alice"):
+            body = request_body(id=f"forged-{claimed}", data=protocol.request("ping").decode(),
+                                uid=nobody.pw_uid, gid=nobody.pw_gid, user=claimed)
+            (reply,) = [r for r in await answered_after(w, [seal(KEY, "relay:login", "request", body,
+                                                                  now=time.time(), topic=HEAD_REQUESTS)])
+                        if r["body"]["id"] == f"forged-{claimed}"]
+            answer = json.loads(reply["body"]["data"])["result"]
+            assert (answer["uid"], answer["user"], answer["admin"]) == (nobody.pw_uid, "nobody", False)

@@ -40,10 +40,10 @@ def test_outside_a_job_is_a_usage_error(head):
 
 
 def test_someone_elses_job_is_refused(head):
-    head.refuse("step_launch", "srun: job 5 belongs to bob; only its owner or an admin may run tasks in it")
+    head.refuse("step_launch", "srun: Access/permission denied: job 5 belongs to bob; only its owner or root may run tasks in it")
     r = srun(head.path, "hostname")
     assert r.returncode == 1
-    assert r.stderr.strip() == "srun: error: srun: job 5 belongs to bob; only its owner or an admin may run tasks in it"
+    assert r.stderr.strip() == "srun: error: srun: Access/permission denied: job 5 belongs to bob; only its owner or root may run tasks in it"
     assert r.stdout == ""
 
 

@@ -239,7 +239,9 @@ class Cron:
 
 # -- socket operations ------------------------------------------------------------------------
 
-def _target_user(head: "Head", caller: Caller, args: dict) -> tuple[int, int, str]:
+def _target_user(head: "Head", caller: Caller, args: dict, *, write: bool = False) -> tuple[int, int, str]:
+    """Whose scrontab: the caller's, or ``user``'s.  Admins may read anyone's; only root may
+    set another user's, since its entries run as that user (as in Slurm)."""
     from .ops_jobs import is_admin
 
     name = args.get("user")
@@ -251,6 +253,9 @@ def _target_user(head: "Head", caller: Caller, args: dict) -> tuple[int, int, st
         pw = pwd.getpwnam(name)
     except KeyError:
         raise RequestError(f"no user {name!r}") from None
+    if write and caller.uid not in (0, pw.pw_uid):
+        raise RequestError(f"Access/permission denied: only {pw.pw_name} or root may set {pw.pw_name}'s scrontab "
+                           "(its jobs run as that user); an admin may read it and cancel or hold its jobs")
     return pw.pw_uid, pw.pw_gid, pw.pw_name
 
 
@@ -272,7 +277,7 @@ async def op_scrontab_get(head: "Head", caller: Caller, args: dict) -> dict:
 
 async def op_scrontab_set(head: "Head", caller: Caller, args: dict) -> dict:
     """{"text": str, "entries": [{"line", "schedule", "spec"}], "user": str?} -> {"entries": n}."""
-    uid, gid, user = _target_user(head, caller, args)
+    uid, gid, user = _target_user(head, caller, args, write=True)
     text = args.get("text", "")
     if not isinstance(text, str) or len(text.encode("utf-8", "surrogateescape")) > MAX_TEXT:
         raise RequestError(f"scrontab text must be at most {MAX_TEXT // 1024} KiB")

@@ -51,7 +51,8 @@ from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
 from . import gang
-from .api import RequestError, SocketServer
+from .api import Limits, RequestError, SocketServer
+from .jobcaps import SubmitCaps
 from .jobs import requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
@@ -97,7 +98,7 @@ class Head:
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
                                                  **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
-        })
+        }, limits=Limits.from_config(cfg.head))
         self._kick = asyncio.Event()
         self.status_refresh = STATUS_REFRESH
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
@@ -228,6 +229,15 @@ class Head:
                 batch.append(self.submissions.get_nowait())
             try:
                 async with self.lock:
+                    caps = SubmitCaps(self.store.active, self.cfg)
+                    admitted = []
+                    for jobs, fut in batch:
+                        refusal = caps.admit(jobs)
+                        if refusal is None:
+                            admitted.append((jobs, fut))
+                        elif not fut.done():
+                            fut.set_exception(RequestError(refusal))
+                    batch = admitted
                     saved = await self.store.insert_jobs([j for js, _ in batch for j in js], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
                 log.exception("could not record %d submissions", len(batch))
@@ -340,7 +350,21 @@ class Head:
         slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
         for where, b in gang.launches(body, job, gang.master_addr(self.store, job), slurm=slurm_env):
             if node is None or where == node:
-                await self.bus.publish(node_cmd(where), "launch", b)
+                try:
+                    await self.bus.publish(node_cmd(where), "launch", b)
+                except (ValueError, TypeError) as e:   # the bus cannot carry it (too large)
+                    await self._launch_failed(job, where, str(e))
+                    return
+
+    async def _launch_failed(self, job: JobRecord, node: str, why: str) -> None:
+        """A launch that cannot be sent fails its job, as a worker's failed launch would; the
+        node and everything else go on (it must not stall the pass or the node's heartbeats)."""
+        log.error("job %d (user %s): cannot send its launch to %s: %s; the job fails", job.job_id, job.user,
+                  node, why)
+        await self.reports.apply([("finished", node, {
+            "job": job.job_id, "attempt": job.attempt, "exit_code": None, "signal": None,
+            "reason": "launch_failed", "time": self.clock(),
+            "message": f"the head could not send the launch to {node}: {why}"[:300]})])
 
     async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str,
                           nodes: list[str] | None = None) -> None:

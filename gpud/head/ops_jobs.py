@@ -19,6 +19,7 @@ from .. import __version__, jsoncodec, protocol
 from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import format_indices
 from . import admission, gang, slurm
+from .jobcaps import launch_refusal
 from .api import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
@@ -45,6 +46,9 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
         spec = JobSpec.from_request(args.get("spec"))
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
+    too_large = launch_refusal(spec.script, spec.env)
+    if too_large is not None:
+        raise RequestError(too_large)
     now = head.clock()
     infos, models = registered(head)
     if spec.gpu_type is not None:   # the only field this may change: no copy of the spec otherwise

@@ -11,10 +11,15 @@ or any other name, may not).  That is the whole trust decision, as with munge: a
 has the key vouches for the uid its kernel saw.
 
 Once every part is in, the line goes through ``head.server.dispatch`` exactly like a line
-from the local socket, with a ``Caller`` built from the relayed identity, and the response
+from the local socket, with a ``Caller`` built from the relayed uid and gid (the user name
+the relay sent is ignored: the head resolves the uid itself, so a relay host's passwd file
+cannot make anyone an admin), and the response
 line goes back to ``relay/<name>/replies`` in parts.  Each request runs as its own task, so
 a submission waiting for its group commit does not hold up the bus loop, and relayed
-submissions share commits like local ones; at most ``MAX_IN_FLIGHT`` run at once.
+submissions share commits like local ones; at most ``MAX_IN_FLIGHT`` run at once, and at
+most ``[head] max_requests_per_user`` of one uid over all relays (one user's ``step_poll``
+loop cannot fill the slots everyone shares): a request past either is answered at once
+with a one-line refusal.
 
 A request whose deadline has passed is dropped unanswered: its relay has already told the
 user it timed out, and carrying it out now (say, when a restarted head's persistent session
@@ -25,6 +30,7 @@ can be addressed, answered with an error so the user is not left waiting.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -32,7 +38,7 @@ from .. import protocol
 from ..bus.base import Message, relay_replies
 from ..relay import (CHUNK_CHARS, BadRelayMessage, Identity, Part, Parts, parse_identity, parse_part,
                      split_line, valid_name)
-from .api import Caller, user_name
+from .api import Caller, RateLimitedLog, user_name
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -68,6 +74,8 @@ class RelayedRequests:
         self._incomplete: dict[tuple[str, str], _Incomplete] = {}
         self._buffered = 0
         self._tasks: set[asyncio.Task] = set()
+        self._per_uid: dict[int, int] = {}     # relayed requests in progress per uid
+        self.quiet = RateLimitedLog(log)
         self.answered = 0
 
     async def handle(self, msg: Message) -> None:
@@ -103,13 +111,28 @@ class RelayedRequests:
         if line is None:
             return
         if len(self._tasks) >= MAX_IN_FLIGHT:
-            log.warning("refused request %s from %s: %d relayed requests in progress", part.id,
-                        msg.sender, len(self._tasks))
+            self.quiet.log(logging.WARNING, "busy", "refused request %s from %s: %d relayed requests in progress",
+                           part.id, msg.sender, len(self._tasks))
             await self._reply(name, part.id, protocol.error("gpud head is busy; try again shortly"))
             return
+        per_user = self.head.cfg.head.max_requests_per_user
+        if self._per_uid.get(ident.uid, 0) >= per_user:
+            self.quiet.log(logging.WARNING, "user busy", "refused request %s from %s: uid %d has %d relayed "
+                           "requests in progress", part.id, msg.sender, ident.uid, per_user)
+            await self._reply(name, part.id, protocol.error(
+                f"too many requests from this user in progress ({per_user}, [head] max_requests_per_user); "
+                "wait for some to finish and try again"))
+            return
+        self._per_uid[ident.uid] = self._per_uid.get(ident.uid, 0) + 1
         task = asyncio.create_task(self._answer(name, part.id, ident, line), name=f"relayed {part.id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._done, ident.uid))
+
+    def _done(self, uid: int, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        left = self._per_uid.pop(uid, 1) - 1
+        if left:
+            self._per_uid[uid] = left
 
     async def close(self) -> None:
         """Stop answering (for callers that keep the event loop running after the head)."""
@@ -156,14 +179,17 @@ class RelayedRequests:
             self._forget(key)
 
     async def _answer(self, name: str, rid: str, ident: Identity, line: bytes) -> None:
-        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=ident.user or user_name(ident.uid))
+        # The uid is what the relay's kernel vouched for; the name the relay sent is only its
+        # host's view and is never trusted: admin checks, accounts and job records use the
+        # head's own name for the uid.
+        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=user_name(ident.uid))
         left = ident.deadline + CLOCK_SLACK - self.head.clock()
         try:
             async with asyncio.timeout(max(left, 0.0)):
                 answer = await self.head.server.dispatch(caller, line)
         except TimeoutError:
-            log.warning("request %s from relay %s (uid %d) took longer than its relay waits; "
-                        "no answer sent", rid, name, ident.uid)
+            self.quiet.log(logging.WARNING, "late", "request %s from relay %s (uid %d) took longer than its "
+                           "relay waits; no answer sent", rid, name, ident.uid)
             return
         await self._reply(name, rid, answer)
         self.answered += 1

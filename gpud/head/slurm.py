@@ -36,6 +36,7 @@ from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
 from . import arrays, deps, mail
 from .api import Caller, RequestError
 from .cron import Cron
+from .jobcaps import SubmitCaps
 from .scheduling import build_snapshot, run_core
 from .store import JobRecord, Txn
 
@@ -178,6 +179,9 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
                 first = min(same, key=lambda j: j.job_id)
                 return {"job_id": first.array_job_id or first.job_id, "skipped": True,
                         "display_id": str(first.array_job_id or first.job_id), "warnings": warnings}
+            refusal = SubmitCaps(head.store.active, head.cfg).admit(jobs)
+            if refusal is not None:
+                raise RequestError(refusal)
             saved = await head.store.insert_jobs(jobs, now)
         head.kick()
     else:

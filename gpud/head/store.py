@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator
@@ -281,6 +282,36 @@ def _one_writer(method: Callable) -> Callable:
     return run
 
 
+def private_files(path: str) -> None:
+    """Make the database and its WAL and shared-memory files the owner's alone (0600),
+    whatever the umask: they hold every job's environment.  SQLite gives the -wal and -shm
+    files it creates the database file's mode.  A missing directory is made 0711: nobody
+    else may list it, but a worker sharing it (one state_dir for both) keeps job scripts
+    below it that their users must reach.  gpud-head.service gives the head a directory of
+    its own, 0700 (StateDirectory=gpud/head)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o711, exist_ok=True)
+        os.chmod(directory, 0o711)
+    for name, create in ((path, True), (path + "-wal", False), (path + "-shm", False)):
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(name, flags, 0o600)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise RuntimeError(f"cannot open the job database file {name}: {e.strerror}") from None
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode != 0o600:
+                os.fchmod(fd, 0o600)
+        except OSError as e:
+            raise RuntimeError(f"the job database file {name} is mode {mode:04o} and cannot be made 0600 "
+                               f"({e.strerror}); run: chmod 600 {name}") from None
+        finally:
+            os.close(fd)
+
+
 class Store:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -310,7 +341,7 @@ class Store:
         return await self.db._execute(_in_transaction, self.db._conn, work)
 
     async def open(self) -> "Store":
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        private_files(self.path)
         if not hasattr(aiosqlite.Connection, "_execute"):
             raise RuntimeError(f"aiosqlite {aiosqlite.__version__} lacks Connection._execute, which "
                                "gpud runs its transactions through; install aiosqlite 0.20 to 0.22")

@@ -88,6 +88,7 @@ class QosConfig:
     preempt_mode: str = "requeue"            # what happens to a job of this QOS when preempted
     grace_time: float = 60.0                 # seconds from the first signal to SIGKILL
     max_gpus_per_user: int | None = None
+    max_submit_jobs: int | None = None       # pending and running per user (gpud.head.jobcaps)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class AccountConfig:
     gpu_quota: int | None = None             # guaranteed GPUs for the subtree (lent out while idle)
     gpu_limit: int | None = None             # hard cap for the subtree, borrowed GPUs included
     users: tuple[str, ...] = ()              # "*" admits everyone
+    max_submit_jobs: int | None = None       # pending and running per user (gpud.head.jobcaps)
 
 
 def _default_partitions() -> dict[str, PartitionConfig]:
@@ -178,8 +180,8 @@ _SECTION_KEYS = {
 _PARTITION_KEYS = {"name", "nodes", "default", "default_time", "max_time", "priority",
                    "placement", "default_mem", "default_mem_per_gpu", "idle_threshold", "idle_period",
                    "idle_action"}
-_QOS_KEYS = {"priority", "preempt", "preempt_mode", "grace_time", "max_gpus_per_user"}
-_ACCOUNT_KEYS = {"parent", "shares", "gpu_quota", "gpu_limit", "users"}
+_QOS_KEYS = {"priority", "preempt", "preempt_mode", "grace_time", "max_gpus_per_user", "max_submit_jobs"}
+_ACCOUNT_KEYS = {"parent", "shares", "gpu_quota", "gpu_limit", "users", "max_submit_jobs"}
 
 # Every key these sections accept, for gpud/config.py's unknown-key check and the example
 # coverage test.  "*" stands for a name the site chooses ([qos.NAME], [accounts.NAME]);
@@ -410,6 +412,7 @@ def _qos_table(raw: Any, path: str) -> dict[str, QosConfig]:
             preempt_mode=r.string("preempt_mode", "requeue", PREEMPT_MODES) or "requeue",
             grace_time=r.duration("grace_time", 60.0) or 0.0,
             max_gpus_per_user=r.integer("max_gpus_per_user", None),
+            max_submit_jobs=r.integer("max_submit_jobs", None),
         )
     for q in out.values():
         for victim in q.preempt:
@@ -438,6 +441,7 @@ def _accounts(raw: Any, path: str) -> dict[str, AccountConfig]:
             gpu_quota=r.integer("gpu_quota", None),
             gpu_limit=r.integer("gpu_limit", None),
             users=r.strings("users", ()),
+            max_submit_jobs=r.integer("max_submit_jobs", None),
         )
         if a.gpu_quota is not None and a.gpu_limit is not None and a.gpu_quota > a.gpu_limit:
             r.fail(r.key("gpu_quota"), f"{a.gpu_quota} exceeds gpu_limit {a.gpu_limit}; lower the quota "
