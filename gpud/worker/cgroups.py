@@ -454,12 +454,7 @@ class V1(Cgroups):
         mem = self.bases.get("memory")
         acct = self.bases.get("cpuacct")
         peak = _read_int(self.fs, _join(mem, *parts, "memory.max_usage_in_bytes")) if mem else None
-        oom = 0
-        if mem:
-            try:
-                oom = _keyed(self.fs.read(_join(mem, *parts, "memory.oom_control"))).get("oom_kill", 0)
-            except OSError:
-                pass
+        oom = _oom_kills_v1(self.fs, _join(mem, *parts)) if mem else 0
         ns = _read_int(self.fs, _join(acct, *parts, "cpuacct.usage")) if acct else None
         return Usage(peak, None if ns is None else ns // 1000, oom)
 
@@ -675,6 +670,16 @@ def _remove_tree(fs: CgroupFs, path: str) -> bool:
             return False
         raise
     return True
+
+
+def _oom_kills_v1(fs: CgroupFs, path: str) -> int:
+    """v1 counts an OOM kill in the cgroup of the killed process only: add up the subtree."""
+    try:
+        n = _keyed(fs.read(_join(path, "memory.oom_control"))).get("oom_kill", 0)
+        children = [c for c in fs.listdir(path) if fs.isdir(_join(path, c))]
+    except OSError:
+        return 0
+    return n + sum(_oom_kills_v1(fs, _join(path, c)) for c in children)
 
 
 def _sigkill(pid: int) -> None:
