@@ -193,8 +193,16 @@ class Cgroups:
     def kill(self, name: str) -> None:
         """SIGKILL every process of the job, forks in flight included."""
 
-    def usage(self, name: str) -> Usage:
+    def usage(self, name: str, step: str | None = None) -> Usage:
         return Usage()
+
+    def steps(self, name: str) -> list[str]:
+        """The job's step cgroups (batch, step_N)."""
+        try:
+            path = _join(self.base, name)
+            return sorted(c for c in self.fs.listdir(path) if self.fs.isdir(_join(path, c)))
+        except (OSError, AttributeError):
+            return []
 
     def remove(self, name: str) -> bool:
         """Remove the job's (empty) cgroups; False while processes remain."""

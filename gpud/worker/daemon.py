@@ -364,7 +364,8 @@ class Worker:
 
         return Sampler(self.backend, self._publish, lambda: assignments_from(self.executor),
                        self.cfg.worker.sample_interval, clock=self.clock,
-                       connected=lambda: getattr(self.bus, "connected", True))
+                       connected=lambda: getattr(self.bus, "connected", True),
+                       usage=getattr(self.executor, "usage_rows", None))
 
     def _user(self, job: int, attempt: int) -> str:
         return self._users.get((job, attempt), "?")

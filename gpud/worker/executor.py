@@ -80,6 +80,7 @@ class TaskSetup:
     switch_user: bool
     work_dir: str
     env: dict[str, str]
+    step_cgroup: Callable[[int], list[str]] | None = None   # step -> the cgroup files its tasks join
 
 
 @dataclass(eq=False)
@@ -318,6 +319,24 @@ class Executor:
         except OSError:
             return None
 
+    def usage_rows(self) -> list[list]:
+        """(thread) [job, attempt, step, peak bytes, CPU microseconds] for every confined
+        running job: step "" is the whole job, then each of its steps (batch, step_N)."""
+        if not self.cgroups.active:
+            return []
+        rows = []
+        for key in list(self._jobs):
+            name = job_name(*key)
+            try:
+                total = self._usage.sample(name)
+                rows.append([*key, "", total.max_rss, total.cpu_usec])
+                for step in self.cgroups.steps(name):
+                    u = self.cgroups.usage(name, step)
+                    rows.append([*key, step, u.max_rss, u.cpu_usec])
+            except OSError:
+                continue
+        return rows
+
     # -- restarting -----------------------------------------------------------------------------
 
     async def _sweep_orphans(self) -> None:
@@ -380,8 +399,12 @@ class Executor:
             user, home, groups, switch = self._identity(launch)
         except _LaunchError as e:
             raise ValueError(str(e)) from None
+        step_cgroup = None
+        if self.cgroups.active:
+            def step_cgroup(step: int) -> list[str]:
+                return self.step_cgroup(job_id, attempt, step)
         return TaskSetup(launch.uid, launch.gid, groups, switch, launch.work_dir,
-                         self._environment(launch, user, home))
+                         self._environment(launch, user, home), step_cgroup)
 
     def _environment(self, launch: Launch, user: str, home: str) -> dict[str, str]:
         env = dict(launch.env)
