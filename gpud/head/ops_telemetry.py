@@ -122,7 +122,7 @@ async def op_sstat(head: "Head", caller: Caller, args: dict) -> dict:
     steps = head.telemetry.steps.get(job_id, {})
     return {"job": job.to_public(), "now": head.clock(),
             "steps": [{"step": name, "sampled_at": t, "max_rss": rss, "cpu_usec": cpu}
-                      for name, (t, rss, cpu) in sorted(steps.items())]}
+                      for name, (t, rss, cpu) in sorted(steps.items(), key=lambda kv: (kv[0] != "total", kv[0]))]}
 
 
 OPS = {"report": op_report, "seff": op_seff, "telemetry": op_telemetry, "sstat": op_sstat}
