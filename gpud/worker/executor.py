@@ -441,6 +441,11 @@ class Executor:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())
         except OSError as e:
+            if spec["cgroup_procs"]:
+                try:
+                    self.cgroups.remove(job_name(*job.key))
+                except OSError:
+                    pass   # the next start's orphan sweep removes it
             raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
 
     def limits(self, launch: Launch, cpus: tuple[int, ...]) -> Limits:
@@ -685,6 +690,12 @@ class Executor:
         """Kill what is left in a job's cgroup, wait until it is empty (a job is over only
         then), take its last accounting and remove it."""
         cg = self.cgroups
+        try:   # the usual case in one trip to a thread: nothing left, or gone at the first kill
+            usage = await asyncio.to_thread(self._drain_now, name)
+            if usage is not False:
+                return usage
+        except OSError as e:
+            log.warning("cgroup %s: %s", name, e.strerror or e)
         delay, waited, warned = 0.005, 0.0, False
         while True:
             try:
@@ -716,6 +727,24 @@ class Executor:
                 log.warning("cgroup %s: cannot remove it: %s", name, e.strerror or e)
                 break
             await asyncio.sleep(0.02)
+        return usage
+
+    def _drain_now(self, name: str) -> "Usage | None | bool":
+        """(thread) ``_drain`` without waiting: the usage once the cgroup is empty and
+        removed, False while processes remain."""
+        cg = self.cgroups
+        if cg.populated(name):
+            cg.kill(name)
+            for _ in range(20):   # SIGKILLed processes exit within milliseconds
+                time.sleep(0.001)
+                if not cg.populated(name):
+                    break
+            else:
+                return False
+        usage = self._usage.sample(name)
+        self._usage.forget(name)
+        if not cg.remove(name):
+            return False
         return usage
 
     def _outcome_saved(self, job: _Job, rc: int | None, usage: Usage | None = None) -> Outcome:
