@@ -126,23 +126,25 @@ def exit_code(job: dict[str, Any]) -> str:
     return f"{job.get('exit_code') or 0}:{job.get('signal') or 0}"
 
 
-def slurm_size(value: float | None, unit: str = "K") -> str:
-    """Slurm's convert_num_unit: ``value`` in ``unit``, scaled up while it is 1024 or more,
-    whole numbers as such (``5056K``), others with two decimals (``299.96M``); empty for None."""
+def slurm_size(value: int | None, unit: str = "K") -> str:
+    """sacct's sizes (convert_num_unit with CONVERT_NUM_UNIT_EXACT, its default): ``value``
+    in ``unit``, moved to a larger unit only while it divides evenly (``5056K``, ``300M``,
+    ``1G``); empty for None."""
     if value is None:
         return ""
     units = "KMGTP"
     i = units.index(unit)
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
+    value = int(value)
+    while value and value % 1024 == 0 and i < len(units) - 1:
+        value //= 1024
         i += 1
-    return f"{int(value)}{units[i]}" if float(value).is_integer() else f"{value:.2f}{units[i]}"
+    return f"{value}{units[i]}"
 
 
 def max_rss(job: dict[str, Any]) -> str:
     """sacct's MaxRSS from the job's peak memory in bytes (``0`` where it was not measured)."""
     rss = job.get("max_rss")
-    return slurm_size(rss / 1024) if isinstance(rss, (int, float)) else ""
+    return slurm_size(int(rss) // 1024) if isinstance(rss, (int, float)) else ""
 
 
 def slurm_cpu_time(seconds: float | None) -> str:

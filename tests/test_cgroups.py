@@ -193,3 +193,56 @@ def test_real_bpf_device_program_fences_gpu_nodes(tmp_path):
         assert out.split() == ["0:ENXIO", "1:EPERM"]
     finally:
         os.rmdir(path)
+
+
+# -- the backends' device nodes ------------------------------------------------------------------
+
+def test_nvml_backend_reads_minors_and_mig_caps(tmp_path):
+    from gpud.gpu.nvml import NvmlBackend
+    from tests.fake_pynvml import FakeMigSlice, FakeNvml
+
+    nv = FakeNvml.machine(H100=3)
+    nv.gpus[1].minor = 7   # minors need not follow indices
+    nv.gpus[2].mig = [FakeMigSlice(uuid="MIG-a", memory_mib=10240, start=0, gi_id=9),
+                      FakeMigSlice(uuid="MIG-b", memory_mib=10240, start=1, gi_id=10)]
+    nv.write_mig_minors(str(tmp_path / "mig-minors"))
+    (tmp_path / "devices").write_text("Character devices:\n  1 mem\n195 nvidia\n237 nvidia-caps\n\nBlock devices:\n  8 sd\n")
+    backend = NvmlBackend(nvml=nv)
+    try:
+        d = backend.devices(str(tmp_path / "mig-minors"), str(tmp_path / "devices"))
+    finally:
+        backend.close()
+    assert d.minors == {0: 0, 1: 7, 2: 2}
+    assert d.caps == {(2, 0): (3, 4), (2, 1): (5, 6)} and d.caps_major == 237
+    assert d.paths[1] == "/dev/nvidia7"
+    assert d.allowed([(1, None)])[195] == {7, 254, 255}
+    assert d.allowed([(2, 1)]) == {195: frozenset({2, 254, 255}), 237: frozenset({5, 6})}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_sim_backend_makes_device_nodes(tmp_path):
+    from gpud.gpu.sim import SimBackend
+
+    b = SimBackend("2xH100-80GB", "n1", devices_dir=str(tmp_path / "dev"))
+    b.set_mig_mode(1, True)
+    b.create_slice(1, "1g.10gb", 0)
+    d = b.devices()
+    nodes = {p.name: os.stat(p).st_rdev for p in (tmp_path / "dev").iterdir() if not p.is_dir()}
+    assert nodes == {"nvidia0": os.makedev(195, 0), "nvidia1": os.makedev(195, 1),
+                     "nvidiactl": os.makedev(195, 255)}
+    caps = d.caps[(1, 0)]
+    for m in caps:
+        st = os.stat(tmp_path / "dev" / "nvidia-caps" / f"nvidia-cap{m}")
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(d.caps_major, m)
+    assert b.devices() == d   # made once, then found as they are
+    assert SimBackend("1xH100-80GB", "n1").devices() is None
+
+
+def test_slurm_units():
+    from gpuctl import format as fmt
+
+    assert fmt.slurm_size(5056) == "5056K" and fmt.slurm_size(307200) == "300M"
+    assert fmt.slurm_size(1 << 20) == "1G"
+    assert fmt.slurm_cpu_time(20.004) == "00:20.004" and fmt.slurm_cpu_time(3725) == "01:02:05"
+    assert fmt.slurm_cpu_time(90061) == "1-01:01:01"
+    assert fmt.max_rss({"max_rss": 300 << 20}) == "300M" and fmt.max_rss({}) == ""
