@@ -31,7 +31,7 @@ def _confinable() -> str | None:
     return f"cgroup v1 controllers not mounted: {', '.join(sorted(missing))}" if missing else None
 
 
-pytestmark = pytest.mark.skipif(_confinable() is not None, reason=str(_confinable()))
+needs_cgroups = pytest.mark.skipif(_confinable() is not None, reason=str(_confinable()))
 
 
 @pytest.fixture
@@ -48,6 +48,7 @@ def cluster(tmp_path, mosquitto):  # noqa: F811
     c.close()
 
 
+@needs_cgroups
 def test_out_of_memory_and_device_fence_through_gpuctl(cluster, tmp_path):
     show = cluster.gpuctl("scontrol", "show", "node", "n1").stdout
     assert "Confinement=v1" in show
@@ -77,6 +78,7 @@ def test_out_of_memory_and_device_fence_through_gpuctl(cluster, tmp_path):
     assert got == {f"nvidia{i}": ("ENXIO" if i in given else "EPERM") for i in range(4)}
 
 
+@needs_cgroups
 def test_usage_of_a_busy_job_in_sstat_sacct_and_seff(cluster, tmp_path):
     """Two processes burning 10 CPU-seconds each (their own CPU time, so a busy host only
     makes it take longer): sstat shows it while it runs, sacct and seff after it."""
@@ -103,3 +105,18 @@ def test_usage_of_a_busy_job_in_sstat_sacct_and_seff(cluster, tmp_path):
     assert "Memory Utilized:" in seff and "Memory Efficiency:" in seff and "of 1.00 GB" in seff
     r = cluster.gpuctl("sstat", "-j", str(jid), check=False)
     assert r.returncode == 1 and "not running" in r.stderr
+
+
+def test_an_unconfined_node_says_so(tmp_path, mosquitto):  # noqa: F811
+    with Cluster(tmp_path / "c", mosquitto.url, extra_toml='cgroups = "off"\n') as c:
+        c.start_head()
+        c.start_worker("n1")
+        assert "Confinement=none" in c.gpuctl("scontrol", "show", "node", "n1").stdout
+        reasons = c.gpuctl("sinfo", "-R").stdout.splitlines()
+        assert reasons[0].split() == ["REASON", "NODELIST"]
+        assert reasons[1].startswith('Confinement=none: turned off by [worker] cgroups = "off"')
+        assert reasons[1].split()[-1] == "n1"
+        jid = c.sbatch("--wrap", "true")
+        job = c.wait_job_state(jid, "COMPLETED")
+        assert job["max_rss"] is None and job["total_cpu"] is None
+        assert "Memory Efficiency: not measured" in c.gpuctl("seff", str(jid)).stdout

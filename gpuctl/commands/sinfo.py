@@ -155,7 +155,8 @@ def reasons_table(nodes: list[dict], *, header: bool = True) -> str:
     for n in nodes:
         for reason in node_reasons(n):
             by_reason.setdefault(reason, []).append(str(n.get("name")))
-    lines = [f"{'REASON':<50} NODELIST"] if header else []
+    width = max([len(r) for r in by_reason] + [len("REASON")])   # whole reasons: they say what to fix
+    lines = [f"{'REASON':<{width}} NODELIST"] if header else []
     for reason, names in sorted(by_reason.items()):
-        lines.append(f"{reason[:50]:<50} {fmt.compress_hostlist(names)}")
+        lines.append(f"{reason:<{width}} {fmt.compress_hostlist(names)}")
     return "\n".join(lines) if by_reason or header else ""
