@@ -120,3 +120,26 @@ def test_an_unconfined_node_says_so(tmp_path, mosquitto):  # noqa: F811
         job = c.wait_job_state(jid, "COMPLETED")
         assert job["max_rss"] is None and job["total_cpu"] is None
         assert "Memory Efficiency: not measured" in c.gpuctl("seff", str(jid)).stdout
+
+
+@needs_cgroups
+def test_a_restarted_worker_keeps_its_confined_jobs_and_kills_them_whole(cluster, tmp_path):
+    from tests.test_confinement import ESCAPEES, alive
+
+    work = tmp_path / "w"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    jid = cluster.sbatch("-D", str(work), "-o", "esc.out", "--wrap", ESCAPEES)
+    wait_for(lambda: "ready" in ((work / "esc.out").read_text() if (work / "esc.out").exists() else ""), 60,
+             "the job's escapees")
+    pids = [int(p) for p in (work / "escapee.pids").read_text().split()]
+    cluster.stop(cluster.workers["n1"])
+    assert all(alive(p) for p in pids)
+    p = cluster._spawn(["worker", "--name", "n1", "--sim", "4xH100-80GB", "--sim-devices", str(cluster.devices)],
+                       "worker-n1")
+    cluster.workers["n1"] = p
+    wait_for(lambda: "watching it again" in cluster.log("worker-n1") or p.poll() is not None, 30, "re-adoption")
+    assert cluster.job(jid)["state"] == "RUNNING"
+    cluster.gpuctl("scancel", str(jid))
+    cluster.wait_job_state(jid, "CANCELLED")
+    assert not any(alive(p) for p in pids)
