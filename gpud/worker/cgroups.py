@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 Every allocation gets a cgroup ``job_<id>_<attempt>`` under the worker's own subtree, with
-one child per step: ``batch`` for the batch script, ``step_<n>`` for ``gpuctl srun`` tasks.
+one child per step: ``batch`` for the batch script, ``step_<n>`` for ``gpuctl srun`` tasks
+(v1 keeps the batch script in the job's own cgroup: it allows that, and creating and
+removing a cgroup in each of six hierarchies is most of what confinement costs a job).
 The limits sit on the job's cgroup, so every step shares them (as in Slurm):
 
 * processes: the job's processes are exactly the cgroup's, whatever sessions or process
@@ -424,6 +426,8 @@ class V1(Cgroups):
                         self.fs.write(_join(path, "devices.deny"), f"c {major}:{minor} rwm")
 
     def step(self, name: str, step: str) -> list[str]:
+        if step == BATCH:   # v1 lets the job's own cgroup hold it: half the cgroups per job
+            return [_join(path, "cgroup.procs") for path in self._dirs(name).values()]
         out = []
         for ctrl, path in self._dirs(name, step).items():
             if not self.fs.exists(path):
@@ -457,8 +461,11 @@ class V1(Cgroups):
         finally:
             self.fs.write(state, "THAWED")
 
+    def steps(self, name: str) -> list[str]:
+        return [BATCH] + super().steps(name)
+
     def usage(self, name: str, step: str | None = None) -> Usage:
-        parts = (name, step) if step else (name,)
+        parts = (name, step) if step and step != BATCH else (name,)
         mem = self.bases.get("memory")
         acct = self.bases.get("cpuacct")
         peak = _read_int(self.fs, _join(mem, *parts, "memory.max_usage_in_bytes")) if mem else None
