@@ -351,6 +351,10 @@ class V2(Cgroups):
         return Usage(peak, cpu, oom)
 
     def remove(self, name: str) -> bool:
+        try:   # the usual job: its batch step only, removed without listing anything
+            self.fs.rmdir(self._dir(name, BATCH))
+        except OSError:
+            pass
         return _remove_tree(self.fs, self._dir(name))
 
     def close(self) -> None:
@@ -374,6 +378,7 @@ class V1(Cgroups):
         self.fs = fs or RealFs()
         self.bases = bases      # controller -> the jobs' subtree in its hierarchy
         self.base = bases["freezer"]
+        self._flat: set[str] = set()   # jobs made here that have no step cgroups (nothing to list)
         self.missing = [c for c in V1_CONTROLLERS if c not in bases]
 
     @classmethod
@@ -405,6 +410,7 @@ class V1(Cgroups):
         return {c: _join(b, name, *parts) for c, b in self.bases.items()}
 
     def create(self, name: str, limits: Limits) -> None:
+        self._flat.add(name)
         for ctrl, path in self._dirs(name).items():
             if not self.fs.exists(path):
                 self.fs.mkdir(path)
@@ -428,6 +434,7 @@ class V1(Cgroups):
     def step(self, name: str, step: str) -> list[str]:
         if step == BATCH:   # v1 lets the job's own cgroup hold it: half the cgroups per job
             return [_join(path, "cgroup.procs") for path in self._dirs(name).values()]
+        self._flat.discard(name)
         out = []
         for ctrl, path in self._dirs(name, step).items():
             if not self.fs.exists(path):
@@ -441,6 +448,8 @@ class V1(Cgroups):
         return self.fs.exists(_join(self.base, name))
 
     def pids(self, name: str) -> list[int]:
+        if name in self._flat:
+            return _procs(self.fs, _join(self.base, name))
         return _procs_tree(self.fs, _join(self.base, name))
 
     def populated(self, name: str) -> bool:
@@ -469,7 +478,11 @@ class V1(Cgroups):
         mem = self.bases.get("memory")
         acct = self.bases.get("cpuacct")
         peak = _read_int(self.fs, _join(mem, *parts, "memory.max_usage_in_bytes")) if mem else None
-        oom = _oom_kills_v1(self.fs, _join(mem, *parts)) if mem else 0
+        oom = 0
+        if mem and name in self._flat and step in (None, BATCH):
+            oom = _keyed(_read_or_empty(self.fs, _join(mem, name, "memory.oom_control"))).get("oom_kill", 0)
+        elif mem:
+            oom = _oom_kills_v1(self.fs, _join(mem, *parts))
         ns = _read_int(self.fs, _join(acct, *parts, "cpuacct.usage")) if acct else None
         return Usage(peak, None if ns is None else ns // 1000, oom)
 
@@ -477,6 +490,8 @@ class V1(Cgroups):
         ok = True
         for path in self._dirs(name).values():
             ok = _remove_tree(self.fs, path) and ok
+        if ok:
+            self._flat.discard(name)
         return ok
 
     def close(self) -> None:
@@ -640,6 +655,13 @@ def _keyed(text: str) -> dict[str, int]:
     return out
 
 
+def _read_or_empty(fs: CgroupFs, path: str) -> str:
+    try:
+        return fs.read(path)
+    except OSError:
+        return ""
+
+
 def _read_int(fs: CgroupFs, path: str) -> int | None:
     try:
         text = fs.read(path).strip()
@@ -667,21 +689,28 @@ def _procs_tree(fs: CgroupFs, path: str) -> list[int]:
 
 
 def _remove_tree(fs: CgroupFs, path: str) -> bool:
-    if not fs.exists(path):
+    """rmdir ``path`` and its child cgroups; False while any holds processes.  The plain
+    rmdir comes first: a job without steps needs nothing else (listing a cgroup is dear)."""
+    try:
+        fs.rmdir(path)
         return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+            raise
     try:
         children = [c for c in fs.listdir(path) if fs.isdir(_join(path, c))]
     except OSError:
         children = []
-    ok = all([_remove_tree(fs, _join(path, c)) for c in children])
-    if not ok:
+    if not children or not all([_remove_tree(fs, _join(path, c)) for c in children]):
         return False
     try:
         fs.rmdir(path)
     except FileNotFoundError:
         pass
     except OSError as e:
-        if e.errno == errno.EBUSY:
+        if e.errno in (errno.EBUSY, errno.ENOTEMPTY):
             return False
         raise
     return True
