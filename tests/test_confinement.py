@@ -269,3 +269,48 @@ async def test_a_cgroup_no_job_claims_is_emptied_at_start(confined):
         await until(lambda: c.jobs() == [], what="the orphan cgroup removed")
     finally:
         await confined.cleanup()
+
+
+# -- the v2 adapter for real: this host's unified hierarchy (no controllers on a hybrid host,
+# but cgroup.kill, cgroup.events and device programs work there) ------------------------------
+
+UNIFIED = "/sys/fs/cgroup/unified"
+
+
+def v2_or_skip() -> cg.Cgroups:
+    if os.geteuid() != 0:
+        pytest.skip("confinement needs root")
+    mount = UNIFIED if os.path.exists(UNIFIED + "/cgroup.procs") else "/sys/fs/cgroup"
+    if not os.path.exists(mount + "/cgroup.controllers"):
+        pytest.skip("no cgroup v2 hierarchy here")
+    try:
+        return cg.V2.setup(f"gpud-test-{uuid.uuid4().hex[:8]}", mount, self_cgroup="/")
+    except OSError as e:
+        pytest.skip(f"cannot make cgroups in {mount}: {e}")
+
+
+async def test_v2_for_real_kills_the_whole_job_and_fences_devices(tmp_path):
+    c = v2_or_skip()
+    h = Harness(tmp_path)
+    ex = h.executor()
+    ex.cgroups = c
+    backend = SimBackend("4xH100-80GB", "node7", devices_dir=str(tmp_path / "dev"))
+    ex.gpu_devices = backend.devices
+    await ex.start()
+    try:
+        nodes = " ".join(str(tmp_path / "dev" / f"nvidia{i}") for i in range(4))
+        gpus = [{"index": 3, "uuid": backend.discover()[3].uuid}]
+        await ex.launch(h.launch(OPEN_ALL + nodes + "\n" + ESCAPEES, gpus=gpus, kill_grace=0))
+        await until(lambda: "ready" in read(h.work_dir / "gpud-1.out") or h.finished, what="the job")
+        if h.finished:
+            pytest.skip(f"bpf device programs unavailable here: {h.finished[0].message}")
+        got = dict(line.split() for line in read(h.work_dir / "gpud-1.out").splitlines()[:4])
+        assert got == {"nvidia0": "EPERM", "nvidia1": "EPERM", "nvidia2": "EPERM", "nvidia3": "ENXIO"}
+        pids = [int(p) for p in read(h.work_dir / "escapee.pids").split()]
+        assert set(pids) <= set(c.pids("job_1_0"))
+        await ex.signal(1, 0, "TERM", grace=0, reason="cancelled")
+        assert (await h.outcome(1)).reason == "cancelled"
+        assert not any(alive(p) for p in pids) and c.jobs() == []
+    finally:
+        await h.cleanup()
+        c.close()
