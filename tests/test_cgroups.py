@@ -129,12 +129,52 @@ def test_v2_attaches_the_program_to_the_job_cgroup():
     assert run_device_program(prog, CHAR, 195, 0) == 1 and run_device_program(prog, CHAR, 195, 1) == 0
 
 
-def test_v1_deny_lines_cover_the_other_gpus_and_caps(tmp_path):
+class RecordingFs:
+    """Plain directories whose files are whatever was last written (v1's cpuset files start empty)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+        self.dirs: set[str] = set()
+        self.writes: list[tuple[str, str]] = []
+
+    def read(self, path):
+        return self.files.get(path, "0-3" if path.startswith("/cg/cpuset/cpuset.") else "")
+
+    def write(self, path, text):
+        self.writes.append((path, text))
+        self.files[path] = text
+
+    def exists(self, path):
+        return path in self.dirs or path in self.files or path.endswith("memsw.limit_in_bytes")
+
+    def mkdir(self, path):
+        self.dirs.add(path)
+
+    def rmdir(self, path):
+        self.dirs.discard(path)
+
+    def listdir(self, path):
+        return []
+
+    def isdir(self, path):
+        return path in self.dirs
+
+
+def test_v1_writes_limits_and_deny_lines_for_the_other_gpus_and_caps():
+    fs = RecordingFs()
+    bases = {c: f"/cg/{c}/gpud-t" for c in ("freezer", "memory", "cpuset", "pids", "devices", "cpuacct")}
+    c = cg.V1(bases, fs)
     devices = GpuDevices(minors={0: 0, 1: 1, 2: 2}, caps={(2, 0): (3, 4), (2, 1): (5, 6)}, caps_major=237)
-    limits = cg.Limits(devices=devices.allowed([(0, None), (2, 1)]), known_devices=tuple(devices.known()))
-    denied = [f"c {ma}:{mi} rwm" for ma, mi in limits.known_devices
-              if mi not in limits.devices.get(ma, frozenset({mi}))]
+    c.create("job_1_0", cg.Limits(cpus=(1,), mem_bytes=100 << 20, pids_max=64,
+                                  devices=devices.allowed([(0, None), (2, 1)]), known_devices=tuple(devices.known())))
+    denied = [t for p, t in fs.writes if p.endswith("devices.deny")]
     assert denied == ["c 195:1 rwm", "c 237:3 rwm", "c 237:4 rwm"]
+    assert fs.files["/cg/memory/gpud-t/job_1_0/memory.limit_in_bytes"] == str(100 << 20)
+    assert fs.files["/cg/memory/gpud-t/job_1_0/memory.memsw.limit_in_bytes"] == str(100 << 20)
+    assert fs.files["/cg/cpuset/gpud-t/job_1_0/cpuset.cpus"] == "1"
+    assert fs.files["/cg/pids/gpud-t/job_1_0/pids.max"] == "64"
+    assert c.step("job_1_0", "batch") == [f"{b}/job_1_0/cgroup.procs" for b in bases.values()]
+    assert c.steps("job_1_0") == ["batch"]
 
 
 def test_detect_says_why_jobs_are_not_confined():

@@ -19,7 +19,6 @@ import pytest
 from gpud.gpu.sim import SimBackend
 from gpud.worker import cgroups as cg
 from gpud.worker.cpubind import CpuBinder
-from gpud.worker.executor import GpuAssignment
 from tests.test_executor import FakeClock, Harness, read, until
 
 PY = sys.executable
