@@ -20,7 +20,7 @@ The limits sit on the job's cgroup, so every step shares them (as in Slurm):
   ``nvidia-caps`` major for MIG capabilities) open only for the job's own minors and the
   control nodes.  v1 uses the devices controller (a deny line for every other GPU and cap
   minor the node has); v2 attaches a BPF_PROG_TYPE_CGROUP_DEVICE program to the job's
-  cgroup, built here instruction by instruction and loaded with the ``bpf`` syscall.
+  cgroup (gpud.worker.bpfdev).
 
 The executor creates the job's cgroup before it starts the job's wrapper; the wrapper's
 child writes its own pid into the step's ``cgroup.procs`` files before it drops root and
@@ -43,18 +43,17 @@ through a small interpreter.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import logging
 import os
-import platform
 import re
 import signal
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
+
+from .bpfdev import attach_device_program, device_program
 
 log = logging.getLogger("gpud.worker.cgroups")
 
@@ -532,99 +531,6 @@ def detect(mode: str, tag: str, *, euid: int | None = None, mount: str = V2_MOUN
         return V1.setup(tag, fs)
     except OSError as e:
         return Unconfined(f"cannot set up cgroup {want}: {e.strerror or e}")
-
-
-# -- the v2 device program -------------------------------------------------------------------------
-
-# eBPF opcodes used (linux/bpf.h): the program reads struct bpf_cgroup_dev_ctx
-# {u32 access_type (access << 16 | type); u32 major; u32 minor} and returns 1 (allow) or 0.
-LDXW = 0x61        # BPF_LDX | BPF_MEM | BPF_W
-AND64_K = 0x57     # BPF_ALU64 | BPF_AND | BPF_K
-MOV64_K = 0xb7     # BPF_ALU64 | BPF_MOV | BPF_K
-JEQ_K = 0x15       # BPF_JMP | BPF_JEQ | BPF_K
-JNE_K = 0x55       # BPF_JMP | BPF_JNE | BPF_K
-JA = 0x05          # BPF_JMP | BPF_JA
-EXIT = 0x95        # BPF_JMP | BPF_EXIT
-DEV_CHAR = 2       # BPF_DEVCG_DEV_CHAR
-
-
-def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
-
-
-def device_program(fence: dict[int, frozenset[int]]) -> list[bytes]:
-    """Instructions that deny character devices of each fenced major except its allowed
-    minors, and allow everything else (other majors, block devices)."""
-    # Layout: prologue, one block per major, then "allow" and "deny" exits.  Jumps are
-    # relative to the next instruction, so blocks are built first and offsets filled in.
-    prologue = [insn(LDXW, 2, 1, 0), insn(AND64_K, 2, imm=0xFFFF), insn(LDXW, 3, 1, 4),
-                insn(LDXW, 4, 1, 8)]
-    blocks: list[list[tuple]] = []
-    for major in sorted(fence):
-        minors = sorted(fence[major])
-        block: list[tuple] = [("jne_next", major)]
-        block += [("jeq_allow", m) for m in minors]
-        block.append(("ja_deny",))
-        blocks.append(block)
-    # instruction 0 after the prologue checks the type
-    total_body = 1 + sum(len(b) for b in blocks)
-    allow_at = len(prologue) + total_body       # index of "r0 = 1"
-    deny_at = allow_at + 2                      # index of "r0 = 0"
-    out = list(prologue)
-    out.append(insn(JNE_K, 2, off=allow_at - (len(out) + 1), imm=DEV_CHAR))
-    for block in blocks:
-        end = len(out) + len(block)             # first instruction of the next block
-        for op in block:
-            here = len(out) + 1
-            if op[0] == "jne_next":
-                out.append(insn(JNE_K, 3, off=end - here, imm=op[1]))
-            elif op[0] == "jeq_allow":
-                out.append(insn(JEQ_K, 4, off=allow_at - here, imm=op[1]))
-            else:
-                out.append(insn(JA, off=deny_at - here))
-    out += [insn(MOV64_K, 0, imm=1), insn(EXIT), insn(MOV64_K, 0, imm=0), insn(EXIT)]
-    return out
-
-
-_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351}
-BPF_PROG_LOAD = 5
-BPF_PROG_ATTACH = 8
-BPF_PROG_TYPE_CGROUP_DEVICE = 15
-BPF_CGROUP_DEVICE = 6
-BPF_F_ALLOW_MULTI = 2
-
-
-def _bpf(cmd: int, attr: bytes) -> int:
-    nr = _BPF_SYSCALL.get(platform.machine())
-    if nr is None:
-        raise CgroupError(errno.ENOSYS, f"no bpf syscall number known for {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    buf = ctypes.create_string_buffer(attr, 128)
-    libc.syscall.restype = ctypes.c_long
-    r = libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf, ctypes.c_uint(128))
-    if r < 0:
-        e = ctypes.get_errno()
-        raise CgroupError(e, f"bpf: {os.strerror(e)}")
-    return r
-
-
-def attach_device_program(cgroup: str, program: list[bytes]) -> None:
-    """Load ``program`` and attach it to the cgroup directory ``cgroup``.  The kernel keeps it
-    while the cgroup exists, so no file descriptor or pin outlives this call; ALLOW_MULTI
-    keeps the programs of the parents (systemd's DevicePolicy) in force as well."""
-    code = ctypes.create_string_buffer(b"".join(program))
-    lic = ctypes.create_string_buffer(b"GPL")
-    attr = struct.pack("<IIQQIIQ", BPF_PROG_TYPE_CGROUP_DEVICE, len(program),
-                       ctypes.addressof(code), ctypes.addressof(lic), 0, 0, 0)
-    prog = _bpf(BPF_PROG_LOAD, attr)
-    try:
-        cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", cg, prog, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI))
-        finally:
-            os.close(cg)
-    finally:
-        os.close(prog)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
