@@ -286,3 +286,12 @@ def test_slurm_units():
     assert fmt.slurm_cpu_time(20.004) == "00:20.004" and fmt.slurm_cpu_time(3725) == "01:02:05"
     assert fmt.slurm_cpu_time(90061) == "1-01:01:01"
     assert fmt.max_rss({"max_rss": 300 << 20}) == "300M" and fmt.max_rss({}) == ""
+
+
+def test_a_step_cgroup_made_twice_is_the_same_one():
+    """Two tasks of one srun step on a node ask for its cgroup at once."""
+    fake = FakeCgroup2()
+    c = v2(fake)
+    c.create("job_3_0", cg.Limits())
+    c.create("job_3_0", cg.Limits())   # adopted and created again: no error either
+    assert c.step("job_3_0", "step_0") == c.step("job_3_0", "step_0")

@@ -284,8 +284,7 @@ class V2(Cgroups):
 
     def create(self, name: str, limits: Limits) -> None:
         path = self._dir(name)
-        if not self.fs.exists(path):
-            self.fs.mkdir(path)
+        _mkdir(self.fs, path)
         c = self.controllers
         if "cpuset" in c and limits.cpus:
             self.fs.write(_join(path, "cpuset.cpus"), _cpulist(limits.cpus))
@@ -301,8 +300,7 @@ class V2(Cgroups):
 
     def step(self, name: str, step: str) -> list[str]:
         path = self._dir(name, step)
-        if not self.fs.exists(path):
-            self.fs.mkdir(path)
+        _mkdir(self.fs, path)
         return [_join(path, "cgroup.procs")]
 
     def exists(self, name: str) -> bool:
@@ -411,8 +409,7 @@ class V1(Cgroups):
     def create(self, name: str, limits: Limits) -> None:
         self._flat.add(name)
         for ctrl, path in self._dirs(name).items():
-            if not self.fs.exists(path):
-                self.fs.mkdir(path)
+            _mkdir(self.fs, path)
             if ctrl == "cpuset":
                 _copy_cpuset(self.fs, self.bases[ctrl], path)
                 if limits.cpus:
@@ -436,8 +433,7 @@ class V1(Cgroups):
         self._flat.discard(name)
         out = []
         for ctrl, path in self._dirs(name, step).items():
-            if not self.fs.exists(path):
-                self.fs.mkdir(path)
+            _mkdir(self.fs, path)
             if ctrl == "cpuset":
                 _copy_cpuset(self.fs, os.path.dirname(path), path)
             out.append(_join(path, "cgroup.procs"))
@@ -559,6 +555,14 @@ def _keyed(text: str) -> dict[str, int]:
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out
+
+
+def _mkdir(fs: CgroupFs, path: str) -> None:
+    """A cgroup that may exist already (an adopted job; two tasks of one srun step at once)."""
+    try:
+        fs.mkdir(path)
+    except FileExistsError:
+        pass
 
 
 def _read_or_empty(fs: CgroupFs, path: str) -> str:
