@@ -139,6 +139,7 @@ class NvmlBackend:
         self._profiles: dict[int, dict[str, Any]] = {}   # index -> profile name -> NVML info
         self._sysfs_root = sysfs_root                     # where the GPUs' PCI numa_node is read
         self._wiring: dict[int, topology.Wiring] | None = None   # read once: it does not change
+        self._minors: dict[int, int] = {}                 # index -> /dev/nvidia<minor>, read once
 
     def _live(self) -> Any:
         """The pynvml module, once it is certain this backend is still open."""
@@ -243,9 +244,9 @@ class NvmlBackend:
     def devices(self, mig_minors: str = MIG_MINORS, proc_devices: str = "/proc/devices") -> GpuDevices:
         """Each GPU's minor (``/dev/nvidia<minor>``) and each MIG slice's capability minors
         (its GPU instance's and its compute instances' ``access`` caps, as the driver lists
-        them in ``mig_minors``).  A GPU whose minor NVML will not say keeps its index."""
+        them in ``mig_minors``).  A GPU whose minor NVML will not say keeps its index.
+        The executor asks at every launch: minors are read once, MIG caps each time."""
         nv = self._live()
-        minors: dict[int, int] = {}
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
@@ -256,10 +257,12 @@ class NvmlBackend:
             if handle is None:
                 continue
             handles[index] = handle
-            minor = self._read(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
-            minors[index] = index if minor is None else minor
+            if index not in self._minors:
+                minor = self._read(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
+                self._minors[index] = index if minor is None else minor
+        minors = {i: self._minors[i] for i in handles}
         by_gi: dict[tuple[int, int], list[int]] = {}
-        try:
+        try:   # read only where a GPU has MIG on (below); cheap: a few lines of procfs
             with open(mig_minors, encoding="ascii", errors="replace") as f:
                 for line in f:
                     m = _MIG_MINOR.match(line.strip())
