@@ -262,7 +262,7 @@ class NvmlBackend:
                 self._minors[index] = index if minor is None else minor
         minors = {i: self._minors[i] for i in handles}
         by_gi: dict[tuple[int, int], list[int]] = {}
-        try:   # read only where a GPU has MIG on (below); cheap: a few lines of procfs
+        try:
             with open(mig_minors, encoding="ascii", errors="replace") as f:
                 for line in f:
                     m = _MIG_MINOR.match(line.strip())
