@@ -11,6 +11,10 @@ GPUs.  Two measures:
   writing the time it began; the latency is that time minus the moment before the
   submission request (same clock); the head's job event log splits it into stages.
 
+``--confinement`` instead compares trivial-job throughput with the worker's job
+confinement (``[worker] cgroups``, gpud.worker.cgroups) off and on, in turn, each on a fresh
+standalone (run it as root: only a root worker confines jobs).
+
 ``--profile FILE`` writes a cProfile of the standalone process's event loop.  ``--cpu``
 also prints the standalone process's CPU time (all its threads; not the jobs') per job
 of each measure, on standard error.
@@ -54,8 +58,12 @@ class ProcessCpu:
 
 @contextlib.contextmanager
 def standalone(d: Path, gpus: int = 8, profile: str | None = None,
-               cpu: ProcessCpu | None = None) -> Iterator[str]:
+               cpu: ProcessCpu | None = None, cgroups: str | None = None) -> Iterator[str]:
     sock = str(d / "gpud.sock")
+    extra = []
+    if cgroups is not None:
+        (d / "gpud.toml").write_text(f'[worker]\ncgroups = "{cgroups}"\n')
+        extra = ["--config", str(d / "gpud.toml")]
     key = str(d / "cluster.key")
     env = env_for_children()
     subprocess.run([sys.executable, "-m", "gpud.cli", "keygen", key], env=env, check=True,
@@ -65,7 +73,7 @@ def standalone(d: Path, gpus: int = 8, profile: str | None = None,
         env["GPUD_PROFILE"] = profile
     p = subprocess.Popen([sys.executable, "-m", "gpud.cli", "standalone", "--state-dir", str(d / "state"),
                           "--key-file", key, "--socket", sock, "--name", "bench",
-                          "--sim", f"{gpus}xH100-80GB", "--log-level", "warning"],
+                          "--sim", f"{gpus}xH100-80GB", "--log-level", "warning", *extra],
                          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)
     if cpu is not None:
         cpu.pid = p.pid
@@ -143,6 +151,48 @@ def stages(db: Path, ids: list[int]) -> list[tuple[str, float]]:
     return out
 
 
+def confinement(n: int, no_doc: bool) -> None:
+    """Throughput of ``n`` trivial jobs (pipelined, then one at a time) with confinement
+    off, then on: each job's cgroup costs its creation, its limits and its removal."""
+    from gpud.worker.cgroups import detect
+
+    probe = detect("auto", "gpud-bench-probe")
+    probe.close()
+    rows = []
+    for mode in ("off", "auto"):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            os.chmod(d, 0o755)
+            cpu = ProcessCpu()
+            with standalone(d, cgroups=mode, cpu=cpu) as sock:
+                before = cpu()
+                piped = throughput(sock, n, d, pipelined=True)
+                single = throughput(sock, n, d, pipelined=False)
+                per_job = (cpu() - before) / (2 * n)
+        label = "off" if mode == "off" else f"on (cgroup {probe.kind})" if probe.active else f"none: {probe.reason}"
+        rows.append([f"confinement {label}", f"{piped:.1f} jobs/s", f"{single:.1f} jobs/s",
+                     f"{per_job * 1000:.1f} ms", "200 jobs/s" if mode != "off" else ""])
+    md = "\n".join([
+        "## End-to-end short jobs, confinement off and on",
+        "",
+        f"`python bench/bench_e2e.py --confinement --jobs {n}` as root: `gpud standalone` with 8 "
+        f"simulated GPUs, {n:,} trivial 1-GPU jobs (`true`) pipelined and then one at a time, to "
+        "the last end, first with `[worker] cgroups = \"off\"`, then with the default (each job in a "
+        "cgroup of its own: created, limited, joined, drained and removed).",
+        "",
+        stamp(),
+        "",
+        table(["worker", "pipelined", "one at a time", "worker+head CPU a job", "target"], rows, "lrrrr"),
+        "",
+        "The CPU column is the standalone process's own CPU time (user and system, every "
+        "thread: the cgroup files are written by its threads) per job, which a loaded host "
+        "does not inflate the way it cuts jobs/s.",
+    ])
+    print(md)
+    if not no_doc:
+        write_section("e2e-confinement", md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1000)
@@ -150,7 +200,11 @@ def main() -> None:
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the standalone process into FILE")
     ap.add_argument("--cpu", action="store_true", help="print the standalone process's CPU time per job")
+    ap.add_argument("--confinement", action="store_true",
+                    help="compare throughput with [worker] cgroups off and on (as root)")
     a = ap.parse_args()
+    if a.confinement:
+        return confinement(a.jobs, a.no_doc)
     cpu = ProcessCpu()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

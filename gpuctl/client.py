@@ -47,7 +47,7 @@ TERMINAL_STATES = frozenset({
 })
 _CHUNK = 1 << 20        # bytes asked of the socket at a time
 _MAX_WINDOW = 1024      # the head reads no further ahead on one connection (gpud.head.api)
-_READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes", "show", "scrontab_get", "report", "seff", "telemetry"})
+_READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes", "show", "scrontab_get", "report", "seff", "sstat", "telemetry"})
 
 
 class HeadUnavailable(ConnectionError):
@@ -302,6 +302,10 @@ class Client:
         if until is not None:
             args["until"] = float(until)
         return self.call("report", **args)
+
+    def sstat(self, job_id: int) -> dict[str, Any]:
+        """A running job's usage per step (what ``gpuctl sstat`` prints)."""
+        return self.call("sstat", job_id=int(job_id))
 
     def seff(self, job_id: int) -> dict[str, Any]:
         """One job's efficiency numbers (what ``gpuctl seff`` prints)."""

@@ -186,6 +186,10 @@ SACCT: dict[str, tuple[Field, int]] = {
     "alloctres": (Field("AllocTRES", lambda r, now: alloc_tres(r)), 10),
     "reqtres": (Field("ReqTRES", lambda r, now: req_tres(r)), 10),
     "reqmem": (Field("ReqMem", lambda r, now: format_size_mb(r.get("mem_mb"))), 10),
+    "maxrss": (Field("MaxRSS", lambda r, now: fmt.max_rss(r)), 10),
+    "totalcpu": (Field("TotalCPU", lambda r, now: fmt.slurm_cpu_time(r.get("total_cpu"))), 10),
+    "cputime": (Field("CPUTime", lambda r, now: format_duration(fmt.cpu_time(r, now))), 10),
+    "cputimeraw": (Field("CPUTimeRAW", lambda r, now: int(fmt.cpu_time(r, now))), 10),
     "timelimit": (Field("Timelimit", _sacct_limit), 10),
     "timelimitraw": (Field("TimelimitRaw", lambda r, now: "UNLIMITED" if r.get("time_limit") is None
                            else int(r["time_limit"] // 60)), 12),

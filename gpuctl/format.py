@@ -126,6 +126,49 @@ def exit_code(job: dict[str, Any]) -> str:
     return f"{job.get('exit_code') or 0}:{job.get('signal') or 0}"
 
 
+def slurm_size(value: int | None, unit: str = "K") -> str:
+    """sacct's sizes (convert_num_unit with CONVERT_NUM_UNIT_EXACT, its default): ``value``
+    in ``unit``, moved to a larger unit only while it divides evenly (``5056K``, ``300M``,
+    ``1G``); empty for None."""
+    if value is None:
+        return ""
+    units = "KMGTP"
+    i = units.index(unit)
+    value = int(value)
+    while value and value % 1024 == 0 and i < len(units) - 1:
+        value //= 1024
+        i += 1
+    return f"{value}{units[i]}"
+
+
+def max_rss(job: dict[str, Any]) -> str:
+    """sacct's MaxRSS from the job's peak memory in bytes (``0`` where it was not measured)."""
+    rss = job.get("max_rss")
+    return slurm_size(int(rss) // 1024) if isinstance(rss, (int, float)) else ""
+
+
+def slurm_cpu_time(seconds: float | None) -> str:
+    """Slurm's TotalCPU: ``MM:SS.mmm`` under an hour, ``HH:MM:SS`` and ``D-HH:MM:SS`` above."""
+    if seconds is None:
+        return ""
+    whole, ms = int(seconds), int(round((seconds - int(seconds)) * 1000))
+    if ms == 1000:
+        whole, ms = whole + 1, 0
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{minutes:02d}:{secs:02d}.{ms:03d}"
+
+
+def cpu_time(job: dict[str, Any], now: float) -> float:
+    """Slurm's CPUTime: the allocated CPUs times the elapsed time."""
+    return (job.get("cpus") or 0) * elapsed(job, now) if job.get("start_time") else 0.0
+
+
 def alloc_gpus(job: dict[str, Any]) -> int:
     indices = job.get("gpu_indices") or job.get("gpu_ids") or []
     if indices:

@@ -39,6 +39,7 @@ VERBS = {
     "scontrol": "Show or change jobs, nodes and partitions (hold, release, update, ...).",
     "scrontab": "Install, list or edit recurring batch jobs.",
     "seff": "Show one job's CPU, memory and GPU efficiency.",
+    "sstat": "Show a running job's CPU time and memory so far, per step.",
     "report": "Report GPU-hours, cost and utilization by account, user, partition or GPU type.",
     "top": "Watch nodes and GPUs live: utilization and who holds each GPU.",
     "sprio": "Show pending jobs' priority factors.",

@@ -131,11 +131,13 @@ def head(socket_path, **kw) -> None:
 @_common
 @click.option("--name", metavar="NAME", help="Node name (default: the host name).")
 @click.option("--sim", metavar="SPEC", help="Simulate GPUs, e.g. 8xH100-80GB or 4xA100-80GB,2xA30-24GB.")
-def worker(name, sim, **kw) -> None:
+@click.option("--sim-devices", metavar="DIR", help="Make the simulated GPUs' device nodes in DIR (for confinement).")
+def worker(name, sim, sim_devices, **kw) -> None:
     """Run the worker daemon: registers this node and runs the jobs the head assigns."""
     def configure() -> Config:
         cfg = build_config(**kw)
-        return replace(cfg, worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim))
+        return replace(cfg, worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim,
+                                           sim_devices=sim_devices or cfg.worker.sim_devices))
 
     cfg = start_config("worker", configure)
     from .worker.daemon import run_worker
@@ -148,8 +150,9 @@ def worker(name, sim, **kw) -> None:
 @click.option("--socket", "socket_path", metavar="PATH", help="Unix socket (default STATE_DIR/gpud.sock).")
 @click.option("--name", metavar="NAME", help="Node name (default: the host name).")
 @click.option("--sim", metavar="SPEC", help="Simulate GPUs (default: the real GPUs).")
+@click.option("--sim-devices", metavar="DIR", help="Make the simulated GPUs' device nodes in DIR (for confinement).")
 @click.option("--port", type=int, default=0, show_default=True, help="Embedded broker port (0: any free port).")
-def standalone(socket_path, name, sim, port, **kw) -> None:
+def standalone(socket_path, name, sim, sim_devices, port, **kw) -> None:
     """Head, one worker and an embedded MQTT broker in one process: a single GPU box."""
     def configure() -> Config:
         cfg = build_config(**kw)
@@ -158,7 +161,8 @@ def standalone(socket_path, name, sim, port, **kw) -> None:
             key_file=cfg.key_file if kw.get("key_file") else os.path.join(cfg.state_dir, "cluster.key"),
             head=replace(cfg.head, socket=os.path.abspath(socket_path) if socket_path
                          else os.path.join(cfg.state_dir, "gpud.sock")),
-            worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim),
+            worker=replace(cfg.worker, name=name or cfg.worker.name, sim=sim or cfg.worker.sim,
+                           sim_devices=sim_devices or cfg.worker.sim_devices),
         )
 
     cfg = start_config("standalone", configure)

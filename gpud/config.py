@@ -293,6 +293,9 @@ class WorkerConfig:
     features: tuple[str, ...] = setting((), node_features)     # what sbatch -C selects this node by
     address: str | None = setting(None, host_address)  # MASTER_ADDR of multi-node jobs; default: primary IPv4
     cpu_bind: str = setting("numa", choice("numa", "none"))   # jobs on their GPUs' NUMA node's CPUs (worker.cpubind)
+    cgroups: str = setting("auto", choice("auto", "v2", "v1", "off"))   # job confinement (worker.cgroups)
+    max_tasks_per_job: int = setting(16384, count(0))         # pids.max of a job's cgroup; 0: no limit
+    sim_devices: str | None = setting(None, text)             # sim GPUs' device nodes are made here
 
 
 @dataclass(frozen=True)

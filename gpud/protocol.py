@@ -76,6 +76,9 @@ Operations (args -> result):
              "idle_gpu_hours", "jobs"}; default window: the last 30 days (gpud/head/reports.py).
 ``seff``     {"job_id": int} -> {"job": JOB, "now", "cluster", "gpu_model", "gpu_memory_mb",
              "alloc_gpu_s", "sampled_s", "gpu_s", "util_gpu_s", "idle_gpu_s"}
+``sstat``    {"job_id": int} -> {"job": JOB, "now", "steps": [{"step": "total"|"batch"|"step_N",
+             "sampled_at", "max_rss" (bytes|null), "cpu_usec"|null}]}: a running job's
+             usage from its cgroup, as last sampled; an error when it is not running.
 ``telemetry`` {} -> {"now", "cluster", "nodes": [NODE + "sampled_at", each GPU + "util",
              "mem_used_mb", "power_w", "temp_c", "users", "slices"], "queue": {partition:
              {"pending", "running", "completing", "pending_gpus"}}, "jobs": [running job]}
@@ -97,7 +100,8 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       "stdout", "stderr", "attempt", "requeue_count", "preempt_count", "priority",
       "gpu_util_mean" (% over its sampled GPU-time|null), "gpu_util_max" (%|null),
       "gpu_mem_max_mb" (most memory used on one of its GPUs|null), "energy_j" (null until
-      sampled), "nodes" (count), "nodelist" (compressed hostlist of its nodes, rank 0
+      sampled), "max_rss" (peak memory of its cgroup, bytes|null), "total_cpu" (CPU
+      seconds of its cgroup|null: sampled while it runs, final at its end), "nodes" (count), "nodelist" (compressed hostlist of its nodes, rank 0
       first in ``node``; null while pending), "ntasks_per_node" (srun tasks per node)}
       A running job whose GPUs sit idle has reason "GpuIdle".
       Slurm features: "display_id" ("123" or "<array id>_<task>"), "array_job_id",
@@ -138,7 +142,7 @@ MAX_DEPTH = 32                         # lists and objects in a request (a submi
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
 DEFAULT_CONFIG = "/etc/gpud/gpud.toml"
 OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "show_config",
-                 "report", "seff", "telemetry", "sprio", "sshare",
+                 "report", "seff", "sstat", "telemetry", "sprio", "sshare",
                  "hold", "release", "requeue", "update_job", "update_node", "show",
                  "scrontab_get", "scrontab_set",
                  "step_launch", "step_poll", "step_cancel"})

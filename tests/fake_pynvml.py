@@ -268,6 +268,7 @@ class FakeGpu:
     pcie_switch: int | None = None   # GPUs under one PCIe switch share this number
     gpu_numa_node: int | None = None  # set where the GPU is itself a NUMA node
     nvlinks: list["FakeLink"] | None = None   # None: no NVLink on this board
+    minor: int | None = None         # of /dev/nvidia<minor>; None: the GPU's index (as on most hosts)
 
 
 @dataclass
@@ -453,6 +454,30 @@ class FakeNvml:
         if isinstance(handle, _MigHandle):
             return self._string(self._slice(handle).uuid)
         return self._string(self._gpu(handle).uuid)
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        """The minor of the GPU's /dev/nvidia node; NOT_SUPPORTED for a MIG device, as the driver says."""
+        self.calls.append("nvmlDeviceGetMinorNumber")
+        if isinstance(handle, _MigHandle):
+            raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"])
+        gpu = self._gpu(handle)
+        return handle.index if gpu.minor is None else gpu.minor
+
+    def write_mig_minors(self, path: str) -> None:
+        """The driver's /proc/driver/nvidia-caps/mig-minors for the slices now: config and
+        monitor caps 1 and 2, then per GPU instance an access cap and one per compute instance."""
+        lines = ["config 1", "monitor 2"]
+        cap = 3
+        for i, gpu in enumerate(self.gpus):
+            minor = i if gpu.minor is None else gpu.minor
+            for s in gpu.mig or ():
+                lines.append(f"gpu{minor}/gi{s.gi_id}/access {cap}")
+                cap += 1
+                if s.ci:
+                    lines.append(f"gpu{minor}/gi{s.gi_id}/ci0/access {cap}")
+                    cap += 1
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str | bytes:
         self.calls.append("nvmlDeviceGetName")

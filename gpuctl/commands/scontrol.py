@@ -236,6 +236,7 @@ def node_record(n: dict[str, Any]) -> list[str]:
         f"Partitions={','.join(n.get('partitions') or []) or '(null)'}",
         *topology.node_lines(n),
         f"LastSeen={_t(n.get('last_seen'))} Reason={_v(n.get('reason'))}",
+        f"Confinement={(n.get('labels') or {}).get('confinement') or 'none'}",
     ]
 
 

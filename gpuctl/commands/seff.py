@@ -42,11 +42,13 @@ def seff_text(r: dict[str, Any]) -> str:
         lines.append(f"State: {state}")
     else:
         lines.append(f"State: {state} (exit code {j.get('exit_code') or 0})")
-    lines.append(f"Cores: {j.get('cpus', 1)}")
+    cores = j.get("cpus", 1)
+    lines.append(f"Cores: {cores}")
     start, end = j.get("start_time"), j.get("end_time")
     wall = 0.0 if start is None else max(0.0, (end if end is not None else float(r.get("now") or start)) - start)
+    lines += _cpu_lines(j, int(cores or 1) * wall)
     lines.append(f"Job Wall-clock time: {format_duration(wall)}")
-    lines.append(f"Memory Efficiency: not measured ({gigabytes(j.get('mem_mb') or 0)} requested)")
+    lines += _memory_lines(j)
     gpus = len(j.get("gpu_indices") or []) or int(j.get("gpus") or 0)
     if not gpus:
         lines.append("GPUs: none requested")
@@ -58,6 +60,36 @@ def seff_text(r: dict[str, Any]) -> str:
     if state in ("RUNNING", "COMPLETING"):
         lines.append("WARNING: Efficiency statistics may be misleading for RUNNING jobs.")
     return "\n".join(lines)
+
+
+def _cpu_lines(j: dict[str, Any], core_walltime: float) -> list[str]:
+    """Slurm's: the job's CPU time (from its cgroup) against its cores times its wall time."""
+    used = j.get("total_cpu")
+    if not isinstance(used, (int, float)):
+        return ["CPU Efficiency: not measured (the job's node does not confine jobs in cgroups)"]
+    eff = 100.0 * used / core_walltime if core_walltime > 0 else 0.0
+    return [f"CPU Utilized: {format_duration(used)}",
+            f"CPU Efficiency: {eff:.2f}% of {format_duration(core_walltime)} core-walltime"]
+
+
+def memory_text(mb: float) -> str:
+    """seff's sizes: MB below a GB, GB above."""
+    return f"{mb:.2f} MB" if mb < 1024 else gigabytes(mb)
+
+
+def _memory_lines(j: dict[str, Any]) -> list[str]:
+    """Slurm's: the job's peak memory (its cgroup's) against what it asked for."""
+    asked = j.get("mem_mb") or 0
+    rss = j.get("max_rss")
+    if not isinstance(rss, (int, float)):
+        return [f"Memory Efficiency: not measured ({gigabytes(asked)} requested)"]
+    used = rss / (1 << 20)
+    out = [f"Memory Utilized: {memory_text(used)}"]
+    if asked:
+        out.append(f"Memory Efficiency: {100.0 * used / asked:.2f}% of {gigabytes(asked)}")
+    else:
+        out.append("Memory Efficiency: no memory limit requested")
+    return out
 
 
 def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:

@@ -38,11 +38,19 @@ _PARTITION_LETTERS = frozenset("PRal")
               help="Only nodes of these partitions.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
+@click.option("-R", "--list-reasons", "list_reasons", is_flag=True,
+              help="Nodes that are drained, down or not confining jobs, and why.")
 @click.pass_context
 @per_cluster
 def command(ctx: click.Context, per_node: bool, per_gpu: bool, summarize: bool, topology: bool,
-            format_: str | None, partitions: tuple[str, ...], as_json: bool, noheader: bool) -> None:
+            format_: str | None, partitions: tuple[str, ...], as_json: bool, noheader: bool,
+            list_reasons: bool = False) -> None:
     """Show the cluster's nodes and their GPUs."""
+    if list_reasons:
+        out = reasons_table(session(ctx).client.nodes(), header=not noheader)
+        if out:
+            click.echo(out)
+        return
     if summarize:
         clash = [o for o, on in (("-N", per_node), ("-G", per_gpu), ("--topology", topology),
                                  ("-o", format_ is not None)) if on]
@@ -127,3 +135,28 @@ def summary_table(nodes: list[dict], parts: list[dict], *, header: bool = True) 
 def _or_dash(v: object) -> str:
     """A head from before the fragmentation fields sends none: a dash, not a zero."""
     return "-" if v is None else str(v)
+
+
+def node_reasons(n: dict) -> list[str]:
+    """Why a node is listed by ``sinfo -R``: its drain or down reason, and jobs that run
+    unconfined there (the worker's ``[worker] cgroups`` could not be used)."""
+    out = []
+    if n.get("reason"):
+        out.append(str(n["reason"]))
+    labels = n.get("labels") or {}
+    if labels.get("confinement") == "none":
+        out.append(f"Confinement=none: {labels.get('confinement_reason') or 'unknown'}")
+    return out
+
+
+def reasons_table(nodes: list[dict], *, header: bool = True) -> str:
+    """Slurm's ``sinfo -R``: REASON and NODELIST, nodes with the same reason together."""
+    by_reason: dict[str, list[str]] = {}
+    for n in nodes:
+        for reason in node_reasons(n):
+            by_reason.setdefault(reason, []).append(str(n.get("name")))
+    width = max([len(r) for r in by_reason] + [len("REASON")])   # whole reasons: they say what to fix
+    lines = [f"{'REASON':<{width}} NODELIST"] if header else []
+    for reason, names in sorted(by_reason.items()):
+        lines.append(f"{reason:<{width}} {fmt.compress_hostlist(names)}")
+    return "\n".join(lines) if by_reason or header else ""

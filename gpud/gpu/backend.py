@@ -155,7 +155,8 @@ class GpuBackend(Protocol):
         ...
 
 
-def open_backend(sim_spec: str | None, node: str, *, nvml: Any = None) -> GpuBackend:
+def open_backend(sim_spec: str | None, node: str, *, nvml: Any = None,
+                 sim_devices: str | None = None) -> GpuBackend:
     """The backend for this host: simulated when ``sim_spec`` is given, else NVML.
 
     ``nvml`` replaces the pynvml module (tests pass a fake).  Raises ``SimSpecError`` for a
@@ -164,7 +165,7 @@ def open_backend(sim_spec: str | None, node: str, *, nvml: Any = None) -> GpuBac
     if sim_spec is not None:
         from .sim import SimBackend
 
-        return SimBackend(sim_spec, node)
+        return SimBackend(sim_spec, node, devices_dir=sim_devices)
     from .nvml import NvmlBackend
 
     return NvmlBackend(nvml=nvml)

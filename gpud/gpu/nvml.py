@@ -49,6 +49,10 @@ from ..model import GpuInfo, SliceInfo
 from . import mig, topology
 from .backend import (NO_DRIVER_MESSAGE, Assignment, DeviceUse, GpuError, GpuInUseError, GpuSample,
                       MigRefusedError, NoGpuError, ResetRequiredError, SliceSample)
+from .devices import GpuDevices, caps_major
+
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"   # "gpu<minor>/gi<id>[/ci<id>]/access <cap minor>"
+_MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access\s+(\d+)$")
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +139,7 @@ class NvmlBackend:
         self._profiles: dict[int, dict[str, Any]] = {}   # index -> profile name -> NVML info
         self._sysfs_root = sysfs_root                     # where the GPUs' PCI numa_node is read
         self._wiring: dict[int, topology.Wiring] | None = None   # read once: it does not change
+        self._minors: dict[int, int] = {}                 # index -> /dev/nvidia<minor>, read once
 
     def _live(self) -> Any:
         """The pynvml module, once it is certain this backend is still open."""
@@ -235,6 +240,49 @@ class NvmlBackend:
         return out
 
     # -- MIG ---------------------------------------------------------------------------------
+
+    def devices(self, mig_minors: str = MIG_MINORS, proc_devices: str = "/proc/devices") -> GpuDevices:
+        """Each GPU's minor (``/dev/nvidia<minor>``) and each MIG slice's capability minors
+        (its GPU instance's and its compute instances' ``access`` caps, as the driver lists
+        them in ``mig_minors``).  A GPU whose minor NVML will not say keeps its index.
+        The executor asks at every launch: minors are read once, MIG caps each time."""
+        nv = self._live()
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as e:
+            raise GpuError(f"NVML cannot count GPUs: {e}") from None
+        handles = {}
+        for index in range(count):
+            handle = self._read(lambda: nv.nvmlDeviceGetHandleByIndex(index))
+            if handle is None:
+                continue
+            handles[index] = handle
+            if index not in self._minors:
+                minor = self._read(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
+                self._minors[index] = index if minor is None else minor
+        minors = {i: self._minors[i] for i in handles}
+        by_gi: dict[tuple[int, int], list[int]] = {}
+        try:
+            with open(mig_minors, encoding="ascii", errors="replace") as f:
+                for line in f:
+                    m = _MIG_MINOR.match(line.strip())
+                    if m:
+                        by_gi.setdefault((int(m.group(1)), int(m.group(2))), []).append(int(m.group(4)))
+        except OSError:
+            pass   # no MIG capability devices on this host
+        caps: dict[tuple[int, int], tuple[int, ...]] = {}
+        for index, handle in handles.items():
+            try:
+                on = nv.nvmlDeviceGetMigMode(handle)[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", NVML_DEVICE_MIG_ENABLE)
+            except nv.NVMLError:
+                on = False
+            if not on:
+                continue
+            for _, gi, start in self._instances(index, handle):
+                gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
+                caps[(index, start)] = tuple(sorted(by_gi.get((minors[index], gi_id), ())))
+        return GpuDevices(minors=minors, caps=caps, caps_major=caps_major(proc_devices),
+                          paths={i: f"/dev/nvidia{m}" for i, m in minors.items()})
 
     def mig_state(self, index: int) -> tuple[bool, tuple[SliceInfo, ...]]:
         nv = self._nvml

@@ -26,20 +26,30 @@ gives the same ``MIG-...`` UUID.  The state lives in memory only: a new backend 
 MIG off everywhere, as an H100 does after a reboot, and the worker re-applies its configured
 modes.  A mode change takes effect at once on every model (on a real A100 or A30 it waits
 for a GPU reset, which the worker cannot do for the sim's GPUs anyway).
+
+Device nodes (``devices_dir``, ``gpud worker --sim-devices DIR``): the backend makes
+character devices like the driver's, ``DIR/nvidia<index>`` (195:<index>) and
+``DIR/nvidiactl`` (195:255), and for MIG slices ``DIR/nvidia-caps/nvidia-cap<N>`` under a
+character major that no driver of this host uses.  No driver answers behind them (opening
+one that the job may open fails with ENXIO), but the kernel's device cgroup checks come
+first, so a job's device fence (gpud.worker.cgroups) is tested for real without a GPU.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import time
 import uuid
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..model import GpuInfo, SliceInfo
 from . import mig, topology
-from .backend import (Assignment, DeviceUse, GpuInUseError, GpuSample, MigRefusedError,
+from .backend import (Assignment, DeviceUse, GpuError, GpuInUseError, GpuSample, MigRefusedError,
                       SimSpecError)
+from .devices import NVIDIA_MAJOR, GpuDevices, caps_major
 
 MAX_GPUS = 1024  # far beyond any real host; stops a typo from creating millions of GPUs
 
@@ -109,8 +119,10 @@ class SimBackend:
 
     name = "sim"
 
-    def __init__(self, spec: str, node: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, spec: str, node: str, *, clock: Callable[[], float] = time.monotonic,
+                 devices_dir: str | None = None) -> None:
         self.spec = spec
+        self.devices_dir = devices_dir
         self.node = node
         self._clock = clock
         self._last: tuple[float, list[float]] | None = None   # (time, power per GPU) of the last sample
@@ -129,6 +141,44 @@ class SimBackend:
         if self._closed:
             raise RuntimeError("sim GPU backend used after close()")
         return list(self._gpus)
+
+    def devices(self) -> GpuDevices | None:
+        """The device nodes of the GPUs and slices now (made in ``devices_dir`` when
+        missing); None without ``devices_dir``.  GpuError when they cannot be made."""
+        if self.devices_dir is None:
+            return None
+        root = self.devices_dir
+        major = self._caps_major()
+        caps = {(i, s): sim_cap_minors(i, s) for i, slices in enumerate(self._slices) for s in slices}
+        try:
+            os.makedirs(root, mode=0o755, exist_ok=True)
+            nodes = {f"nvidia{i}": (NVIDIA_MAJOR, i) for i in range(len(self._gpus))}
+            nodes["nvidiactl"] = (NVIDIA_MAJOR, 255)
+            if caps:
+                os.makedirs(os.path.join(root, "nvidia-caps"), mode=0o755, exist_ok=True)
+                for ms in caps.values():
+                    for m in ms:
+                        nodes[f"nvidia-caps/nvidia-cap{m}"] = (major, m)
+            for name, (ma, mi) in nodes.items():
+                _char_device(os.path.join(root, name), ma, mi)
+        except OSError as e:
+            raise GpuError(f"cannot make the simulated GPUs' device nodes in {root}: {e.strerror}") from None
+        return GpuDevices(minors={i: i for i in range(len(self._gpus))}, caps=caps, caps_major=major,
+                          paths={i: os.path.join(root, f"nvidia{i}") for i in range(len(self._gpus))})
+
+    def _caps_major(self) -> int:
+        """A character major for the simulated caps: the host's nvidia-caps one if it has
+        one, else the highest free one of the local/experimental range (240-254)."""
+        real = caps_major()
+        if real is not None:
+            return real
+        try:
+            with open("/proc/devices", encoding="ascii", errors="replace") as f:
+                used = {int(p[0]) for p in (line.split() for line in f.read().split("Block devices:")[0].splitlines())
+                        if len(p) == 2 and p[0].isdigit()}
+        except OSError:
+            used = set()
+        return next((m for m in range(254, 239, -1) if m not in used), 254)
 
     def sample(self, assignments: Sequence[Assignment]) -> list[GpuSample]:
         if self._closed:
@@ -259,3 +309,24 @@ def _declared_int(raw: str | None) -> int | None:
 
 def _tdp(model: str) -> float:
     return SIM_TDP_W.get(model.split("-")[0], SIM_DEFAULT_TDP_W)
+
+
+def sim_cap_minors(index: int, start: int) -> tuple[int, int]:
+    """The simulated caps of the slice at ``start`` on GPU ``index``: its GPU instance's and
+    its compute instance's (the driver numbers them from 3; 1 and 2 are config and monitor)."""
+    gi = 3 + 2 * (index * 16 + start)
+    return gi, gi + 1
+
+
+def _char_device(path: str, major: int, minor: int) -> None:
+    """A character device node ``major:minor`` at ``path``, replacing anything else there."""
+    want = os.makedev(major, minor)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
+            return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.mknod(path, 0o666 | stat.S_IFCHR, want)
+    os.chmod(path, 0o666)

@@ -103,11 +103,12 @@ class WorkerReports:
         detail = _with_message(f"{reason} exit={exit_code} signal={sig}", body)
         txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
                     (end, reason, jid, attempt))
+        used = _usage(body)
         if new is JobState.PENDING:
-            txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job))
+            txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job), **used)
         else:
             txn.transition(job, new, now=end, event="finished", detail=detail,
-                           end_time=end, exit_code=exit_code, signal=sig)
+                           end_time=end, exit_code=exit_code, signal=sig, **used)
         return new, detail
 
     async def _gang_finished(self, node: str, body: dict) -> None:
@@ -165,6 +166,17 @@ def _outcome(body: dict) -> tuple[str, int | None, int | None]:
     exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
     sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
     return reason, exit_code, sig
+
+
+def _usage(body: dict) -> dict:
+    """The job's final MaxRSS (bytes) and TotalCPU (seconds) from its cgroup, where the
+    worker measured them (a report without them leaves the sampled values)."""
+    out: dict = {}
+    if _is_int(body.get("max_rss")) and body["max_rss"] >= 0:
+        out["max_rss"] = body["max_rss"]
+    if _is_int(body.get("cpu_usec")) and body["cpu_usec"] >= 0:
+        out["total_cpu"] = body["cpu_usec"] / 1e6
+    return out
 
 
 def _with_message(detail: str, body: dict) -> str:

@@ -110,4 +110,19 @@ def _time(v: Any, name: str, default: float) -> float:
     return float(v)
 
 
-OPS = {"report": op_report, "seff": op_seff, "telemetry": op_telemetry}
+async def op_sstat(head: "Head", caller: Caller, args: dict) -> dict:
+    """A running job's usage from its cgroup, per step, as the worker last sampled it."""
+    job_id = args.get("job_id")
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+        raise RequestError("job_id must be a positive integer")
+    job = head.store.active.get(job_id)
+    if job is None or not job.state.active:
+        raise RequestError(f"Job {job_id} is not running: sstat shows running jobs only; "
+                           f"use sacct -j {job_id} for a finished one")
+    steps = head.telemetry.steps.get(job_id, {})
+    return {"job": job.to_public(), "now": head.clock(),
+            "steps": [{"step": name, "sampled_at": t, "max_rss": rss, "cpu_usec": cpu}
+                      for name, (t, rss, cpu) in sorted(steps.items(), key=lambda kv: (kv[0] != "total", kv[0]))]}
+
+
+OPS = {"report": op_report, "seff": op_seff, "telemetry": op_telemetry, "sstat": op_sstat}

@@ -163,4 +163,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN parts TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE allocations ADD COLUMN parts TEXT;
     """,
+    # 6: accounting from the job's cgroup (gpud.worker.cgroups): peak memory in bytes and
+    # CPU time in seconds, sampled while it runs and final at its end (sacct MaxRSS, TotalCPU)
+    """
+    ALTER TABLE jobs ADD COLUMN max_rss INTEGER;
+    ALTER TABLE jobs ADD COLUMN total_cpu REAL;
+    """,
 ]

@@ -80,6 +80,9 @@ class JobRecord:
     gpu_util_max: float | None = None
     gpu_mem_max_mb: int | None = None
     energy_j: float | None = None
+    # from the job's cgroup on its (first) node; None: not measured (an unconfined worker)
+    max_rss: int | None = None        # peak memory, bytes
+    total_cpu: float | None = None    # CPU time of all its processes, seconds
     # Slurm compatibility (gpud/head/slurm.py, arrays.py, deps.py, cron.py)
     array_job_id: int | None = None   # the array's id (its first task's job id)
     array_task_id: int | None = None
@@ -116,6 +119,7 @@ class JobRecord:
             "expected_start": self.expected_start, "comment": self.spec.comment,
             "gpu_util_mean": self.gpu_util_mean, "gpu_util_max": self.gpu_util_max,
             "gpu_mem_max_mb": self.gpu_mem_max_mb, "energy_j": self.energy_j,
+            "max_rss": self.max_rss, "total_cpu": self.total_cpu,
             "display_id": self.display_id, "array_job_id": self.array_job_id,
             "array_task_id": self.array_task_id, "array_throttle": self.array_throttle,
             "dependency": self.dependency, "begin_time": self.begin_time,

@@ -85,6 +85,8 @@ class NodeSample:
     jobs: dict[tuple[int, int], tuple[int, ...]] | None   # (job, attempt) -> GPU indices
     slices: tuple[tuple[int, str, int], ...] = ()  # (GPU index, slice UUID, MiB used)
     procs: tuple[tuple[int, int, int], ...] = ()   # (GPU index, pid, MiB used)
+    # (job, attempt, step or "" for the whole job, peak bytes or None, CPU microseconds or None)
+    usage: tuple[tuple[int, int, str, int | None, int | None], ...] = ()
 
 
 @dataclass
@@ -202,7 +204,20 @@ def parse_samples(node: str, body: Any, now: float) -> NodeSample:
     procs = _extras(body.get("procs", []), "procs", lambda r: _index(r[0]) and _index(r[1], 1 << 31)
                     and _index(r[2], 1 << 31))
     return NodeSample(node=node, time=now, interval=float(iv), gpus=gpus, jobs=jobs,
-                      slices=tuple(tuple(r) for r in slices), procs=tuple(tuple(r) for r in procs))
+                      slices=tuple(tuple(r) for r in slices), procs=tuple(tuple(r) for r in procs),
+                      usage=_usage_rows(body.get("usage", [])))
+
+
+def _usage_rows(raw: Any) -> tuple:
+    """The cgroup accounting rows of a sample: [job, attempt, step, max_rss, cpu_usec]."""
+    def opt(v: Any) -> bool:
+        return v is None or _index(v, 1 << 62)
+
+    if not isinstance(raw, list) or len(raw) > MAX_EXTRAS or not all(
+            isinstance(r, list) and len(r) == 5 and _index(r[0], 1 << 62) and _index(r[1], 1 << 62)
+            and isinstance(r[2], str) and len(r[2]) <= 32 and opt(r[3]) and opt(r[4]) for r in raw):
+        raise BadSamples("usage must be a list of [job, attempt, step, max_rss, cpu_usec]")
+    return tuple(tuple(r) for r in raw)
 
 
 def _num(v: Any) -> bool:
@@ -237,6 +252,8 @@ class Telemetry:
         self.head = head
         self.latest: dict[str, NodeSample] = {}        # node -> its last sample
         self.usage: dict[int, JobUsage] = {}           # jobs sampled and not yet flushed out
+        # running jobs' cgroup accounting per step ("total", "batch", "step_0"...): (time, bytes, usec)
+        self.steps: dict[int, dict[str, tuple[float, int | None, int | None]]] = {}
         self._dirty: set[int] = set()
         self._buckets: dict[str, _Bucket] = {}        # node -> its open bucket
         self._closed: list[tuple[str, _Bucket]] = []   # buckets waiting for the next flush
@@ -270,6 +287,7 @@ class Telemetry:
             log.warning("dropped samples from %s: %s", node, e)
             return
         self.latest[node] = sample
+        self._take_usage(sample)
         held = self._allocations(sample)
         self._add_to_bucket(sample, sum(len(g) for _, g in held))
         for job, gpus in held:
@@ -284,6 +302,22 @@ class Telemetry:
                 setattr(job, k, v)
             if job.state is JobState.RUNNING:
                 await self._check_idle(job, usage, readings, now)
+
+    def _take_usage(self, sample: NodeSample) -> None:
+        """A running job's cgroup accounting: the whole job's on its record (squeue, sacct
+        see it at once; its end report makes it final), its steps' for sstat."""
+        for job_id, attempt, step, rss, cpu_usec in sample.usage:
+            job = self.head.store.active.get(job_id)
+            if job is None or job.attempt != attempt or job.node != sample.node or not job.state.active:
+                continue
+            if step == "":
+                job.max_rss = rss
+                job.total_cpu = None if cpu_usec is None else cpu_usec / 1e6
+            steps = self.steps.setdefault(job_id, {})
+            steps[step or "total"] = (sample.time, rss, cpu_usec)
+        for job_id in [j for j in self.steps if j not in self.head.store.active
+                       or not self.head.store.active[j].state.active]:
+            del self.steps[job_id]
 
     def _allocations(self, sample: NodeSample) -> list[tuple[JobRecord, tuple[int, ...]]]:
         """The head's jobs on this node with their GPUs, limited to what the worker runs.

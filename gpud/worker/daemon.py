@@ -173,6 +173,31 @@ class Worker:
         sim_nodes = SIM_NUMA_NODES if self.backend.name == "sim" else None
         return from_host(self.cfg.worker.cpu_bind, sim_nodes, {g.index: g.numa_node for g in self.node.gpus})
 
+    async def _confine(self) -> None:
+        """Pick the cgroup hierarchy ([worker] cgroups), say once what jobs get, and hand it
+        with the GPUs' device nodes to the executor; the node's labels say it too
+        (``Confinement=`` in scontrol show node, the reason in sinfo -R)."""
+        from .cgroups import detect, subtree_name
+
+        if not hasattr(self.executor, "cgroups"):   # an executor without confinement (tests)
+            return
+        cg = await asyncio.to_thread(detect, self.cfg.worker.cgroups, subtree_name(self.name, self.state_dir))
+        (log.info if cg.active else log.warning)("worker %s: %s", self.name, cg.describe())
+        self.executor.cgroups = cg
+        self.executor.max_tasks = self.cfg.worker.max_tasks_per_job or None
+        devices = getattr(self.backend, "devices", None)
+        if devices is not None:
+            try:
+                await asyncio.to_thread(devices)   # made (sim) and checked once at start
+                self.executor.gpu_devices = devices
+            except GpuError as e:
+                log.warning("worker %s: GPU device nodes are not fenced: %s", self.name, e)
+        labels = {k: v for k, v in self.node.labels.items() if not k.startswith("confinement")}
+        labels["confinement"] = cg.kind
+        if not cg.active:
+            labels["confinement_reason"] = cg.reason
+        self.node = replace(self.node, labels=labels)
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -181,6 +206,7 @@ class Worker:
             self.state_dir, self.name, on_started=self._on_started,
             on_finished=self._on_finished, clock=self.clock)
         self.executor.cpu_binder = self._cpu_binder()   # before start(): adopted jobs keep their CPUs
+        await self._confine()                           # before start(): adoption finds jobs by their cgroups
         await self.executor.start()
         from .steps import StepTasks
 
@@ -338,7 +364,8 @@ class Worker:
 
         return Sampler(self.backend, self._publish, lambda: assignments_from(self.executor),
                        self.cfg.worker.sample_interval, clock=self.clock,
-                       connected=lambda: getattr(self.bus, "connected", True))
+                       connected=lambda: getattr(self.bus, "connected", True),
+                       usage=getattr(self.executor, "usage_rows", None))
 
     def _user(self, job: int, attempt: int) -> str:
         return self._users.get((job, attempt), "?")
@@ -617,7 +644,7 @@ async def run_worker(cfg: Config, *, install_signals: bool = True, backend: GpuB
     try:
         key = load_keys(cfg.key_file)
         if backend is None:
-            backend = open_backend(cfg.worker.sim, name)
+            backend = open_backend(cfg.worker.sim, name, sim_devices=cfg.worker.sim_devices)
         if bus is None:
             bus = make_bus(cfg, name, key)
     except (KeyFileError, GpuError) as e:

@@ -27,6 +27,7 @@ allocation twice (written on a thread, in batches: ``acks.py``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -41,13 +42,15 @@ from typing import Any, Callable
 
 import psutil
 
+from ..gpu.backend import GpuError
 from ..units import format_duration
 from .cpubind import format_cpulist
 from . import procs
 from .acks import AckWriter
+from .cgroups import Cgroups, Limits, Sampler, Unconfined, Usage, job_name
 from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
-from .launch import GpuAssignment, Launch, Outcome, output_path, parse_signal
+from .launch import OOM_SIGNAL, GpuAssignment, Launch, Outcome, output_path, parse_signal
 
 __all__ = ["Executor", "GpuAssignment", "Launch", "Outcome", "output_path", "parse_signal"]
 
@@ -77,6 +80,7 @@ class TaskSetup:
     switch_user: bool
     work_dir: str
     env: dict[str, str]
+    step_cgroup: Callable[[int], list[str]] | None = None   # step -> the cgroup files its tasks join
 
 
 @dataclass(eq=False)
@@ -154,6 +158,12 @@ class Executor:
         self._closed = False
         self._acks = AckWriter(self.store, clock)
         self.cpu_binder: Any = None   # a gpud.worker.cpubind.CpuBinder, set by the worker; None: unbound
+        # Confinement (gpud.worker.cgroups), set by the worker before start(): the hierarchy,
+        # the node's GPU device nodes (gpud.gpu.devices.GpuDevices) and pids.max per job.
+        self.cgroups: Cgroups = Unconfined("not set up")
+        self.gpu_devices: Callable[[], Any] | None = None
+        self.max_tasks: int | None = None
+        self._usage: Sampler = Sampler(self.cgroups)
 
     # -- the API the worker daemon calls ------------------------------------------------------
 
@@ -164,11 +174,13 @@ class Executor:
         await asyncio.to_thread(self.store.setup)
         found = await asyncio.to_thread(self.store.load)
         self._acks.pruned_now()
+        self._usage = Sampler(self.cgroups)
         for saved in found:
             try:
                 await self._resume(saved)
             except Exception:  # noqa: BLE001 - one bad directory must not stop the worker
                 log.exception("job %d.%d: cannot pick it up again", *saved.key)
+        await self._sweep_orphans()
 
     async def launch(self, launch: Launch) -> None:
         """Start an allocation; a repeat of one running, finished or acknowledged does nothing."""
@@ -291,8 +303,52 @@ class Executor:
                 job.pidfd = None
         if self._server is not None:
             _DETACHED.extend(self._server.close())
+        if not self._jobs:
+            try:
+                await asyncio.to_thread(self.cgroups.close)
+            except OSError as e:
+                log.warning("cannot remove the jobs' cgroups: %s", e.strerror or e)
+
+    def usage(self, job_id: int, attempt: int) -> Usage | None:
+        """A running job's peak memory and CPU time so far, from its cgroup; None when it
+        does not run here or is not confined."""
+        if (job_id, attempt) not in self._jobs or not self.cgroups.active:
+            return None
+        try:
+            return self._usage.sample(job_name(job_id, attempt))
+        except OSError:
+            return None
+
+    def usage_rows(self) -> list[list]:
+        """(thread) [job, attempt, step, peak bytes, CPU microseconds] for every confined
+        running job: step "" is the whole job, then each of its steps (batch, step_N)."""
+        if not self.cgroups.active:
+            return []
+        rows = []
+        for key in list(self._jobs):
+            name = job_name(*key)
+            try:
+                total = self._usage.sample(name)
+                rows.append([*key, "", total.max_rss, total.cpu_usec])
+                for step in self.cgroups.steps(name):
+                    u = self.cgroups.usage(name, step)
+                    rows.append([*key, step, u.max_rss, u.cpu_usec])
+            except OSError:
+                continue
+        return rows
 
     # -- restarting -----------------------------------------------------------------------------
+
+    async def _sweep_orphans(self) -> None:
+        """Job cgroups that no record claims (their outcome was saved just before a crash,
+        or their directory is gone): whatever still runs there is killed, the cgroup removed."""
+        if not self.cgroups.active:
+            return
+        names = {job_name(*k) for k in self._jobs}
+        for name in await asyncio.to_thread(self.cgroups.jobs):
+            if name not in names:
+                log.warning("cgroup %s belongs to no running job; killing what is left in it", name)
+                await self._drain(name)
 
     async def _resume(self, saved: Saved) -> None:
         """One allocation found on disk: keep its outcome, watch it again, or finish it."""
@@ -343,8 +399,12 @@ class Executor:
             user, home, groups, switch = self._identity(launch)
         except _LaunchError as e:
             raise ValueError(str(e)) from None
+        step_cgroup = None
+        if self.cgroups.active:
+            def step_cgroup(step: int) -> list[str]:
+                return self.step_cgroup(job_id, attempt, step)
         return TaskSetup(launch.uid, launch.gid, groups, switch, launch.work_dir,
-                         self._environment(launch, user, home))
+                         self._environment(launch, user, home), step_cgroup)
 
     def _environment(self, launch: Launch, user: str, home: str) -> dict[str, str]:
         env = dict(launch.env)
@@ -375,12 +435,50 @@ class Executor:
         spec = {"user": user, "uid": launch.uid, "gid": launch.gid, "groups": groups,
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
-                "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus)}
+                "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus),
+                "cgroup_procs": self._confine(job)}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())
         except OSError as e:
+            if spec["cgroup_procs"]:
+                try:
+                    self.cgroups.remove(job_name(*job.key))
+                except OSError:
+                    pass   # the next start's orphan sweep removes it
             raise _LaunchError(f"cannot write the job's files under {job_dir}: {e.strerror}") from None
+
+    def limits(self, launch: Launch, cpus: tuple[int, ...]) -> Limits:
+        """What the job's cgroup allows: its CPUs, memory, tasks and GPU device nodes."""
+        devices, known = None, ()
+        node_devices = self.gpu_devices() if self.gpu_devices is not None else None
+        if node_devices is not None:
+            held = [(g.index, g.slice_start if g.kind == "mig" else None) for g in launch.gpus]
+            devices, known = node_devices.allowed(held), tuple(node_devices.known())
+        return Limits(cpus=cpus, mem_bytes=launch.mem_mb * (1 << 20) if launch.mem_mb else None,
+                      pids_max=self.max_tasks or None, devices=devices, known_devices=known)
+
+    def _confine(self, job: _Job) -> list[str]:
+        """(thread) Create the job's cgroup; the files its batch step joins it by."""
+        if not self.cgroups.active:
+            return []
+        name = job_name(*job.key)
+        try:
+            self.cgroups.create(name, self.limits(job.launch, job.cpus))
+            return self.cgroups.step(name, "batch")
+        except (OSError, GpuError) as e:
+            try:
+                self.cgroups.remove(name)
+            except OSError:
+                pass
+            raise _LaunchError(f"cannot create the job's cgroup on node {self.node}: "
+                               f"{getattr(e, 'strerror', None) or e}") from None
+
+    def step_cgroup(self, job_id: int, attempt: int, step: int) -> list[str]:
+        """(thread) The cgroup files a ``gpuctl srun`` step's task joins; [] unconfined."""
+        if not self.cgroups.active or (job_id, attempt) not in self._jobs:
+            return []
+        return self.cgroups.step(job_name(job_id, attempt), f"step_{step}")
 
     def _start(self, job: _Job) -> tuple[subprocess.Popen | None, int, int | None, float | None, float] | None:
         """(thread) Write the allocation's files, start the wrapper and record it: (its
@@ -564,6 +662,14 @@ class Executor:
             pass
         except PermissionError as e:
             log.warning("job %d.%d: cannot signal its processes: %s", *job.key, e.strerror)
+        if self.cgroups.active:   # also the ones in sessions and groups of their own
+            try:
+                if sig == signals.SIGKILL:
+                    self.cgroups.kill(job_name(*job.key))
+                else:
+                    self.cgroups.signal(job_name(*job.key), sig)
+            except OSError as e:
+                log.warning("job %d.%d: cannot signal its cgroup: %s", *job.key, e.strerror or e)
 
     # -- finishing ------------------------------------------------------------------------------
 
@@ -575,11 +681,73 @@ class Executor:
             if rc is None:
                 rc = await asyncio.to_thread(job.popen.wait)
             self._signal_group(job, signals.SIGKILL)  # just reaped: the group id is still ours
+        usage = await self._drain(job_name(*job.key)) if self.cgroups.active else None
         # One trip to a thread: status, sweep, outcome saved.
-        outcome = await asyncio.to_thread(self._outcome_saved, job, rc)
+        outcome = await asyncio.to_thread(self._outcome_saved, job, rc, usage)
         await self._finish(job.key, outcome, saved=True)
 
-    def _outcome_saved(self, job: _Job, rc: int | None) -> Outcome:
+    async def _drain(self, name: str) -> Usage | None:
+        """Kill what is left in a job's cgroup, wait until it is empty (a job is over only
+        then), take its last accounting and remove it."""
+        cg = self.cgroups
+        try:   # the usual case in one trip to a thread: nothing left, or gone at the first kill
+            usage = await asyncio.to_thread(self._drain_now, name)
+            if usage is not False:
+                return usage
+        except OSError as e:
+            log.warning("cgroup %s: %s", name, e.strerror or e)
+        delay, waited, warned = 0.005, 0.0, False
+        while True:
+            try:
+                busy = await asyncio.to_thread(cg.populated, name)
+                if busy:
+                    await asyncio.to_thread(cg.kill, name)
+            except OSError as e:
+                log.warning("cgroup %s: %s", name, e.strerror or e)
+                busy = False
+            if not busy:
+                break
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 1.0)
+            if waited > 30 and not warned:
+                log.warning("cgroup %s: processes survive SIGKILL (stuck in the kernel?); "
+                            "the job ends once they are gone", name)
+                warned = True
+        try:
+            usage = await asyncio.to_thread(self._usage.sample, name)
+        except OSError:
+            usage = self._usage.forget(name)
+        self._usage.forget(name)
+        for _ in range(50):   # a cgroup is busy for a moment after its last process exits
+            try:
+                if await asyncio.to_thread(cg.remove, name):
+                    break
+            except OSError as e:
+                log.warning("cgroup %s: cannot remove it: %s", name, e.strerror or e)
+                break
+            await asyncio.sleep(0.02)
+        return usage
+
+    def _drain_now(self, name: str) -> "Usage | None | bool":
+        """(thread) ``_drain`` without waiting: the usage once the cgroup is empty and
+        removed, False while processes remain."""
+        cg = self.cgroups
+        if cg.populated(name):
+            cg.kill(name)
+            for _ in range(20):   # SIGKILLed processes exit within milliseconds
+                time.sleep(0.001)
+                if not cg.populated(name):
+                    break
+            else:
+                return False
+        usage = self._usage.sample(name)
+        self._usage.forget(name)
+        if not cg.remove(name):
+            return False
+        return usage
+
+    def _outcome_saved(self, job: _Job, rc: int | None, usage: Usage | None = None) -> Outcome:
         """(thread) The ended wrapper's outcome, saved.  A wrapper that was not our child
         and wrote no status may have left processes in its group: they are swept (one that
         wrote its status went on to SIGKILL its whole group itself)."""
@@ -587,11 +755,25 @@ class Executor:
         status = self.store.status(job.key)
         if status is None and job.popen is None and job.pid is not None:
             procs.sweep_group(job.pid, job.create_time)
-        outcome = self._outcome_from(job, status, rc)
+        outcome = self._outcome_from(job, status, rc, usage)
         self._save_outcome(job.key, outcome)
         return outcome
 
-    def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
+    def _outcome_from(self, job: _Job, status: dict | None, rc: int | None,
+                      usage: Usage | None = None) -> Outcome:
+        outcome = self._plain_outcome(job, status, rc)
+        if usage is None:
+            return outcome
+        if usage.oom_kills and job.stop_reason is None and outcome.reason in ("exited", "lost"):
+            # Slurm's OUT_OF_MEMORY reads ExitCode 0:125
+            limit = f"{job.launch.mem_mb} MB" if job.launch.mem_mb else "memory"
+            outcome = dataclasses.replace(
+                outcome, exit_code=0, signal=OOM_SIGNAL, reason="oom",
+                message=f"out of memory: the job's memory limit ({limit}) was reached and the "
+                        f"kernel killed {usage.oom_kills} of its processes")
+        return dataclasses.replace(outcome, max_rss=usage.max_rss, cpu_usec=usage.cpu_usec)
+
+    def _plain_outcome(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
         if status is not None and isinstance(status.get("error"), str):
             return self._outcome(job, None, None, "launch_failed", status["error"])
         reason = job.stop_reason or "exited"

@@ -77,6 +77,14 @@ def write_atomic(path, text):
     os.rename(tmp, path)
 
 
+def write_pid(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+
+
 def open_output(path, append=False):
     # --open-mode=append keeps what earlier runs (a requeue, a previous array task) wrote
     mode = os.O_APPEND if append else os.O_TRUNC
@@ -88,6 +96,11 @@ def open_output(path, append=False):
 
 def become_job(spec):
     """In the child: turn into the job's bash.  Returns only by raising SetupError."""
+    for path in spec.get("cgroup_procs") or ():   # first: nothing of the job runs outside
+        try:
+            write_pid(path)
+        except OSError as e:
+            raise SetupError(f"cannot join the job's cgroup {os.path.dirname(path)}: {e.strerror}") from None
     cpus = spec.get("cpus")
     if cpus:  # bound here, in the child, so the wrapper and the worker keep every CPU
         try:

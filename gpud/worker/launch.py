@@ -18,7 +18,8 @@ import signal as signals
 from dataclasses import dataclass, field
 from typing import Any
 
-REASONS = frozenset({"exited", "timeout", "cancelled", "preempted", "killed", "launch_failed", "lost"})
+REASONS = frozenset({"exited", "timeout", "cancelled", "preempted", "killed", "launch_failed", "lost", "oom"})
+OOM_SIGNAL = 125   # Slurm reports an OUT_OF_MEMORY job's ExitCode as 0:125
 MAX_ID = 2**63 - 1
 MAX_UID = 2**32 - 2
 DEFAULT_KILL_GRACE = 30.0
@@ -169,17 +170,23 @@ class Outcome:
     message: str       # one line for people
     start_time: float | None
     end_time: float
+    max_rss: int | None = None     # peak memory of the job's cgroup, bytes; None: not measured
+    cpu_usec: int | None = None    # CPU time of the job's cgroup, microseconds
 
     def to_body(self) -> dict[str, Any]:
         """The ``finished`` message body."""
-        return {"job": self.job_id, "attempt": self.attempt, "exit_code": self.exit_code,
+        body = {"job": self.job_id, "attempt": self.attempt, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "time": self.end_time,
                 "message": self.message}
+        if self.max_rss is not None or self.cpu_usec is not None:
+            body.update(max_rss=self.max_rss, cpu_usec=self.cpu_usec)
+        return body
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "message": self.message,
-                "start_time": self.start_time, "end_time": self.end_time}
+                "start_time": self.start_time, "end_time": self.end_time,
+                "max_rss": self.max_rss, "cpu_usec": self.cpu_usec}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Outcome":
@@ -189,7 +196,7 @@ class Outcome:
         return cls(int(d["job_id"]), int(d["attempt"]), opt_int(d["exit_code"]),
                    opt_int(d["signal"]), str(d["reason"]), str(d["message"]),
                    None if d["start_time"] is None else float(d["start_time"]),
-                   float(d["end_time"]))
+                   float(d["end_time"]), opt_int(d.get("max_rss")), opt_int(d.get("cpu_usec")))
 
 
 def output_path(pattern: str | None, launch: Launch, node: str) -> str:

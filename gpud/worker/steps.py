@@ -217,6 +217,23 @@ class StepTasks:
             _remove(path)
         return len(names)
 
+    async def _confine(self, step: _Step, task: _Task, setup: Any) -> bool:
+        """Move the task, still waiting at its gate, into the step's cgroup under its job's
+        (Executor.step_cgroup); False (it must not run) when that fails."""
+        join = getattr(setup, "step_cgroup", None)
+        if join is None or task.proc is None:
+            return True
+        try:
+            paths = await asyncio.to_thread(join, step.step)
+            for path in paths:
+                await asyncio.to_thread(_write_pid, path, task.proc.pid)
+        except OSError as e:
+            why = f"cannot join the job's cgroup: {e.strerror or e}"
+            log.warning("job %d step %d: %s", step.job, step.step, why)
+            await self._add(step, task.rank, 2, [f"srun: error: {why}\n"])
+            return False
+        return True
+
     async def close(self) -> None:
         """Stop reading (the worker is stopping); tasks keep running and end with their job."""
         for run in list(self._runs):
@@ -247,6 +264,8 @@ class StepTasks:
         else:
             task.record = self._save(step, task) or task.record
             if step.killed:
+                _killpg(task.proc.pid, signals.SIGKILL)
+            elif not await self._confine(step, task, setup):
                 _killpg(task.proc.pid, signals.SIGKILL)
             _open_gate(task.proc)
             await asyncio.gather(self._read(step, task, task.proc.stdout, 1),
@@ -372,6 +391,14 @@ def _kill_left(pid: int, create_time: float | None) -> bool:
     if create_time is None:
         return False
     return procs.sweep_group(pid, create_time, spare=pid)   # the leader exited; what it left behind
+
+
+def _write_pid(path: str, pid: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
 
 
 def _open_gate(proc: asyncio.subprocess.Process) -> None:

@@ -10,7 +10,8 @@ message on ``head/events``::
      "gpus":   [[index, util %, MiB used, watts, deg C, joules since the last sample], ...],
      "jobs":   [[job, attempt, [gpu indices]], ...],
      "slices": [[gpu index, MIG slice UUID, MiB used], ...],
-     "procs":  [[gpu index, pid, MiB used], ...]}
+     "procs":  [[gpu index, pid, MiB used], ...],
+     "usage":  [[job, attempt, step ("" for the whole job), peak bytes, CPU microseconds], ...]}
 
 Unknown readings are null.  Energy is the difference of the board's energy counter between
 two published samples, so a sample skipped while the broker was away loses nothing; a board
@@ -58,8 +59,10 @@ class Sampler:
 
     def __init__(self, backend: GpuBackend, publish: Callable[[str, str, dict], Awaitable[None]],
                  assignments: Callable[[], Sequence[Assignment]], interval: float, *,
-                 clock: Callable[[], float] = time.time, connected: Callable[[], bool] = lambda: True) -> None:
+                 clock: Callable[[], float] = time.time, connected: Callable[[], bool] = lambda: True,
+                 usage: Callable[[], list[list]] | None = None) -> None:
         self.backend = backend
+        self.usage = usage      # the running jobs' cgroup accounting rows (Executor.usage_rows)
         self.publish = publish
         self.assignments = assignments
         self.interval = interval
@@ -91,6 +94,14 @@ class Sampler:
             return None
         now = self.clock()
         body = self.body(readings, assigned, now)
+        if self.usage is not None:
+            try:
+                rows = await asyncio.to_thread(self.usage)
+            except Exception as e:  # noqa: BLE001 - accounting must not stop GPU telemetry
+                log.warning("telemetry: cgroup accounting failed: %s: %s", type(e).__name__, e)
+                rows = []
+            if rows:
+                body["usage"] = rows
         try:
             await self.publish(HEAD_EVENTS, "samples", body)
         except Exception as e:
