@@ -198,8 +198,8 @@ class JobSpec:
                 mem = parse_size_mb(mem)
             except UnitError as e:
                 raise SpecError(str(e)) from None
-            if mem <= 0:
-                raise SpecError("--mem must be positive")
+            if mem < 0:   # 0: all the memory of each node (Slurm's --mem=0)
+                raise SpecError("--mem must be positive, or 0 for all of each node's memory")
         kw["mem_mb"] = mem
         tl = d.get("time_limit")
         if tl is not None:
