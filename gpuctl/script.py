@@ -388,12 +388,22 @@ def _name(text: str) -> dict[str, Any]:
 
 
 def _signal(text: str) -> dict[str, Any]:
-    # Slurm's [{R|B}:]SIG[@TIME]: gpud signals the whole job kill_grace before the kill.
+    """Slurm's ``[{R|B}:]SIG[@TIME]``: SIG goes TIME seconds (default 60) before the time limit,
+    to the batch shell alone with ``B:``, else to all the job's processes.  ``R:`` (overlap a
+    reservation) means nothing here: there are no reservations."""
     t = text.strip()
-    if len(t) > 2 and t[1] == ":" and t[0].upper() in "RB":
-        t = t[2:]
-    t = t.split("@", 1)[0]
-    return {"signal": normalize_signal(t, "--signal")}
+    flags, colon, rest = t.partition(":")
+    batch = False
+    if colon and flags and set(flags.upper()) <= set("RB"):
+        batch, t = "B" in flags.upper(), rest
+    sig, at, when = t.partition("@")
+    seconds = 60
+    if at:
+        when = when.strip()
+        if not when.isdigit() or int(when) > 65535:
+            raise ScriptError(f"--signal: the time after @ must be whole seconds from 0 to 65535, not {when!r}")
+        seconds = int(when)
+    return {"signal": normalize_signal(sig, "--signal"), "signal_time": seconds, "signal_batch": batch}
 
 
 def normalize_signal(text: str, option: str = "--signal") -> str:
@@ -444,7 +454,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--partition", "-p", "PARTITION", _or_unset("partition", _text("partition", "--partition")), "Partition to run in."),
     Option("--qos", "-q", "QOS", _or_unset("qos", _text("qos", "--qos")), "Quality of service."),
     Option("--nice", None, "N", _int("nice", "--nice", -10000, 10000), "Lower the job's priority by N."),
-    Option("--signal", None, "SIG", _signal, "Signal sent before the kill at the time limit."),
+    Option("--signal", None, "[B:]SIG[@TIME]", _signal,
+           "Send SIG TIME seconds (default 60) before the time limit; B: to the batch shell only."),
     Option("--requeue", None, None, _flag({"requeue": True}), "Requeue after a node failure or preemption.",
            negation="--no-requeue", negated={"requeue": False}),
     Option("--hold", "-H", None, _flag({"hold": True}), "Submit held; release it later."),
@@ -827,7 +838,8 @@ def exportable_env(env: Any) -> dict[str, str]:
 
 _API_KEYS = frozenset({
     "name", "work_dir", "stdout", "stderr", "env", "gpus", "gpu_type", "cpus", "mem_mb",
-    "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "hold", "comment",
+    "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "signal_time", "signal_batch",
+    "hold", "comment",
     "array", "dependency", "begin_time", "deadline", "open_mode", "mail_type", "mail_user",
     "kill_on_invalid_dep", "skip_if_active", "mig_profile", "gpu_mem_mb",
     "nodes", "ntasks_per_node", "nodelist", "exclude", "constraint", "exclusive", "switches", "switches_wait",
@@ -855,7 +867,7 @@ def api_settings(options: dict[str, Any]) -> dict[str, Any]:
         elif key == "time_limit" and isinstance(value, str):
             out.update(_time(value))
         elif key == "signal":
-            out["signal"] = normalize_signal(str(value))
+            out.update(_signal(str(value)))
         elif key == "name":
             out.update(_name(value))
         elif key in _API_TEXT and isinstance(value, str):

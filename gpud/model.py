@@ -118,7 +118,9 @@ class JobSpec:
     qos: str | None = None
     nice: int = 0
     requeue: bool = True
-    signal: str | None = None      # signal sent before SIGKILL at preemption / time limit
+    signal: str | None = None      # --signal: sent signal_time s before the time limit, and at preemption
+    signal_time: int | None = None  # --signal's @TIME (None: Slurm's 60 s)
+    signal_batch: bool = False      # --signal=B:...: to the batch shell only, not all the job's processes
     hold: bool = False
     comment: str | None = None
     # Slurm compatibility (see gpud.syntax for the notations)
@@ -210,9 +212,14 @@ class JobSpec:
             if tl is not None and tl <= 0:
                 raise SpecError("time limit must be positive")
         kw["time_limit"] = tl
+        st = d.get("signal_time")
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or not 0 <= st <= 65535):
+            raise SpecError("--signal's time must be a whole number of seconds from 0 to 65535")
+        kw["signal_time"] = st
         kw.update(_gpu_share(d, kw["gpus"]))
         for key, default in (("requeue", True), ("hold", False), ("kill_on_invalid_dep", False),
-                             ("skip_if_active", False), ("test_only", False), ("exclusive", False)):
+                             ("skip_if_active", False), ("test_only", False), ("exclusive", False),
+                             ("signal_batch", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
                 raise SpecError(f"{key} must be true or false")

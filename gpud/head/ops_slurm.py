@@ -411,10 +411,19 @@ def job_details(job: JobRecord) -> dict[str, Any]:
     """A JOB record plus the request's details, for ``scontrol show job``."""
     d = job.to_public()
     s = job.spec
-    d.update({"requeue": s.requeue, "signal": s.signal, "gpu_type": s.gpu_type, "array": s.array,
+    # "signal" stays the signal that ended the job (ExitCode's second half); the request is apart
+    d.update({"requeue": s.requeue, "signal_request": signal_request(s), "gpu_type": s.gpu_type, "array": s.array,
               "open_mode": s.open_mode, "mail_type": s.mail_type, "mail_user": s.mail_user,
               "kill_on_invalid_dep": s.kill_on_invalid_dep, "array_summary": arrays.array_summary(job)})
     return d
+
+
+def signal_request(s: Any) -> str | None:
+    """--signal as sbatch takes it: ``[B:]SIG@TIME`` (SIG without its SIG prefix), or None."""
+    if not s.signal:
+        return None
+    name = s.signal[3:] if s.signal.startswith("SIG") else s.signal
+    return f"{'B:' if s.signal_batch else ''}{name}@{60 if s.signal_time is None else s.signal_time}"
 
 
 def partitions(head: "Head") -> list[dict[str, Any]]:

@@ -79,6 +79,11 @@ class Launch:
     qos: str | None = None
     cluster: str | None = None
     restart_count: int = 0
+    # --signal: warn_signal goes warn_time seconds before the time limit, to the batch shell
+    # alone with warn_batch, else to all the job's processes
+    warn_signal: str | None = None
+    warn_time: float = 60.0
+    warn_batch: bool = False
 
     @classmethod
     def from_body(cls, d: dict) -> "Launch":
@@ -275,7 +280,7 @@ def _env(d: dict, key: str) -> dict[str, str]:
 
 _SLURM_FIELDS = ("array_job_id", "array_task_id", "array_task_count", "array_task_min", "array_task_max",
                  "array_task_step", "open_mode", "slurm_compat_env", "partition", "account", "qos", "cluster",
-                 "restart_count")
+                 "restart_count", "warn_signal", "warn_time", "warn_batch")
 
 
 def _slurm_fields(d: dict) -> dict[str, Any]:
@@ -293,6 +298,15 @@ def _slurm_fields(d: dict) -> dict[str, Any]:
     for key in ("partition", "account", "qos", "cluster"):
         out[key] = _text(d, key, None)
     out["restart_count"] = _int(d, "restart_count", 0, MAX_ID, default=0)
+    warn = _text(d, "warn_signal", None)
+    if warn is not None and parse_signal(warn) is None:
+        raise ValueError(f"warn_signal must name a signal, not {warn!r:.40}")
+    out["warn_signal"] = warn
+    out["warn_time"] = _seconds(d, "warn_time", 60.0, zero_ok=True)
+    batch = d.get("warn_batch", False)
+    if not isinstance(batch, bool):
+        raise ValueError("warn_batch must be true or false")
+    out["warn_batch"] = batch
     return out
 
 
