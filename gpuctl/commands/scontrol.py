@@ -212,7 +212,8 @@ def job_record(j: dict[str, Any]) -> list[str]:
         f"TRES={tres}",
         f"MinMemoryNode={format_size_mb(j.get('mem_mb'))} GPUs={','.join(map(str, j.get('gpu_indices') or [])) or '(null)'}",
         f"WorkDir={j.get('work_dir')}",
-        f"StdErr={_v(j.get('stderr') or j.get('stdout'), 'gpud-%j.out')} StdOut={_v(j.get('stdout'), 'gpud-%j.out')}",
+        f"StdErr={_v(j.get('stderr_path') or j.get('stderr') or j.get('stdout'), 'gpud-%j.out')} "
+        f"StdOut={_v(j.get('stdout_path') or j.get('stdout'), 'gpud-%j.out')}",
         f"Comment={_v(j.get('comment'))} MailType={_v(j.get('mail_type'), 'NONE')} "
         f"MailUser={_v(j.get('mail_user') or (j.get('user') if j.get('mail_type') else None))}",
     ]

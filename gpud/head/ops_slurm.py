@@ -415,7 +415,20 @@ def job_details(job: JobRecord) -> dict[str, Any]:
     d.update({"requeue": s.requeue, "signal_request": signal_request(s), "gpu_type": s.gpu_type, "array": s.array,
               "open_mode": s.open_mode, "mail_type": s.mail_type, "mail_user": s.mail_user,
               "kill_on_invalid_dep": s.kill_on_invalid_dep, "array_summary": arrays.array_summary(job)})
+    d["stdout_path"] = output_file(job, s.stdout)
+    d["stderr_path"] = output_file(job, s.stderr) if s.stderr else d["stdout_path"]
     return d
+
+
+def output_file(job: JobRecord, pattern: str | None) -> str:
+    """The file the worker writes for ``pattern`` (None: the default), as scontrol shows it;
+    an array's tasks not yet split off keep %a (and every task %N until it has a node)."""
+    from ..worker.launch import DEFAULT_ARRAY_OUTPUT, expand_output
+
+    if job.spec.array is not None and job.array_task_id is None:
+        return os.path.normpath(os.path.join(job.spec.work_dir, pattern or DEFAULT_ARRAY_OUTPUT))
+    return expand_output(pattern, work_dir=job.spec.work_dir, job_id=job.job_id, name=job.name, user=job.user,
+                         node=job.node, array_job_id=job.array_job_id, array_task_id=job.array_task_id)
 
 
 def signal_request(s: Any) -> str | None:
