@@ -415,6 +415,9 @@ def job_details(job: JobRecord) -> dict[str, Any]:
     d.update({"requeue": s.requeue, "signal_request": signal_request(s), "gpu_type": s.gpu_type, "array": s.array,
               "open_mode": s.open_mode, "mail_type": s.mail_type, "mail_user": s.mail_user,
               "kill_on_invalid_dep": s.kill_on_invalid_dep, "array_summary": arrays.array_summary(job)})
+    d.update({"constraint": s.constraint, "exclusive": s.exclusive,
+              "req_nodelist": hostlist.compress(s.nodelist) if s.nodelist else None,
+              "exc_nodelist": hostlist.compress(s.exclude) if s.exclude else None})
     d["stdout_path"] = output_file(job, s.stdout)
     d["stderr_path"] = output_file(job, s.stderr) if s.stderr else d["stdout_path"]
     return d
