@@ -14,7 +14,7 @@ import click
 
 from gpud.units import format_duration
 
-from .common import job_ids, session
+from .common import job_refs, session
 
 IDLE_UTIL = 5  # percent, as the head counts idle GPU-time
 
@@ -90,10 +90,21 @@ def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:
 @click.pass_context
 def command(ctx: click.Context, job: str, as_json: bool) -> None:
     """Summarize one job's CPU, memory and GPU efficiency, as Slurm's seff does."""
-    ids = job_ids((job,), "JOBID")
-    if len(ids) != 1:
-        raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42")
-    result = session(ctx).client.seff(ids[0])
+    refs = job_refs((job,), "JOBID")
+    if len(refs) != 1:
+        raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42 or 42_7 for an array task")
+    client = session(ctx).client
+    ref = refs[0]
+    if isinstance(ref, str):          # an array task, 11_1: seff's report is of that task's own job
+        from .common import CommandFailed
+        from .squeue import select_refs
+
+        array_id = int(ref.split("_")[0])
+        found = select_refs(client.jobs(job_ids=[array_id], all=True), [ref])
+        if not found:
+            raise CommandFailed(f"Job {ref} not found")
+        ref = int(found[0]["job_id"])
+    result = client.seff(ref)
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
     else:
