@@ -7,7 +7,8 @@ head's store is the only writer and calls ``check_job_transition`` before every 
 an illegal move (say, COMPLETED -> RUNNING after a late duplicate message) raises instead
 of corrupting history.  A requeue is the edge RUNNING/COMPLETING -> PENDING: the job keeps
 its id and submit time and its next allocation gets a higher attempt number, which is what
-workers fence on.
+workers fence on.  ``scontrol requeue`` of a finished job, as in Slurm, is the one way out of
+a final state: back to PENDING.
 
 A ``JobSpec`` is what a user asked for.  The head builds it from a socket request with
 ``JobSpec.from_request``, which refuses anything malformed with a one-line message; the
@@ -65,7 +66,7 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
     JobState.RUNNING: frozenset({JobState.COMPLETING}) | _ENDINGS,
     JobState.COMPLETING: _ENDINGS,
-    **{s: frozenset() for s in TERMINAL_STATES},
+    **{s: frozenset({JobState.PENDING}) for s in TERMINAL_STATES},   # scontrol requeue
 }
 
 

@@ -36,7 +36,7 @@ import signal as signals
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import psutil
@@ -240,6 +240,23 @@ class Executor:
             self._kill_now(job, reason)
         else:
             self._begin_stop(job, signum, job.launch.kill_grace if grace is None else grace, reason)
+        return True
+
+    async def set_time_limit(self, job_id: int, attempt: int, time_limit: float | None) -> bool:
+        """A new time limit (seconds from the start; None: none) for a running job, raised or
+        lowered by an operator; its --signal warning moves with it.  False when the job does
+        not run here or is already stopping."""
+        job = self._jobs.get((job_id, attempt))
+        if job is None or job.stop_reason is not None:
+            return False
+        job.launch = replace(job.launch, time_limit=time_limit)
+        if job.start_time is not None:
+            job.deadline = _deadline(job.launch, job.start_time)
+            warn_at = _warn_at(job)
+            job.warned = job.warned and warn_at is not None and warn_at <= self._clock()
+            self._save_record(job)
+        log.info("job %d.%d: time limit now %s", job_id, attempt, format_duration(time_limit))
+        job.wake.set()
         return True
 
     async def kill(self, job_id: int, attempt: int, reason: str = "killed") -> bool:
