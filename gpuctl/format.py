@@ -227,7 +227,7 @@ GPU_MODE_TEXT = {
 
 
 def _holders(holders: Iterable[dict[str, Any]]) -> str:
-    return ",".join(f"{h.get('job_id')}({h.get('user')})" for h in holders) or "-"
+    return ",".join(f"{h.get('display_id') or h.get('job_id')}({h.get('user')})" for h in holders) or "-"
 
 
 def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
@@ -263,7 +263,7 @@ def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str
                 rows.append((name, f"{g.get('index', '?')}:{sl.get('profile')}@{sl.get('start')}",
                              format_size_mb(sl.get("memory_mb")), sl.get("uuid", ""),
                              "1/1" if job is not None else "0/1",
-                             f"{job}({sl.get('user')})" if job is not None else "-"))
+                             f"{sl.get('display_id') or job}({sl.get('user')})" if job is not None else "-"))
     return table(("NODELIST", "GPU", "MODEL", "MODE", "USED", "JOBS"), rows, header=header)
 
 

@@ -79,7 +79,7 @@ async def op_telemetry(head: "Head", caller: Caller, args: dict) -> dict:
         q[j.state.value.lower()] = q.get(j.state.value.lower(), 0) + 1
         if j.state.value == "PENDING":
             q["pending_gpus"] += j.gpus
-    jobs = [{"job_id": j.job_id, "user": j.user, "account": j.account, "partition": j.partition,
+    jobs = [{"job_id": j.job_id, "display_id": j.display_id, "user": j.user, "account": j.account, "partition": j.partition,
              "name": j.name, "node": j.node, "gpus": len(j.gpu_indices), "state": j.state.value,
              "reason": j.reason, "start_time": j.start_time, "gpu_util_mean": j.gpu_util_mean}
             for j in sorted(running, key=lambda j: j.job_id)]
