@@ -31,7 +31,7 @@ async def test_a_multi_node_job_shows_its_totals_and_its_node_request(tmp_path):
         [shown] = (await kit.call("show", kind="job", job_ids=[job.job_id]))["jobs"]
         f = fields(job_record(shown))
         assert (f["NumNodes"], f["NumCPUs"], f["NumTasks"], f["CPUs/Task"]) == ("2", "32", "2", "16")
-        assert f["TRES"] == "cpu=32,mem=64G,node=2,gres/gpu=8"
+        assert f["TRES"] == "cpu=32,mem=64G,node=2,billing=8,gres/gpu=8"
         assert (f["MinCPUsNode"], f["MinMemoryNode"], f["TresPerNode"]) == ("16", "32G", "gres:gpu:4")
         assert (f["ReqNodeList"], f["ExcNodeList"], f["OverSubscribe"]) == ("(null)", "n3", "NO")
         assert (f["NodeList"], f["BatchHost"]) == ("n[1-2]", "n1")

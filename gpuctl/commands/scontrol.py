@@ -194,7 +194,8 @@ def job_record(j: dict[str, Any]) -> list[str]:
     nodes, tasks = int(j.get("nodes") or 1), max(1, int(j.get("ntasks_per_node") or 1))
     cpus, mem = int(j.get("cpus") or 0), int(j.get("mem_mb") or 0)   # on each node
     # As Slurm's: NumCPUs and TRES are the job's totals, MinCPUsNode and MinMemoryNode per node.
-    tres = f"cpu={cpus * nodes},mem={format_size_mb(mem * nodes)},node={nodes}" + (f",gres/gpu={gpus}" if gpus else "")
+    tres = (f"cpu={cpus * nodes},mem={format_size_mb(mem * nodes)},node={nodes}"
+            + (f",billing={j['billing']:g}" if j.get("billing") else "") + (f",gres/gpu={gpus}" if gpus else ""))
     hold = j.get("hold")
     return [
         f"{ident} JobName={j.get('name')}",

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..model import JobState
 from ..sched.fragmentation import Fragmentation, fragmentation
+from .reports import held_gpus
 from .scheduling import node_view, running_view
 from .store import Store, Txn
 from .telemetry import IDLE_REASON, IDLE_UTIL
@@ -97,8 +98,9 @@ class HeadMetrics:
             if before.state.active and not after.state.active:
                 if after.state is JobState.PENDING:
                     self.requeues[part] += 1
-                if before.start_time is not None:
-                    self.gpu_seconds[before.account] += max(0.0, now - before.start_time) * len(before.gpu_indices)
+                if before.start_time is not None:   # by fraction, over all nodes, as report bills it
+                    self.gpu_seconds[before.account] += max(0.0, now - before.start_time) * held_gpus(
+                        self.head.store, before)
             if event == "preempted":
                 self.preemptions[part] += 1
             elif event == "gpu_idle":
@@ -346,8 +348,9 @@ class _Collector:
         gpus: Counter[str] = Counter()
         for j in head.store.active.values():
             if j.state.active and j.start_time is not None:
-                seconds[j.account] += max(0.0, now - j.start_time) * len(j.gpu_indices)
-                gpus[j.account] += len(j.gpu_indices)
+                held = held_gpus(head.store, j)
+                seconds[j.account] += max(0.0, now - j.start_time) * held
+                gpus[j.account] += held
         used = Family("gpud_account_gpu_seconds", "counter", "GPU-seconds allocated, by account.", ("account",))
         held = Family("gpud_account_gpus_allocated", "gauge", "GPUs allocated now, by account.", ("account",))
         for account in sorted(set(seconds) | set(gpus)):

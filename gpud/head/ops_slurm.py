@@ -433,7 +433,7 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
                 raise RequestError(f"Invalid job id specified: {', '.join(ref_text(j, t) for j, t in refs)}")
         else:
             wanted = sorted(head.store.active.values(), key=lambda j: j.job_id)
-        return {"jobs": [job_details(j) for j in wanted]}
+        return {"jobs": [job_details(j, head) for j in wanted]}
     if kind == "node":
         from .ops_jobs import op_nodes
 
@@ -459,7 +459,7 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
     raise RequestError(f"cannot show {kind!r}: use job, node, partition or config")
 
 
-def job_details(job: JobRecord) -> dict[str, Any]:
+def job_details(job: JobRecord, head: "Head | None" = None) -> dict[str, Any]:
     """A JOB record plus the request's details, for ``scontrol show job``."""
     d = job.to_public()
     s = job.spec
@@ -470,6 +470,10 @@ def job_details(job: JobRecord) -> dict[str, Any]:
     d.update({"constraint": s.constraint, "exclusive": s.exclusive,
               "req_nodelist": hostlist.compress(s.nodelist) if s.nodelist else None,
               "exc_nodelist": hostlist.compress(s.exclude) if s.exclude else None})
+    if head is not None:
+        from .reports import allocation_fields
+
+        d.update(allocation_fields(head.store, head.cfg.sched, job))
     d["stdout_path"] = output_file(job, s.stdout)
     d["stderr_path"] = output_file(job, s.stderr) if s.stderr else d["stdout_path"]
     return d

@@ -7,12 +7,11 @@ cluster, and so is who uses the GPUs.  Arguments are checked here and refused wi
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from .api import Caller, RequestError
 from .ops_jobs import op_nodes
-from .reports import GROUPINGS, JobShares, build_report
+from .reports import GROUPINGS, JobShares, allocation_fields, build_report
 from .telemetry import JobUsage
 
 if TYPE_CHECKING:
@@ -54,6 +53,7 @@ async def op_seff(head: "Head", caller: Caller, args: dict) -> dict:
     return {
         "job": job.to_public(), "now": head.clock(), "cluster": head.cfg.cluster, "gpu_model": model, "gpu_memory_mb": memory,
         "alloc_gpu_s": await _allocated_gpu_seconds(head, job_id), "sampled_s": usage.sampled_s,
+        "gpus_held": allocation_fields(head.store, head.cfg.sched, job)["gpus_held"],
         "gpu_s": usage.gpu_s, "util_gpu_s": usage.util_gpu_s, "idle_gpu_s": usage.idle_gpu_s,
     }
 
@@ -87,15 +87,9 @@ async def op_telemetry(head: "Head", caller: Caller, args: dict) -> dict:
 
 
 async def _allocated_gpu_seconds(head: "Head", job_id: int) -> float:
-    assert head.store.db is not None
-    now = head.clock()
-    total = 0.0
-    async with head.store.db.execute(
-        "SELECT gpu_indices, start_time, end_time FROM allocations WHERE job_id=?", (job_id,)
-    ) as cur:
-        async for gpus, start, end in cur:
-            total += max(0.0, (end if end is not None else now) - start) * len(json.loads(gpus))
-    return total
+    from .reports import allocated_gpu_seconds   # over all nodes, slices by fraction
+
+    return await allocated_gpu_seconds(head.store, job_id, head.clock())
 
 
 def _shares(u: JobUsage) -> JobShares:
