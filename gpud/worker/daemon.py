@@ -341,7 +341,10 @@ class Worker:
                        connected=lambda: getattr(self.bus, "connected", True))
 
     def _user(self, job: int, attempt: int) -> str:
-        return self._users.get((job, attempt), "?")
+        user = self._users.get((job, attempt))
+        if user is None:   # a job adopted after a restart: its launch record says whose it is
+            user = next((str(la.user) for la in self._launches() if (la.job_id, la.attempt) == (job, attempt)), "?")
+        return user
 
     # -- GPU sharing (gpud.worker.gpumodes) ------------------------------------------------------
 
