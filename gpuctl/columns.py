@@ -223,10 +223,15 @@ SINFO: dict[str, Field] = {
     "R": Field("PARTITION", lambda g, now: g.get("partition_name", "")),
     "T": Field("STATE", lambda g, now: g["state_long"]),
     "t": Field("STATE", lambda g, now: g["state"]),
+    "u": Field("USER", lambda g, now: g.get("reason_user") or "Unknown"),
+    "H": Field("TIMESTAMP", lambda g, now: format_time(g["reason_time"]) if g.get("reason_time") else "Unknown"),
 }
 SINFO_AGGREGATE = frozenset("DNnC")   # letters summed or listed over a group, not grouped on
 SINFO_DEFAULT = "%9P %.5a %.10l %.6D %.6t %N"
 SINFO_NODES = "%N %.6D %9P %6t"
+SINFO_LONG = "%9P %.5a %.10l %.6D %.11T %N"                 # sinfo -l
+SINFO_NODES_LONG = "%N %.6D %9P %.11T %.4c %.8m %20E"       # sinfo -N -l
+SINFO_REASONS = "%20E %9u %19H %N"                          # sinfo -R
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -464,9 +469,10 @@ def _node_values(node: dict[str, Any], part: dict[str, Any] | None) -> dict[str,
         models[str(g.get("model"))] = models.get(str(g.get("model")), 0) + 1
     gres = ",".join(f"gpu:{m}:{n}" for m, n in sorted(models.items())) or "(null)"
     row: dict[str, Any] = {
-        "state": fmt.node_state(node), "state_long": str(node.get("state", "UNKNOWN")).lower(),
+        "state": fmt.node_state(node), "state_long": fmt.node_state_long(node),
         "gres": gres, "cpus_per_node": node.get("cpus", 0), "mem_per_node": node.get("mem_mb", 0),
         "reason": node.get("reason"), "cpus_alloc": int(node.get("cpus_alloc") or 0),
+        "reason_user": node.get("reason_user"), "reason_time": node.get("reason_time"),
         "cpus": int(node.get("cpus") or 0), "count": 1, "nodelist": node.get("name", "?"),
     }
     row["cpus_idle"] = row["cpus"] - row["cpus_alloc"]

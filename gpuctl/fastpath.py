@@ -165,10 +165,11 @@ def parse_command_line(argv: list[str]) -> CommandLine | None:
     if i >= len(argv):
         return None
     longs, shorts, value_options = _tables()
+    from . import script as scripts
     from . import unsupported   # here, not at start-up, like the table: only sbatch needs it
 
     # Unsupported Slurm options go first, with the very function the click command uses.
-    words, line.warnings = unsupported.split_command_line(argv[i + 1:], value_options)
+    words, line.warnings = unsupported.split_command_line(argv[i + 1:], value_options, scripts.long_option)
     j = 0
     while j < len(words):
         word = words[j]

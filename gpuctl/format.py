@@ -169,7 +169,18 @@ def cpu_time(job: dict[str, Any], now: float) -> float:
     return (job.get("cpus") or 0) * elapsed(job, now) if job.get("start_time") else 0.0
 
 
+def job_order(job: dict[str, Any]) -> tuple[int, int, int]:
+    """Jobs in id order, an array's tasks after its id by task (1, 2, 10, 11_0, 11_1, 11_10),
+    whether job_id holds the number or the shown id (``11_0``)."""
+    own = str(job.get("job_id") or 0).split("_")[0]
+    own_id = int(own) if own.isdigit() else 0
+    task = job.get("array_task_id")
+    return (int(job.get("array_job_id") or own_id), -1 if task is None else int(task), own_id)
+
+
 def alloc_gpus(job: dict[str, Any]) -> int:
+    if int(job.get("nodes") or 1) > 1 and job.get("start_time") is not None:
+        return int(job.get("gpus") or 0)      # the job's over all its nodes, not rank 0's
     indices = job.get("gpu_indices") or job.get("gpu_ids") or []
     if indices:
         return len(indices)
@@ -186,7 +197,7 @@ def sacct_table(jobs: list[dict[str, Any]], now: float, *, header: bool = True) 
     from gpud.units import format_duration
 
     rows = []
-    for j in sorted(jobs, key=lambda j: j.get("job_id") or 0):
+    for j in sorted(jobs, key=job_order):
         rows.append((j.get("job_id", "?"), _clip(j.get("name"), 24), _clip(_user(j), 16),
                      j.get("account") or "-", j.get("state", "?"), exit_code(j),
                      format_duration(elapsed(j, now)), j.get("node") or "None assigned",
@@ -202,7 +213,22 @@ def _models(node: dict[str, Any]) -> str:
 
 def node_state(node: dict[str, Any]) -> str:
     state = str(node.get("state", "UNKNOWN"))
+    if state == "DRAIN" and draining(node):
+        return "drng"
     return NODE_STATE_SHORT.get(state, state.lower())
+
+
+def draining(node: dict[str, Any]) -> bool:
+    """A draining node still runs jobs (Slurm's drng); a drained one runs none (drain)."""
+    return bool(node.get("gpus_alloc") or node.get("cpus_alloc"))
+
+
+def node_state_long(node: dict[str, Any]) -> str:
+    """Slurm's long state name (sinfo %T): drained and draining apart."""
+    state = str(node.get("state", "UNKNOWN"))
+    if state == "DRAIN":
+        return "draining" if draining(node) else "drained"
+    return state.lower()
 
 
 def sinfo_nodes_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
@@ -244,7 +270,7 @@ GPU_MODE_TEXT = {
 
 
 def _holders(holders: Iterable[dict[str, Any]]) -> str:
-    return ",".join(f"{h.get('job_id')}({h.get('user')})" for h in holders) or "-"
+    return ",".join(f"{h.get('display_id') or h.get('job_id')}({h.get('user')})" for h in holders) or "-"
 
 
 def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str:
@@ -280,7 +306,7 @@ def sinfo_gpus_table(nodes: list[dict[str, Any]], *, header: bool = True) -> str
                 rows.append((name, f"{g.get('index', '?')}:{sl.get('profile')}@{sl.get('start')}",
                              format_size_mb(sl.get("memory_mb")), sl.get("uuid", ""),
                              "1/1" if job is not None else "0/1",
-                             f"{job}({sl.get('user')})" if job is not None else "-"))
+                             f"{sl.get('display_id') or job}({sl.get('user')})" if job is not None else "-"))
     return table(("NODELIST", "GPU", "MODEL", "MODE", "USED", "JOBS"), rows, header=header)
 
 

@@ -129,6 +129,14 @@ def _text(key: str, option: str) -> Converter:
     return convert
 
 
+def _or_unset(key: str, convert: Converter) -> Converter:
+    """``convert``, except that an empty value (``--exclude=''``, as job generators write
+    options they have no value for) unsets the option, as in Slurm: its default applies."""
+    def unset_or_convert(text: str) -> dict[str, Any]:
+        return {key: None} if not text.strip() else convert(text)
+    return unset_or_convert
+
+
 def _flag(settings: dict[str, Any]) -> Converter:
     return lambda _text: dict(settings)
 
@@ -191,7 +199,7 @@ def _gres(text: str) -> dict[str, Any]:
     return out
 
 
-def _size(key: str, option: str) -> Converter:
+def _size(key: str, option: str, zero_ok: bool = False) -> Converter:
     def convert(text: str) -> dict[str, Any]:
         from gpud.units import UnitError, parse_size_mb   # imports re: only for the options that need it
 
@@ -199,14 +207,13 @@ def _size(key: str, option: str) -> Converter:
             mb = parse_size_mb(text)
         except UnitError as e:
             raise ScriptError(f"{option}: {e}") from None
-        if mb <= 0:
-            raise ScriptError(f"{option} must be positive (a node's whole memory, {option}=0, "
-                              "cannot be asked for)")
+        if mb < 0 or (mb == 0 and not zero_ok):
+            raise ScriptError(f"{option} must be positive")
         return {key: mb}
     return convert
 
 
-_mem = _size("mem_mb", "--mem")
+_mem = _size("mem_mb", "--mem", zero_ok=True)   # --mem=0: all the memory of each node, as in Slurm
 _gpu_mem = _size("gpu_mem_mb", "--gpu-mem")
 
 
@@ -381,12 +388,22 @@ def _name(text: str) -> dict[str, Any]:
 
 
 def _signal(text: str) -> dict[str, Any]:
-    # Slurm's [{R|B}:]SIG[@TIME]: gpud signals the whole job kill_grace before the kill.
+    """Slurm's ``[{R|B}:]SIG[@TIME]``: SIG goes TIME seconds (default 60) before the time limit,
+    to the batch shell alone with ``B:``, else to all the job's processes.  ``R:`` (overlap a
+    reservation) means nothing here: there are no reservations."""
     t = text.strip()
-    if len(t) > 2 and t[1] == ":" and t[0].upper() in "RB":
-        t = t[2:]
-    t = t.split("@", 1)[0]
-    return {"signal": normalize_signal(t, "--signal")}
+    flags, colon, rest = t.partition(":")
+    batch = False
+    if colon and flags and set(flags.upper()) <= set("RB"):
+        batch, t = "B" in flags.upper(), rest
+    sig, at, when = t.partition("@")
+    seconds = 60
+    if at:
+        when = when.strip()
+        if not when.isdigit() or int(when) > 65535:
+            raise ScriptError(f"--signal: the time after @ must be whole seconds from 0 to 65535, not {when!r}")
+        seconds = int(when)
+    return {"signal": normalize_signal(sig, "--signal"), "signal_time": seconds, "signal_batch": batch}
 
 
 def normalize_signal(text: str, option: str = "--signal") -> str:
@@ -411,7 +428,7 @@ OPTIONS: tuple[Option, ...] = (
            "GPUs on each node: the job gets N times --nodes."),
     Option("--gpus-per-task", None, "[TYPE:]N", _gpu_count("--gpus-per-task", "gpus_per_task"),
            "GPUs for each task: the job gets N times its tasks."),
-    Option("--gpu-type", None, "TYPE", _text("gpu_type", "--gpu-type"), "Only GPUs of this model."),
+    Option("--gpu-type", None, "TYPE", _or_unset("gpu_type", _text("gpu_type", "--gpu-type")), "Only GPUs of this model."),
     Option("--cpus-per-task", "-c", "N", _int("cpus", "--cpus-per-task", 1, 100000), "CPU cores for each task."),
     Option("--cpus-per-gpu", None, "N", _int("cpus_per_gpu", "--cpus-per-gpu", 1, 100000), "CPU cores per GPU."),
     Option("--mem", None, "SIZE", _mem, "Memory on each node: megabytes, or a K/M/G/T suffix."),
@@ -422,26 +439,27 @@ OPTIONS: tuple[Option, ...] = (
            "Processes gpuctl srun starts on each node (default 1)."),
     Option("--ntasks", "-n", "N", _int("ntasks", "--ntasks", 1, MAX_NODES * MAX_TASKS_PER_NODE),
            "Tasks in all, spread evenly over the nodes."),
-    Option("--nodelist", "-w", "HOSTLIST", _hosts("nodelist", "--nodelist"),
+    Option("--nodelist", "-w", "HOSTLIST", _or_unset("nodelist", _hosts("nodelist", "--nodelist")),
            "These nodes must all be in the job (gpu[01-04], or a file of names)."),
-    Option("--exclude", "-x", "HOSTLIST", _hosts("exclude", "--exclude"), "Never these nodes."),
-    Option("--constraint", "-C", "FEATURES", _constraint, "Nodes with these features: a&b (all), a|b (any)."),
+    Option("--exclude", "-x", "HOSTLIST", _or_unset("exclude", _hosts("exclude", "--exclude")), "Never these nodes."),
+    Option("--constraint", "-C", "FEATURES", _or_unset("constraint", _constraint), "Nodes with these features: a&b (all), a|b (any)."),
     Option("--exclusive", None, None, _flag({"exclusive": True}), "No other job on the job's nodes."),
     Option("--switches", None, "N[@TIME]", _switches, "At most N leaf switches, waiting at most TIME for that."),
     Option("--time", "-t", "TIME", _time, "Time limit: MIN, [D-]HH:MM:SS, UNLIMITED."),
-    Option("--job-name", "-J", "NAME", _name, "Job name (default: the script's file name)."),
-    Option("--output", "-o", "PATTERN", _text("stdout", "--output"), "Standard output file."),
-    Option("--error", "-e", "PATTERN", _text("stderr", "--error"), "Standard error file."),
-    Option("--chdir", "-D", "DIR", _text("work_dir", "--chdir"), "Working directory (default: here)."),
-    Option("--account", "-A", "ACCOUNT", _text("account", "--account"), "Charge this account."),
-    Option("--partition", "-p", "PARTITION", _text("partition", "--partition"), "Partition to run in."),
-    Option("--qos", "-q", "QOS", _text("qos", "--qos"), "Quality of service."),
+    Option("--job-name", "-J", "NAME", _or_unset("name", _name), "Job name (default: the script's file name)."),
+    Option("--output", "-o", "PATTERN", _or_unset("stdout", _text("stdout", "--output")), "Standard output file."),
+    Option("--error", "-e", "PATTERN", _or_unset("stderr", _text("stderr", "--error")), "Standard error file."),
+    Option("--chdir", "-D", "DIR", _or_unset("work_dir", _text("work_dir", "--chdir")), "Working directory (default: here)."),
+    Option("--account", "-A", "ACCOUNT", _or_unset("account", _text("account", "--account")), "Charge this account."),
+    Option("--partition", "-p", "PARTITION", _or_unset("partition", _text("partition", "--partition")), "Partition to run in."),
+    Option("--qos", "-q", "QOS", _or_unset("qos", _text("qos", "--qos")), "Quality of service."),
     Option("--nice", None, "N", _int("nice", "--nice", -10000, 10000), "Lower the job's priority by N."),
-    Option("--signal", None, "SIG", _signal, "Signal sent before the kill at the time limit."),
+    Option("--signal", None, "[B:]SIG[@TIME]", _signal,
+           "Send SIG TIME seconds (default 60) before the time limit; B: to the batch shell only."),
     Option("--requeue", None, None, _flag({"requeue": True}), "Requeue after a node failure or preemption.",
            negation="--no-requeue", negated={"requeue": False}),
     Option("--hold", "-H", None, _flag({"hold": True}), "Submit held; release it later."),
-    Option("--comment", None, "TEXT", _text("comment", "--comment"), "A note kept with the job."),
+    Option("--comment", None, "TEXT", _or_unset("comment", _text("comment", "--comment")), "A note kept with the job."),
     Option("--array", "-a", "INDICES", _array, "A job array: 0-99, 1,3,5-9:2, 0-99%10."),
     Option("--dependency", "-d", "LIST", _dependency, "Start after other jobs: afterok:ID[:ID], ...."),
     Option("--kill-on-invalid-dep", None, "yes|no", _yes_no("kill_on_invalid_dep", "--kill-on-invalid-dep"),
@@ -471,6 +489,30 @@ for _o in OPTIONS:
         _BY_NAME[_o.short] = (_o, False)
     if _o.negation:
         _BY_NAME[_o.negation] = (_o, True)
+
+# Other names Slurm's sbatch gives the same option.
+ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters"}
+_LONG_NAMES: list[str] = []   # every long name sbatch knows, filled on the first abbreviation
+
+
+def long_option(name: str) -> str:
+    """The long option ``name`` spells, as Slurm's getopt_long reads it: the name itself, an
+    alias's option, or the one option it is an abbreviation of (``--part``: ``--partition``).
+    A name that is none of these comes back as it is, for the caller to call unknown;
+    ScriptError when it abbreviates several options."""
+    if name in _BY_NAME or name in unsupported.UNSUPPORTED:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    if len(name) < 3 or not name.startswith("--") or "=" in name:
+        return name
+    if not _LONG_NAMES:
+        _LONG_NAMES.extend([n for n in _BY_NAME if n.startswith("--")] + list(unsupported.UNSUPPORTED)
+                           + list(ALIASES))
+    matches = [n for n in _LONG_NAMES if n.startswith(name)]
+    if len({ALIASES.get(n, n) for n in matches}) > 1:   # an alias and its option are one option
+        raise ScriptError(f"option '{name}' is ambiguous; possibilities: " + " ".join(f"'{n}'" for n in matches))
+    return ALIASES.get(matches[0], matches[0]) if matches else name
 
 
 def merge(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
@@ -558,6 +600,8 @@ def _parse_directive_line(rest: str) -> tuple[dict[str, Any], list[str]]:
         name, value = word, None
         if word.startswith("--") and "=" in word:
             name, value = word.split("=", 1)
+        if word.startswith("--"):
+            name = long_option(name)
         elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
             name, value = word[:2], word[2:]
         entry = _BY_NAME.get(name)
@@ -794,7 +838,8 @@ def exportable_env(env: Any) -> dict[str, str]:
 
 _API_KEYS = frozenset({
     "name", "work_dir", "stdout", "stderr", "env", "gpus", "gpu_type", "cpus", "mem_mb",
-    "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "hold", "comment",
+    "time_limit", "partition", "account", "qos", "nice", "requeue", "signal", "signal_time", "signal_batch",
+    "hold", "comment",
     "array", "dependency", "begin_time", "deadline", "open_mode", "mail_type", "mail_user",
     "kill_on_invalid_dep", "skip_if_active", "mig_profile", "gpu_mem_mb",
     "nodes", "ntasks_per_node", "nodelist", "exclude", "constraint", "exclusive", "switches", "switches_wait",
@@ -822,7 +867,7 @@ def api_settings(options: dict[str, Any]) -> dict[str, Any]:
         elif key == "time_limit" and isinstance(value, str):
             out.update(_time(value))
         elif key == "signal":
-            out["signal"] = normalize_signal(str(value))
+            out.update(_signal(str(value)))
         elif key == "name":
             out.update(_name(value))
         elif key in _API_TEXT and isinstance(value, str):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
 if TYPE_CHECKING:
-    from typing import Iterable
+    from typing import Callable, Iterable
 
 # long option -> (short option, arity, hint)
 UNSUPPORTED: dict[str, tuple[str | None, str, str]] = {
@@ -114,11 +114,13 @@ def value_refused(long: str, value: str) -> str:
     return f"{long}={value} is not supported: {VALUE_REFUSED[long]}"
 
 
-def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[list[str], list[str]]:
+def split_command_line(args: Iterable[str], value_options: set[str],
+                       long_option: Callable[[str], str] | None = None) -> tuple[list[str], list[str]]:
     """(arguments for click, warnings): unsupported options before the script path removed.
 
     ``value_options``: our own options that take a value, so a value is not taken for the
-    script's path.
+    script's path.  ``long_option``: the option a long name spells (``gpuctl.script.long_option``:
+    aliases and abbreviations); long options are passed on under that name.
     """
     out: list[str] = []
     warnings: list[str] = []
@@ -130,6 +132,8 @@ def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[li
             out += words[i:]
             break
         name, has_value = (word.split("=", 1)[0], True) if word.startswith("--") and "=" in word else (word, False)
+        if long_option is not None and word.startswith("--"):
+            word, name = _spelled_out(word, name, long_option)
         short_attached = not word.startswith("--") and len(word) > 2
         if short_attached:
             name = word[:2]
@@ -154,3 +158,18 @@ def split_command_line(args: Iterable[str], value_options: set[str]) -> tuple[li
             continue
         i += 1
     return out, warnings
+
+
+def _spelled_out(word: str, name: str, long_option: Callable[[str], str]) -> tuple[str, str]:
+    """``word`` with its long option's name in full (``--part=gpu``: ``--partition=gpu``), and that name.
+    An ambiguous abbreviation is refused under click; a parser without click (the fast path)
+    sees it unchanged, as an option it does not know, and leaves it to click."""
+    try:
+        full = long_option(name)
+    except ValueError as e:   # ScriptError
+        click = sys.modules.get("click")
+        ctx = click.get_current_context(silent=True) if click else None
+        if ctx is not None:
+            raise click.UsageError(str(e), ctx) from None
+        return word, name
+    return full + word[len(name):], full

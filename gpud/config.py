@@ -424,11 +424,7 @@ def _build(data: dict[str, Any], path: str, lines: dict[tomlpos.Path, int]) -> C
             problems.error((sec,), f"{sec}: must be a table: write [{sec}] and its settings under it")
             table = {}
         sections[sec] = _read_section(cls, table, sec, problems)
-    try:
-        sched = sched_config_from_dict(clean, path)
-    except SchedConfigError as e:
-        problems.error(resolve_key(clean, e.key) if e.key else (), str(e))
-        sched = SchedConfig()
+    sched = _sched_config(clean, path, problems)
     top = sections[""]
     cfg = replace(
         top, state_dir=top.state_dir if "state_dir" in clean else default_state_dir(),
@@ -438,6 +434,34 @@ def _build(data: dict[str, Any], path: str, lines: dict[tomlpos.Path, int]) -> C
     if problems.errors:
         raise ConfigError([m for _, m in sorted(problems.errors, key=lambda e: e[0])])
     return replace(cfg, warnings=tuple(m for _, m in sorted(problems.warnings, key=lambda e: e[0])))
+
+
+def _sched_config(clean: dict[str, Any], path: str, problems: _Problems) -> SchedConfig:
+    """The scheduling sections, every problem in them reported: sched_config_from_dict stops
+    at the first, so the setting it names is left out and the rest read again, until they
+    pass or a problem repeats (one that removing its setting does not cure)."""
+    import copy
+
+    data, seen = clean, set()
+    for _ in range(100):
+        try:
+            return sched_config_from_dict(data, path)
+        except SchedConfigError as e:
+            where = resolve_key(data, e.key) if e.key else ()
+            if e.key in seen:
+                break
+            seen.add(e.key)
+            problems.error(where, str(e))
+            if not where or isinstance(where[-1], int):
+                break
+            data = copy.deepcopy(data)
+            table = data
+            for step in where[:-1]:
+                table = table[step]
+            if not isinstance(table, dict) or where[-1] not in table:
+                break
+            del table[where[-1]]
+    return SchedConfig()
 
 
 def _read_section(cls: type, table: dict[str, Any], sec: str, problems: _Problems) -> Any:

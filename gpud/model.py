@@ -7,7 +7,8 @@ head's store is the only writer and calls ``check_job_transition`` before every 
 an illegal move (say, COMPLETED -> RUNNING after a late duplicate message) raises instead
 of corrupting history.  A requeue is the edge RUNNING/COMPLETING -> PENDING: the job keeps
 its id and submit time and its next allocation gets a higher attempt number, which is what
-workers fence on.
+workers fence on.  ``scontrol requeue`` of a finished job, as in Slurm, is the one way out of
+a final state: back to PENDING.
 
 A ``JobSpec`` is what a user asked for.  The head builds it from a socket request with
 ``JobSpec.from_request``, which refuses anything malformed with a one-line message; the
@@ -65,7 +66,7 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
     JobState.RUNNING: frozenset({JobState.COMPLETING}) | _ENDINGS,
     JobState.COMPLETING: _ENDINGS,
-    **{s: frozenset() for s in TERMINAL_STATES},
+    **{s: frozenset({JobState.PENDING}) for s in TERMINAL_STATES},   # scontrol requeue
 }
 
 
@@ -118,7 +119,9 @@ class JobSpec:
     qos: str | None = None
     nice: int = 0
     requeue: bool = True
-    signal: str | None = None      # signal sent before SIGKILL at preemption / time limit
+    signal: str | None = None      # --signal: sent signal_time s before the time limit, and at preemption
+    signal_time: int | None = None  # --signal's @TIME (None: Slurm's 60 s)
+    signal_batch: bool = False      # --signal=B:...: to the batch shell only, not all the job's processes
     hold: bool = False
     comment: str | None = None
     # Slurm compatibility (see gpud.syntax for the notations)
@@ -198,8 +201,8 @@ class JobSpec:
                 mem = parse_size_mb(mem)
             except UnitError as e:
                 raise SpecError(str(e)) from None
-            if mem <= 0:
-                raise SpecError("--mem must be positive")
+            if mem < 0:   # 0: all the memory of each node (Slurm's --mem=0)
+                raise SpecError("--mem must be positive, or 0 for all of each node's memory")
         kw["mem_mb"] = mem
         tl = d.get("time_limit")
         if tl is not None:
@@ -210,9 +213,14 @@ class JobSpec:
             if tl is not None and tl <= 0:
                 raise SpecError("time limit must be positive")
         kw["time_limit"] = tl
+        st = d.get("signal_time")
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or not 0 <= st <= 65535):
+            raise SpecError("--signal's time must be a whole number of seconds from 0 to 65535")
+        kw["signal_time"] = st
         kw.update(_gpu_share(d, kw["gpus"]))
         for key, default in (("requeue", True), ("hold", False), ("kill_on_invalid_dep", False),
-                             ("skip_if_active", False), ("test_only", False), ("exclusive", False)):
+                             ("skip_if_active", False), ("test_only", False), ("exclusive", False),
+                             ("signal_batch", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
                 raise SpecError(f"{key} must be true or false")

@@ -111,6 +111,9 @@ JOB: {"job_id", "name", "user", "uid", "gid", "account", "partition", "qos", "st
       "slice_start", "mem_mb", "profile"}]: what the allocation holds; for a slice the
       uuid is its MIG-... UUID), "mig_profile" (slices asked for; "gpus" counts them) and
       "gpu_mem_mb" (--gpu-mem), both null for whole GPUs
+      Accounting (whole records only, not with ``fields``): "gpus_held" (GPUs held over all
+      its nodes, a slice or share by its fraction; 0 before it starts) and "billing" (the
+      same by each GPU's billing weight: what fair share charges a second)
 NODE: {"name", "state", "reason", "cpus", "cpus_alloc", "mem_mb", "mem_alloc_mb",
        "gpus_total", "gpus_alloc", "labels", "last_seen",
        "gpus": [{"index", "uuid", "model", "memory_mb", "job_ids": [int],

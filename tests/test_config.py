@@ -367,3 +367,21 @@ def test_worker_features_are_reported_in_the_features_label(tmp_path):
 ])
 def test_bad_features_are_one_line_each(text, message):
     assert problems(f"[worker]\n{text}\n")[0].startswith(f"gpud.toml:2: {message}")
+
+
+def test_every_scheduling_problem_is_reported_in_one_run():
+    """gpud check-config lists every problem at once: six in partitions and QOS, and the three
+    account errors behind them, each with its line."""
+    text = ("[[partition]]\nname = 'a'\nmax_time = '1h'\ndefault_time = '2h'\ndefault_mem = 'lots'\n"
+            "[qos.high]\npreempt = ['low']\n"
+            "[qos.low]\npreempt_mode = 'suspend'\n"
+            "[scheduler]\ndefault_qos = 'gold'\n"
+            "[accounts.x]\nparent = 'nope'\n"
+            "[accounts.y]\nshares = 'many'\n"
+            "[accounts.z]\ngpu_quota = 9\ngpu_limit = 8\n")
+    lines = problems(text)
+    keys = [line.split(": ")[1] for line in lines]
+    assert sorted(keys) == sorted(["partition.a.default_time", "partition.a.default_mem", "qos.low.preempt_mode",
+                                   "scheduler.default_qos", "accounts.x.parent", "accounts.y.shares",
+                                   "accounts.z.gpu_quota"]), lines
+    assert all(line.startswith("gpud.toml:") and line.split(":")[1].isdigit() for line in lines), lines

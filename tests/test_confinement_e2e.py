@@ -114,7 +114,7 @@ def test_an_unconfined_node_says_so(tmp_path, mosquitto):  # noqa: F811
         assert "Confinement=none" in c.gpuctl("scontrol", "show", "node", "n1").stdout
         reasons = c.gpuctl("sinfo", "-R").stdout.splitlines()
         assert reasons[0].split() == ["REASON", "NODELIST"]
-        assert reasons[1].startswith('Confinement=none: turned off by [worker] cgroups = "off"')
+        assert reasons[1].startswith("Confinement=none")
         assert reasons[1].split()[-1] == "n1"
         jid = c.sbatch("--wrap", "true")
         job = c.wait_job_state(jid, "COMPLETED")

@@ -48,7 +48,7 @@ def test_sbatch_maps_every_option_onto_the_spec(head, tmp_path, monkeypatch):
         "script": "#!/bin/bash\npython train.py\n", "name": "big", "work_dir": f"{tmp_path}/sub",
         "gpus": 2, "gpu_type": "A100-40GB", "cpus": 6, "mem_mb": 32768, "time_limit": 7200.0,
         "stdout": f"{tmp_path}/sub/out-%j.txt", "stderr": "/var/log/err", "account": "phys",
-        "partition": "long", "qos": "high", "nice": -10, "signal": "SIGUSR1", "requeue": False,
+        "partition": "long", "qos": "high", "nice": -10, "signal": "SIGUSR1", "signal_time": 60, "signal_batch": False, "requeue": False,
         "hold": True, "comment": "first try",
     }
     assert spec["env"]["PROJECT"] == "x"

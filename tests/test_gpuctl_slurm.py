@@ -117,7 +117,7 @@ def test_unsupported_slurm_options_warn_or_fail_under_strict(head, tmp_path):
     (["--mail-type=BEGIN", "--mail-user=--exec=!id >/tmp/x"], "--mail-user: invalid mail address '--exec=!id >/tmp/x'"),
     (["--mail-user=|/bin/sh"], "--mail-user: invalid mail address '|/bin/sh'"),
     (["--export", "1BAD"], "--export: '1BAD' is not ALL, NONE, NAME or NAME=VALUE"),
-    (["--mem=0"], "--mem must be positive"),
+    (["--mem-per-gpu=0", "-G", "1"], "--mem-per-gpu must be positive"),
 ])
 def test_slurm_mistakes_exit_2(head, args, message):
     r = run(head, "sbatch", *args, "--wrap", "true")

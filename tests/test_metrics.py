@@ -88,7 +88,7 @@ def test_metrics_match_the_cluster_state(cluster, tmp_path):
         if get(samples, "gpud_jobs", state="PENDING", reason="Resources", partition="gpu") is None:
             return None   # no pass has given the big job its reason yet
         sampled = jobs.get(idle, {}).get("gpu_indices") or []
-        if (not sampled or get(samples, "gpud_gpu_utilization_percent", node="w2", gpu=str(sampled[0]),
+        if (not sampled or get(samples, "gpud_gpu_utilization_ratio", node="w2", gpu=str(sampled[0]),
                                    model="A100-80GB") is None
                 or any(jobs.get(j, {}).get("gpu_util_mean") is None for j in (busy, idle))):
             return None   # w2's samples (a worker of its own, reporting on its own clock) are not in yet
@@ -99,12 +99,12 @@ def test_metrics_match_the_cluster_state(cluster, tmp_path):
     # Jobs by state, reason and partition: as squeue lists them.
     by_state: dict[tuple, int] = {}
     for j in jobs.values():
-        key = (j["state"], j["reason"] or "None", j["partition"])
+        key = (j["state"], j["reason"] or "", j["partition"])
         by_state[key] = by_state.get(key, 0) + 1
     exported = {(dict(k[1:])["state"], dict(k[1:])["reason"], dict(k[1:])["partition"]): v
                 for k, v in samples.items() if k[0] == "gpud_jobs"}
     assert exported == by_state
-    assert by_state == {("RUNNING", "None", "gpu"): 2, ("PENDING", "Resources", "gpu"): 1}
+    assert by_state == {("RUNNING", "", "gpu"): 2, ("PENDING", "Resources", "gpu"): 1}
     assert jobs[huge]["reason"] == "Resources"
 
     # GPUs: totals and allocations as sinfo shows them; busy from the samples.
@@ -115,9 +115,9 @@ def test_metrics_match_the_cluster_state(cluster, tmp_path):
         assert get(samples, "gpud_gpus_allocated", **labels) == alloc
         assert get(samples, "gpud_gpus_busy", **labels) == n_busy
     for i in jobs[busy]["gpu_indices"]:
-        assert get(samples, "gpud_gpu_utilization_percent", node="w1", gpu=str(i), model="H100-80GB") == 90.0
+        assert get(samples, "gpud_gpu_utilization_ratio", node="w1", gpu=str(i), model="H100-80GB") == 0.9
     (i,) = jobs[idle]["gpu_indices"]
-    assert get(samples, "gpud_gpu_utilization_percent", node="w2", gpu=str(i), model="A100-80GB") == 0.0
+    assert get(samples, "gpud_gpu_utilization_ratio", node="w2", gpu=str(i), model="A100-80GB") == 0.0
     assert get(samples, "gpud_gpu_power_watts", node="w2", gpu=str(i), model="A100-80GB") == 40.0
     assert get(samples, "gpud_nodes", state="UP") == 2
 

@@ -56,7 +56,7 @@ async def test_counters_follow_committed_transitions(tmp_path):
         # 2 x 40 + 1 x 40 ended, plus the running one's 1 GPU x 20 s so far
         assert m[("gpud_account_gpu_seconds_total", ("account", "default"))] == pytest.approx(140.0)
         assert m[("gpud_account_gpus_allocated", ("account", "default"))] == 1
-        assert m[("gpud_jobs", ("partition", "gpu"), ("reason", "None"), ("state", "COMPLETING"))] == 1
+        assert m[("gpud_jobs", ("partition", "gpu"), ("reason", ""), ("state", "COMPLETING"))] == 1
         assert m[("gpud_gpus_allocated", ("mode", "whole"), ("model", "H100-80GB"), ("node", "n1"))] == 1
         assert m[("gpud_scheduler_pass_seconds_count",)] == 2
         r.clock.t += 10
@@ -68,7 +68,9 @@ async def test_stale_samples_are_not_exported(tmp_path):
     async with rig(tmp_path) as r:
         await r.add_node("n1", "1xA30-24GB")
         await r.sample("n1")
-        key = ("gpud_gpu_utilization_percent", ("gpu", "0"), ("model", "A30-24GB"), ("node", "n1"))
+        uuid = r.head.store.nodes["n1"].info["gpus"][0]["uuid"]
+        key = ("gpud_gpu_utilization_ratio", ("Hostname", "n1"), ("UUID", uuid), ("gpu", "0"),
+               ("model", "A30-24GB"), ("modelName", "A30-24GB"), ("node", "n1"))
         assert key in parse(r.head.metrics.render())
         r.clock.t += 60                                     # twelve intervals without a sample
         m = parse(r.head.metrics.render())
@@ -122,3 +124,33 @@ async def test_fragmentation_per_partition_agrees_with_the_partition_records(tmp
         (part,) = partitions(r.head)
         assert (part["gpus_free"], part["gpus_servable"], part["servable_size"]) == (15, 1, 8)
         assert part["fragmentation"] == pytest.approx(7 / 15, abs=1e-4)
+
+
+async def test_per_node_state_owners_memory_energy_and_dcgm_labels(tmp_path):
+    """The issue's /metrics list: no reason="None" for running jobs; one state series per node
+    (to alert on one node down); jobs per account and user; GPU memory total/used/free;
+    energy; the labels dcgm-exporter puts on its series (Hostname, UUID, modelName);
+    utilization as a 0-1 ratio; and a Content-Type that names the format the body is in."""
+    from gpud.head.metrics import CONTENT_TYPE
+
+    async with rig(tmp_path) as r:
+        await r.add_node("n1", "1xA30-24GB")
+        await r.add_node("n2", "1xA30-24GB")
+        await r.sample("n1")
+        await r.sample("n1")
+        r.head.store.nodes["n2"].state = "DOWN"
+        await r.submit(gpus=1, user="bob", account="default")
+        m = parse(r.head.metrics.render())
+        assert m[("gpud_account_jobs", ("account", "default"), ("state", "PENDING"), ("user", "bob"))] == 1
+        assert all(dict(k[1:]).get("reason") != "None" for k in m if k[0] == "gpud_jobs")
+        assert m[("gpud_node_state", ("node", "n1"), ("state", "UP"))] == 1
+        assert m[("gpud_node_state", ("node", "n2"), ("state", "DOWN"))] == 1
+        uuid = r.head.store.nodes["n1"].info["gpus"][0]["uuid"]
+        gpu = (("Hostname", "n1"), ("UUID", uuid), ("gpu", "0"), ("model", "A30-24GB"), ("modelName", "A30-24GB"),
+               ("node", "n1"))
+        total, used = m[("gpud_gpu_memory_total_bytes", *gpu)], m[("gpud_gpu_memory_used_bytes", *gpu)]
+        assert total == 24 * 1024 ** 3 or total > used
+        assert m[("gpud_gpu_memory_free_bytes", *gpu)] == total - used
+        assert m[("gpud_gpu_energy_joules_total", *gpu)] > 0
+        assert 0 <= m[("gpud_gpu_utilization_ratio", *gpu)] <= 1
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"

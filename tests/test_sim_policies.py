@@ -278,3 +278,39 @@ def test_dlrm_as_background_serving_preempts_batch_under_full_only():
     # serving starts within a minute on average under full; in submission order it waits
     assert full["qos"]["serving"]["wait_s"]["mean"] < 60
     assert full["qos"]["serving"]["wait_s"]["mean"] < r["fifo"]["qos"]["serving"]["wait_s"]["mean"]
+
+
+def test_plot_shares_axes_draws_the_configured_shares_and_keeps_the_legend_off_the_data(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import copy
+
+    import matplotlib.pyplot as plt
+
+    from gpud.sim import plot as plotting
+
+    drawn = {}
+    monkeypatch.setattr(plotting, "plot", lambda reports, path: drawn.update(copy.deepcopy(reports)))
+    cfg = tmp_path / "gpud.toml"
+    cfg.write_text("[accounts.a]\nshares = 3\nusers = ['*']\n[accounts.b]\nshares = 1\nusers = ['*']\n")
+    trace_file = tmp_path / "t.csv"
+    trace_file.write_text("job_id,submit_s,gpus,duration_s,user,group\n"
+                          + "".join(f"j{i},{i * 60},4,3600,u,{'ab'[i % 2]}\n" for i in range(40)))
+    r = run("--cluster", "1x8xH100-80GB", "--config", str(cfg), "--trace", str(trace_file), "--compare",
+            "--plot", str(tmp_path / "p.png"))
+    assert r.exit_code == 0, r.output
+    assert drawn["full"]["series"]["targets"] == {"a": 0.75, "b": 0.25}
+    fig = plotting.figure(drawn)
+    try:
+        axes = fig.axes
+        top = [a for a in axes if a.get_ylabel().startswith("GPUs")]
+        low = [a for a in axes if a.get_ylabel().startswith("share")]
+        assert top[0].get_shared_y_axes().joined(top[0], top[1]) and low[0].get_shared_x_axes().joined(low[0], low[1])
+        # the configured shares, stacked as the bands are: 75 % for a, then 100 % with b's
+        levels = sorted(round(line.get_ydata()[0]) for line in low[0].lines if line.get_linestyle() == "--")
+        assert levels == [75, 100]
+        assert not any(a.get_legend() for a in axes) and fig.legends
+        fig.canvas.draw()
+        legend = fig.legends[0].get_window_extent()
+        assert legend.y1 <= min(a.get_window_extent().y0 for a in axes)     # below every panel
+    finally:
+        plt.close(fig)

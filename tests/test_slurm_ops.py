@@ -117,7 +117,6 @@ async def test_update_refusals_that_hold_for_everyone(tmp_path):
         await kit.schedule()
         for changes, message in [
             ({"Partition": "short"}, "Partition can only change while the job is pending"),
-            ({"TimeLimit": "2:00:00"}, "the time limit of a running job can only be lowered"),
             ({"Partition": "nope"}, "Partition can only change while the job is pending"),
             ({"ArrayTaskThrottle": "3"}, "ArrayTaskThrottle applies to array jobs only"),
             ({"Nice": "x"}, "Nice must be a whole number, not 'x'"),

@@ -127,3 +127,73 @@ def test_gpuctl_top_keeps_the_last_view_while_the_head_does_not_answer():
         code, out = on_a_terminal(head, "-n", "2", "-d", "0.2")
         assert code == 0
         assert b"no answer from the head" in out and b"cluster prod at " in out
+
+
+def test_q_quits_the_live_view():
+    """top(1)'s q: the view ends at once, however long the delay."""
+    with FakeHead() as head:
+        head.reply("telemetry", state())
+        main, sub = pty.openpty()
+        try:
+            p = subprocess.Popen([sys.executable, "-m", "gpuctl.main", "--socket", head.path, "top", "-d", "3600"],
+                                 env=env_for_children(), stdin=sub, stdout=sub, stderr=sub)
+            os.close(sub)
+            out = b""
+            while b"cluster prod at " not in out:
+                out += os.read(main, 65536)
+            os.write(main, b"q")
+            assert p.wait(60) == 0
+            assert head.ops() == ["telemetry"]
+        finally:
+            os.close(main)
+
+
+def many_nodes(n: int, busy: int) -> dict:
+    s = state()
+    nodes = []
+    for i in range(1, n + 1):
+        nd = node(f"n{i:03d}", gpus=0, state="MIXED" if i <= busy else "IDLE")
+        nd["gpus"] = [gpu(k, 90.0 if i <= busy else 0.0, 100, 300.0, 50.0, [100 + i] if i <= busy else [],
+                          ["alice"] if i <= busy else []) for k in range(8)]
+        nodes.append(nd)
+    s["nodes"] = nodes
+    s["jobs"] = [dict(s["jobs"][0], job_id=100 + i, display_id=f"100_{i}") for i in range(1, busy + 1)]
+    return s
+
+
+def lines(state_: dict, width: int, height: int, scroll: int = 0) -> list[str]:
+    console = Console(width=width, height=height, record=True, file=open(os.devnull, "w"), color_system=None)
+    console.print(render(state_, width=width, height=height, scroll=scroll))
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_idle_nodes_fold_and_the_queue_stays_in_view():
+    out = lines(many_nodes(100, busy=2), width=100, height=40)
+    assert len(out) <= 40
+    assert "n[003-100]  idle" in "\n".join(out) and "784 GPUs free" in "\n".join(out)
+    assert any(line.startswith("Queue:") for line in out)
+    assert any(line.strip().startswith("100_1 ") for line in out)      # array tasks as squeue shows them
+    assert "100_2 (alice)" in "\n".join(out)                           # and as the GPUs' holders
+
+
+def test_busy_nodes_scroll_instead_of_pushing_the_queue_off():
+    s = many_nodes(30, busy=30)
+    top, later = lines(s, width=100, height=30), lines(s, width=100, height=30, scroll=40)
+    assert len(top) <= 30 and len(later) <= 30
+    assert any(line.startswith("Queue:") for line in top) and any(line.startswith("Queue:") for line in later)
+    assert any("GPU rows 1-" in line for line in top) and any(line.startswith("n001") for line in top)
+    assert not any(line.startswith("n001") for line in later) and any(line.startswith("n006") for line in later)
+
+
+def test_utilization_is_the_last_column_cut():
+    narrow = plain(state(), width=50).splitlines()
+    assert "[#########.]  93%" in "\n".join(narrow)
+    assert all(h not in narrow[2] for h in ("TEMP", "POWER", "MODEL")) and "UTIL" in narrow[2]
+
+
+def test_sinfo_gpus_shows_array_tasks_as_squeue_does():
+    from gpuctl.format import sinfo_gpus_table
+
+    g = dict(gpu(0, 50.0, 1, 1.0, 1.0, [12]), holders=[{"job_id": 12, "display_id": "11_1", "user": "alice"}])
+    out = sinfo_gpus_table([dict(node("n1", gpus=0), gpus=[g])])
+    assert "11_1(alice)" in out

@@ -55,6 +55,11 @@ def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
 @click.option("-u", "--user", "users", metavar="USER[,USER...]", multiple=True,
               help="Jobs of these users instead of mine.")
 @click.option("-a", "--allusers", is_flag=True, help="Jobs of all users.")
+@click.option("--name", "names", metavar="NAME[,NAME...]", multiple=True, help="Only jobs with these names.")
+@click.option("-r", "--partition", "partitions", metavar="PART[,PART...]", multiple=True,
+              help="Only jobs that ran in these partitions.")
+@click.option("-A", "--accounts", "accounts", metavar="ACCOUNT[,ACCOUNT...]", multiple=True,
+              help="Only jobs charged to these accounts.")
 @click.option("-S", "--starttime", metavar="TIME",
               help="Jobs since TIME (default: midnight; with -j: any time).")
 @click.option("-E", "--endtime", metavar="TIME", help="Jobs submitted before TIME (default: now).")
@@ -71,7 +76,7 @@ def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
 @click.pass_context
 @per_cluster
 def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool,
-            starttime: str | None, endtime: str | None, states: tuple[str, ...], format_: str | None,
+            names: tuple[str, ...], partitions: tuple[str, ...], accounts: tuple[str, ...], starttime: str | None, endtime: str | None, states: tuple[str, ...], format_: str | None,
             long_: bool, brief: bool, allocations: bool, parsable2: bool, parsable: bool, as_json: bool,
             noheader: bool) -> None:
     """Show finished and running jobs: my own unless -a or -u."""
@@ -101,8 +106,10 @@ def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], a
         records = select_refs(records, refs)
     if until is not None:
         records = [j for j in records if (j.get("submit_time") or 0) <= until]
-    records = sorted(records, key=lambda j: (j.get("array_job_id") or j.get("job_id") or 0,
-                                             j.get("array_task_id") or -1, j.get("job_id") or 0))
+    for key, values in (("name", names), ("partition", partitions), ("account", accounts)):
+        if split_list(values):
+            records = [j for j in records if j.get(key) in set(split_list(values))]
+    records = sorted(records, key=fmt.job_order)
     if as_json:
         click.echo(fmt.to_json("jobs", records))
         return

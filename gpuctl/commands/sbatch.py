@@ -53,7 +53,7 @@ class SbatchCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         value_options = {name for o in scripts.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
-        kept, warnings = unsupported.split_command_line(args, value_options)
+        kept, warnings = unsupported.split_command_line(args, value_options, scripts.long_option)
         ctx.meta[_UNSUPPORTED_KEY] = warnings
         return super().parse_args(ctx, kept)
 

@@ -190,9 +190,12 @@ def job_record(j: dict[str, Any]) -> list[str]:
             ident += f" ArrayTaskThrottle={j['array_throttle']}"
     state = str(j.get("state"))
     runtime = fmt.elapsed(j, _now())
-    gpus = int(j.get("gpus") or 0)
+    gpus = int(j.get("gpus") or 0)     # the job's, over all its nodes
     nodes, tasks = int(j.get("nodes") or 1), max(1, int(j.get("ntasks_per_node") or 1))
-    tres = f"cpu={j.get('cpus')},mem={format_size_mb(j.get('mem_mb'))},node={nodes}" + (f",gres/gpu={gpus}" if gpus else "")
+    cpus, mem = int(j.get("cpus") or 0), int(j.get("mem_mb") or 0)   # on each node
+    # As Slurm's: NumCPUs and TRES are the job's totals, MinCPUsNode and MinMemoryNode per node.
+    tres = (f"cpu={cpus * nodes},mem={format_size_mb(mem * nodes)},node={nodes}"
+            + (f",billing={j['billing']:g}" if j.get("billing") else "") + (f",gres/gpu={gpus}" if gpus else ""))
     hold = j.get("hold")
     return [
         f"{ident} JobName={j.get('name')}",
@@ -206,15 +209,21 @@ def job_record(j: dict[str, Any]) -> list[str]:
         f"SubmitTime={_t(j.get('submit_time'))} EligibleTime={_t(j.get('begin_time') or j.get('submit_time'))}",
         f"StartTime={_t(j.get('start_time') or j.get('expected_start'))} EndTime={_t(j.get('end_time'))} "
         f"Deadline={_t(j.get('deadline'))}",
-        f"Partition={j.get('partition')} NodeList={_v(j.get('nodelist') or j.get('node'))}",
-        f"NumNodes={nodes} NumCPUs={j.get('cpus')} NumTasks={nodes * tasks} CPUs/Task={(j.get('cpus') or 0) // tasks} "
+        f"Partition={j.get('partition')}",
+        f"ReqNodeList={_v(j.get('req_nodelist'))} ExcNodeList={_v(j.get('exc_nodelist'))}",
+        f"NodeList={_v(j.get('nodelist') or j.get('node'))}" + (f" BatchHost={j['node']}" if j.get("node") else ""),
+        f"NumNodes={nodes} NumCPUs={cpus * nodes} NumTasks={nodes * tasks} CPUs/Task={cpus // tasks} "
         f"Gres={'gpu' + (':' + j['gpu_type'] if j.get('gpu_type') else '') + f':{gpus}' if gpus else '(null)'}",
         f"TRES={tres}",
-        f"MinMemoryNode={format_size_mb(j.get('mem_mb'))} GPUs={','.join(map(str, j.get('gpu_indices') or [])) or '(null)'}",
+        f"MinCPUsNode={cpus} MinMemoryNode={format_size_mb(mem)} "
+        f"GPUs={','.join(map(str, j.get('gpu_indices') or [])) or '(null)'}",
+        f"Features={_v(j.get('constraint'))} OverSubscribe={'NO' if j.get('exclusive') else 'OK'}",
         f"WorkDir={j.get('work_dir')}",
-        f"StdErr={_v(j.get('stderr') or j.get('stdout'), 'gpud-%j.out')} StdOut={_v(j.get('stdout'), 'gpud-%j.out')}",
+        f"StdErr={_v(j.get('stderr_path') or j.get('stderr') or j.get('stdout'), 'gpud-%j.out')} "
+        f"StdOut={_v(j.get('stdout_path') or j.get('stdout'), 'gpud-%j.out')}",
         f"Comment={_v(j.get('comment'))} MailType={_v(j.get('mail_type'), 'NONE')} "
         f"MailUser={_v(j.get('mail_user') or (j.get('user') if j.get('mail_type') else None))}",
+        *([f"TresPerNode=gres:gpu:{gpus // nodes}"] if gpus else []),
     ]
 
 

@@ -14,7 +14,7 @@ import click
 
 from gpud.units import format_duration
 
-from .common import job_ids, session
+from .common import job_refs, session
 
 IDLE_UTIL = 5  # percent, as the head counts idle GPU-time
 
@@ -49,12 +49,18 @@ def seff_text(r: dict[str, Any]) -> str:
     lines += _cpu_lines(j, int(cores or 1) * wall)
     lines.append(f"Job Wall-clock time: {format_duration(wall)}")
     lines += _memory_lines(j)
-    gpus = len(j.get("gpu_indices") or []) or int(j.get("gpus") or 0)
+    nodes = int(j.get("nodes") or 1)
+    gpus = int(j.get("gpus") or 0) if nodes > 1 else len(j.get("gpu_indices") or []) or int(j.get("gpus") or 0)
+    shared = sorted({str(d.get("kind")) for d in j.get("devices") or [] if d.get("kind") not in (None, "gpu")})
+    where = f" on {j.get('nodelist') or j['node']}" if j.get("node") else ""
+    model = r.get("gpu_model")
     if not gpus:
         lines.append("GPUs: none requested")
+    elif shared:
+        lines.append(f"GPUs: {_shared_text(j, shared[0])}" + (f" of {'an' if model and model[0] in 'AEIOU' else 'a'} "
+                                                             f"{model}" if model else "") + where)
+        lines += _shared_gpu_lines(r, shared[0])
     else:
-        where = f" on {j['node']}" if j.get("node") else ""
-        model = r.get("gpu_model")
         lines.append(f"GPUs: {gpus}" + (f" x {model}" if model else "") + where)
         lines += _gpu_lines(r, j)
     if state in ("RUNNING", "COMPLETING"):
@@ -92,6 +98,31 @@ def _memory_lines(j: dict[str, Any]) -> list[str]:
     return out
 
 
+def _shared_text(j: dict[str, Any], kind: str) -> str:
+    n = len([d for d in j.get("devices") or [] if d.get("kind") == kind]) or int(j.get("gpus") or 1)
+    if kind == "mig":
+        return f"{n} x MIG {j.get('mig_profile') or 'slice'} slice" + ("s" if n > 1 else "")
+    if kind == "mps":
+        mem = j.get("gpu_mem_mb")
+        return f"{n} MPS share" + ("s" if n > 1 else "") + (f" ({gigabytes(mem)})" if mem else "")
+    return f"{n} time-slice replica" + ("s" if n > 1 else "")
+
+
+def _shared_gpu_lines(r: dict[str, Any], kind: str) -> list[str]:
+    """What can be said of a slice or share: NVML reports utilization for a whole GPU (none
+    for a GPU in MIG mode), so the samples are not this job's alone."""
+    held = float(r.get("gpus_held") or 0)
+    out = [f"GPU-walltime: {format_duration(r.get('alloc_gpu_s') or 0)}"
+           + (f" ({held:.4g} of a GPU, as billed)" if held else "")]
+    if kind == "mig":
+        out.append("GPU Efficiency: not measured: NVML reports no utilization for MIG slices")
+    else:
+        out.append(f"GPU Efficiency: not measured: NVML measures the whole GPU, which this "
+                   f"{'MPS share' if kind == 'mps' else 'replica'} shares with other jobs")
+    out.append("GPU Memory Utilized: not measured per job on a shared GPU")
+    return out
+
+
 def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:
     walltime = format_duration(r.get("alloc_gpu_s") or 0)
     gpu_s = float(r.get("gpu_s") or 0)
@@ -100,10 +131,14 @@ def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:
                 "or the job ran for less than one sample interval"]
     mean = 100.0 * float(r.get("util_gpu_s") or 0) / gpu_s
     idle = float(r.get("idle_gpu_s") or 0)
-    out = [f"GPU Utilized: {format_duration(r.get('util_gpu_s') or 0)} of {format_duration(gpu_s)} sampled "
+    # samples are counted a whole interval each, so they may run past the allocation's end:
+    # the time shown is never more than the GPU-walltime (the shares stay those of the samples)
+    shown = min(gpu_s, float(r.get("alloc_gpu_s") or 0) or gpu_s)
+    out = [f"GPU Utilized: {format_duration(shown * min(1.0, float(r.get('util_gpu_s') or 0) / gpu_s))} of "
+           f"{format_duration(shown)} sampled "
            f"GPU-time (mean {mean:.2f}%, max {float(j.get('gpu_util_max') or 0):.2f}%)",
            f"GPU Efficiency: {mean:.2f}% of {walltime} GPU-walltime",
-           f"GPU Idle: {format_duration(idle)} of sampled GPU-time under {IDLE_UTIL}% "
+           f"GPU Idle: {format_duration(shown * min(1.0, idle / gpu_s))} of sampled GPU-time under {IDLE_UTIL}% "
            f"({100.0 * idle / gpu_s:.2f}%)"]
     peak = j.get("gpu_mem_max_mb")
     if peak is not None:
@@ -122,10 +157,21 @@ def _gpu_lines(r: dict[str, Any], j: dict[str, Any]) -> list[str]:
 @click.pass_context
 def command(ctx: click.Context, job: str, as_json: bool) -> None:
     """Summarize one job's CPU, memory and GPU efficiency, as Slurm's seff does."""
-    ids = job_ids((job,), "JOBID")
-    if len(ids) != 1:
-        raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42")
-    result = session(ctx).client.seff(ids[0])
+    refs = job_refs((job,), "JOBID")
+    if len(refs) != 1:
+        raise click.UsageError("give exactly one job id, e.g. gpuctl seff 42 or 42_7 for an array task")
+    client = session(ctx).client
+    ref = refs[0]
+    if isinstance(ref, str):          # an array task, 11_1: seff's report is of that task's own job
+        from .common import CommandFailed
+        from .squeue import select_refs
+
+        array_id = int(ref.split("_")[0])
+        found = select_refs(client.jobs(job_ids=[array_id], all=True), [ref])
+        if not found:
+            raise CommandFailed(f"Job {ref} not found")
+        ref = int(found[0]["job_id"])
+    result = client.seff(ref)
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
     else:

@@ -36,21 +36,23 @@ _PARTITION_LETTERS = frozenset("PRal")
 @click.option("-o", "--format", "format_", metavar="FORMAT", help="Slurm's %-fields, e.g. '%P %.6D %t %N'.")
 @click.option("-p", "--partition", "partitions", metavar="PART[,PART...]", multiple=True,
               help="Only nodes of these partitions.")
+@click.option("-t", "--states", "states", metavar="STATE[,STATE...]", multiple=True,
+              help="Only nodes in these states (idle, mix, alloc, drain, drng, drained, down, ...).")
+@click.option("-R", "--list-reasons", "reasons", is_flag=True,
+              help="Why nodes are down or drained: reason, user, time and nodes.")
+@click.option("-l", "--long", "long_", is_flag=True, help="Slurm's long layout (long state names, and more with -N).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...]} as JSON.')
 @click.option("-h", "--noheader", is_flag=True, help="Leave out the header line.")
-@click.option("-R", "--list-reasons", "list_reasons", is_flag=True,
-              help="Nodes that are drained, down or not confining jobs, and why.")
 @click.pass_context
 @per_cluster
 def command(ctx: click.Context, per_node: bool, per_gpu: bool, summarize: bool, topology: bool,
-            format_: str | None, partitions: tuple[str, ...], as_json: bool, noheader: bool,
-            list_reasons: bool = False) -> None:
+            format_: str | None, partitions: tuple[str, ...], states: tuple[str, ...], reasons: bool, long_: bool,
+            as_json: bool, noheader: bool) -> None:
     """Show the cluster's nodes and their GPUs."""
-    if list_reasons:
-        out = reasons_table(session(ctx).client.nodes(), header=not noheader)
-        if out:
-            click.echo(out)
-        return
+    if format_ is None and reasons:
+        format_ = cols.SINFO_REASONS
+    elif format_ is None and long_:
+        format_ = cols.SINFO_NODES_LONG if per_node else cols.SINFO_LONG
     if summarize:
         clash = [o for o, on in (("-N", per_node), ("-G", per_gpu), ("--topology", topology),
                                  ("-o", format_ is not None)) if on]
@@ -61,8 +63,13 @@ def command(ctx: click.Context, per_node: bool, per_gpu: bool, summarize: bool, 
         layout = cols.parse_percent(format_, cols.SINFO, "--format") if format_ else None
     except cols.FormatError as e:
         raise click.UsageError(str(e), ctx) from None
+    wanted_states = _states(ctx, states)
     client = session(ctx).client
     nodes = client.nodes()
+    if wanted_states:
+        nodes = [n for n in nodes if {fmt.node_state(n), fmt.node_state_long(n)} & wanted_states]
+    if reasons:     # sinfo(1) -R: nodes "in the down, drained, fail or failing state"
+        nodes = [dict(n, reason="; ".join(why)) for n in nodes if (why := node_reasons(n))]
     wanted = set(split_list(partitions))
     parts = None
     if wanted or summarize or (layout and any(c.field is cols.SINFO[k] for c in layout for k in _PARTITION_LETTERS)):
@@ -97,6 +104,25 @@ def command(ctx: click.Context, per_node: bool, per_gpu: bool, summarize: bool, 
         out = table(nodes, header=not noheader)
     if out:
         click.echo(out)
+
+
+# sinfo -t's names, as Slurm's: a short or long state name, or drain for drained and draining
+_STATE_NAMES = {"alloc": "alloc", "allocated": "alloc", "mix": "mix", "mixed": "mix", "idle": "idle",
+                "down": "down", "drng": "drng", "draining": "drng", "drained": "drain", "unk": "unk",
+                "unknown": "unk", "comp": "comp", "completing": "comp"}
+
+
+def _states(ctx: click.Context, values: tuple[str, ...]) -> set[str]:
+    out: set[str] = set()
+    for word in (w.lower() for w in split_list(values)):
+        if word == "drain":
+            out |= {"drain", "drng"}
+        elif word in _STATE_NAMES:
+            out.add(_STATE_NAMES[word])
+        else:
+            raise click.UsageError(f"invalid node state {word!r}: use idle, mix, alloc, drain, drng, drained, down "
+                                   "or unk", ctx)
+    return out
 
 
 def _shows_partition(layout: list[cols.Column]) -> bool:
@@ -141,22 +167,9 @@ def node_reasons(n: dict) -> list[str]:
     """Why a node is listed by ``sinfo -R``: its drain or down reason, and jobs that run
     unconfined there (the worker's ``[worker] cgroups`` could not be used)."""
     out = []
-    if n.get("reason"):
-        out.append(str(n["reason"]))
+    if str(n.get("state")) in ("DOWN", "DRAIN"):
+        out.append(str(n.get("reason") or "none"))
     labels = n.get("labels") or {}
     if labels.get("confinement") == "none":
         out.append(f"Confinement=none: {labels.get('confinement_reason') or 'unknown'}")
     return out
-
-
-def reasons_table(nodes: list[dict], *, header: bool = True) -> str:
-    """Slurm's ``sinfo -R``: REASON and NODELIST, nodes with the same reason together."""
-    by_reason: dict[str, list[str]] = {}
-    for n in nodes:
-        for reason in node_reasons(n):
-            by_reason.setdefault(reason, []).append(str(n.get("name")))
-    width = max([len(r) for r in by_reason] + [len("REASON")])   # whole reasons: they say what to fix
-    lines = [f"{'REASON':<{width}} NODELIST"] if header else []
-    for reason, names in sorted(by_reason.items()):
-        lines.append(f"{reason:<{width}} {fmt.compress_hostlist(names)}")
-    return "\n".join(lines) if by_reason or header else ""

@@ -86,6 +86,7 @@ class Query:
 
     def __init__(self, *, refs: list[int | str], states: list[str] | tuple[str, ...], users: list[str],
                  partitions: list[str], accounts: list[str], me: bool = False, layout: Any = None,
+                 names: list[str] = (), nodes: list[str] = (), qos: list[str] = (),
                  long_: bool = False, start: bool = False, sort: str | None = None,
                  expand_arrays: bool = False, as_json: bool = False, noheader: bool = False) -> None:
         self.refs = refs
@@ -94,6 +95,15 @@ class Query:
             self.wanted, self.finished = ["PENDING"], False
         self.users, self.me = users, me
         self.partitions, self.accounts = set(partitions), set(accounts)
+        self.names, self.qos = set(names), set(qos)
+        self.nodes: set[str] = set()
+        if nodes:
+            from gpud.hostlist import expand
+
+            try:
+                self.nodes = set(expand(",".join(nodes)))
+            except ValueError as e:
+                raise QueryError(f"--nodelist: {e}") from None
         self.layout, self.long_, self.start, self.sort = layout, long_, start, sort
         self.expand_arrays, self.as_json, self.noheader = expand_arrays, as_json, noheader
 
@@ -119,7 +129,7 @@ class Query:
                 or any(isinstance(r, str) for r in self.refs)):
             args["fold"] = True
         if self.layout is None and not self.as_json:
-            args["fields"] = list(TABLE_FIELDS)
+            args["fields"] = list(TABLE_FIELDS) + (["qos"] if self.qos else [])
             if args.get("fold"):
                 args["rows"] = True
         return args
@@ -140,6 +150,14 @@ def listing(client: Any, q: Query) -> str:
         records = [j for j in records if j.get("partition") in q.partitions]
     if q.accounts:
         records = [j for j in records if j.get("account") in q.accounts]
+    if q.names:
+        records = [j for j in records if j.get("name") in q.names]
+    if q.qos:
+        records = [j for j in records if j.get("qos") in q.qos]
+    if q.nodes:
+        from .scancel import job_nodes
+
+        records = [j for j in records if q.nodes & job_nodes(j)]
     now = clock()
     if not folded:
         records = fmt.squeue_order(records)
@@ -220,6 +238,10 @@ def _click_command() -> Any:
     @click.option("-A", "--account", "accounts", metavar="ACCOUNT[,ACCOUNT...]", multiple=True,
                   help="Only jobs charged to these accounts.")
     @click.option("--me", is_flag=True, help="Only my jobs.")
+    @click.option("-n", "--name", "names", metavar="NAME[,NAME...]", multiple=True, help="Only jobs with these names.")
+    @click.option("-w", "--nodelist", "nodes", metavar="HOSTLIST", multiple=True,
+                  help="Only jobs on these nodes (gpu[01-04]).")
+    @click.option("-q", "--qos", "qos", metavar="QOS[,QOS...]", multiple=True, help="Only jobs of these QOS.")
     @click.option("-o", "--format", "format_", metavar="FORMAT",
                   help="Slurm's %-fields, e.g. '%.18i %.9P %j %R'.")
     @click.option("-O", "--Format", "format_long", metavar="FIELDS",
@@ -233,14 +255,16 @@ def _click_command() -> Any:
     @click.pass_context
     @per_cluster
     def command(ctx: click.Context, users: tuple[str, ...], jobs: tuple[str, ...], states: tuple[str, ...],
-                partitions: tuple[str, ...], accounts: tuple[str, ...], me: bool, format_: str | None,
+                partitions: tuple[str, ...], accounts: tuple[str, ...], me: bool, names: tuple[str, ...],
+                nodes: tuple[str, ...], qos: tuple[str, ...], format_: str | None,
                 format_long: str | None, long_: bool, start: bool, sort: str | None, expand_arrays: bool,
                 as_json: bool, noheader: bool) -> None:
         """List pending and running jobs (all users unless -u or --me)."""
         try:
             refs = job_refs(jobs, "--jobs")
             q = Query(refs=refs, states=states, users=split_list(users), partitions=split_list(partitions),
-                      accounts=split_list(accounts), me=me, long_=long_, start=start, sort=sort,
+                      accounts=split_list(accounts), me=me, names=split_list(names), nodes=list(nodes),
+                      qos=split_list(qos), long_=long_, start=start, sort=sort,
                       expand_arrays=expand_arrays, as_json=as_json, noheader=noheader)
             q.layout = _layout(format_, format_long, long_, start)
             out = listing(session(ctx).client, q)
@@ -266,7 +290,8 @@ def __getattr__(name: str) -> Any:
 _GLOBAL_VALUES = {"--socket": "socket", "--config": "config"}
 _VALUES = {"-u": "users", "--user": "users", "-j": "jobs", "--jobs": "jobs", "-t": "states",
            "--states": "states", "-p": "partitions", "--partition": "partitions", "-A": "accounts",
-           "--account": "accounts"}
+           "--account": "accounts", "-n": "names", "--name": "names", "-w": "nodes", "--nodelist": "nodes",
+           "-q": "qos", "--qos": "qos"}
 _FLAGS = {"--me": "me", "-r": "expand_arrays", "--array": "expand_arrays", "-h": "noheader",
           "--noheader": "noheader"}
 
@@ -285,7 +310,7 @@ def fast_main(argv: list[str]) -> int | None:
     try:
         q = Query(refs=[int(w) for w in words], states=opts["states"], users=split_list(opts["users"]),
                   partitions=split_list(opts["partitions"]), accounts=split_list(opts["accounts"]),
-                  me=opts["me"], expand_arrays=opts["expand_arrays"], noheader=opts["noheader"])
+                  names=split_list(opts["names"]), nodes=opts["nodes"], qos=split_list(opts["qos"]), me=opts["me"], expand_arrays=opts["expand_arrays"], noheader=opts["noheader"])
     except QueryError:
         return None                         # the click command prints the usage error
     from ..client import Client, HeadUnavailable
@@ -344,6 +369,7 @@ def _fast_parse(argv: list[str]) -> tuple[dict[str, str], dict[str, Any]] | None
     if i >= len(argv):
         return None
     opts: dict[str, Any] = {"users": [], "jobs": [], "states": [], "partitions": [], "accounts": [],
+                            "names": [], "nodes": [], "qos": [],
                             "me": False, "expand_arrays": False, "noheader": False}
     rest = argv[i + 1:]
     k = 0

@@ -38,6 +38,8 @@ suffix                direction   kinds (body)
                                   node_rank, nnodes, nodelist, master_addr, master_port}
                                   (start gpuctl srun tasks; see gpud.worker.steps)
                                   ``step_kill`` {job, attempt, step}
+                                  ``time_limit`` {job, attempt, time_limit}  (an operator's
+                                  new limit for a running job; null: none)
 ====================  ==========  ===========================================================
 
 Delivery is QoS 1, so at least once: every handler tolerates repeats.  Nothing relies on a

@@ -306,8 +306,9 @@ class Head:
             await self.usage.maybe_save(self.store, now)
         self.metrics.observe_pass(time.perf_counter() - started)
         for job in applied.launches:
-            log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user, job.node,
-                     list(job.gpu_indices), job.attempt)
+            log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user,
+                     job.nodelist, list(job.gpu_indices) + [i for p in job.parts for i in p.get("gpu_indices", ())],
+                     job.attempt)
         await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
         await self.mig.send(applied.relayouts, now)
         for job, p in applied.stops:
@@ -559,6 +560,7 @@ class Head:
                     new = JobState.CANCELLED if job.stop_reason == "cancelled" else JobState.NODE_FAIL
                     txn.transition(job, new, now=now, event="node_fail", detail=f"{rec.name}: {reason}",
                                    end_time=now)
+                    log.info("job %d (user %s) %s: node %s failed", job.job_id, job.user, new.value, rec.name)
             await self.store.commit(txn)
             for job in lost:
                 self.allocation_ended(job, now)

@@ -150,7 +150,7 @@ def gpu_usage(gpus: list[dict[str, Any]], jobs: Iterable["JobRecord"]) -> list[d
     holders: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for j in jobs:
         for d in job_devices(j) or tuple(Device(i, "gpu") for i in j.gpu_indices):
-            holders[d.index].append({"job_id": j.job_id, "user": j.user, "kind": d.kind,
+            holders[d.index].append({"job_id": j.job_id, "display_id": j.display_id, "user": j.user, "kind": d.kind,
                                      "slice_start": d.slice_start, "mem_mb": d.mem_mb})
     out = []
     for g in gpus:
@@ -159,6 +159,7 @@ def gpu_usage(gpus: list[dict[str, Any]], jobs: Iterable["JobRecord"]) -> list[d
         g["holders"] = mine
         by_start = {h["slice_start"]: h for h in mine if h["kind"] == "mig"}
         g["slices"] = [dict(s, job_id=by_start.get(s.get("start"), {}).get("job_id"),
+                            display_id=by_start.get(s.get("start"), {}).get("display_id"),
                             user=by_start.get(s.get("start"), {}).get("user"))
                        for s in g.get("slices") or []]
         out.append(g)

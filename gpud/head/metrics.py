@@ -14,8 +14,14 @@ come from ``Store.on_commit``, which sees every committed job transition; the sc
 pass histogram is fed by ``Head.schedule_pass``.  The GPU-seconds counter adds the running
 allocations' time so far at scrape time, so it grows smoothly and never goes back.
 
-Every series the cluster can produce is bounded by its nodes, GPUs, partitions, accounts
-and the fixed sets of states and reasons: no job ids or users as labels.
+Every series the cluster can produce is bounded by its nodes, GPUs, partitions, accounts,
+users and the fixed sets of states and reasons: no job ids as labels.  A job without a
+reason (a running one) has an empty ``reason``, which Prometheus reads as no label.
+
+The per-GPU series carry, besides ``node``, ``gpu`` and ``model``, the labels
+dcgm-exporter puts on its own (``Hostname``, ``UUID``, ``modelName``), so a site's DCGM
+dashboards join with them; ratios are 0-1 (``gpud_gpu_utilization_ratio``), as Prometheus's
+naming asks.  The body is the text format 0.0.4, and the Content-Type says so.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..model import JobState
 from ..sched.fragmentation import Fragmentation, fragmentation
+from .reports import held_gpus
 from .scheduling import node_view, running_view
 from .store import Store, Txn
 from .telemetry import IDLE_REASON, IDLE_UTIL
@@ -45,6 +52,7 @@ STALE_INTERVALS = 3          # a GPU sample older than this many intervals is no
 FRAGMENT_SIZE = 8            # the request size the fragmentation metric and sinfo -s count
 MAX_REQUEST = 8192           # bytes of request line and headers we read
 REQUEST_TIMEOUT = 5.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"   # what render_text writes
 
 
 def cluster_fragmentation(store: Store, sched_cfg, size: int = FRAGMENT_SIZE) -> Fragmentation:
@@ -97,8 +105,9 @@ class HeadMetrics:
             if before.state.active and not after.state.active:
                 if after.state is JobState.PENDING:
                     self.requeues[part] += 1
-                if before.start_time is not None:
-                    self.gpu_seconds[before.account] += max(0.0, now - before.start_time) * len(before.gpu_indices)
+                if before.start_time is not None:   # by fraction, over all nodes, as report bills it
+                    self.gpu_seconds[before.account] += max(0.0, now - before.start_time) * held_gpus(
+                        self.head.store, before)
             if event == "preempted":
                 self.preemptions[part] += 1
             elif event == "gpu_idle":
@@ -134,7 +143,7 @@ class HeadMetrics:
             if method not in ("GET", "HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
             elif path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, self.render()
+                status, ctype, body = "200 OK", CONTENT_TYPE, self.render()
             elif path == "/":
                 status, ctype, body = "200 OK", "text/plain", b"gpud head: metrics at /metrics\n"
             else:
@@ -254,17 +263,23 @@ class _Collector:
     def _jobs(head: "Head") -> list[Family]:
         jobs = Family("gpud_jobs", "gauge", "Pending and running jobs.", ("state", "reason", "partition"))
         idle = Family("gpud_jobs_gpu_idle", "gauge", "Running jobs flagged for idle GPUs.", ("partition",))
+        owners = Family("gpud_account_jobs", "gauge", "Pending and running jobs by account and user.",
+                        ("account", "user", "state"))
         counts: Counter[tuple[str, str, str]] = Counter()
         idle_counts: Counter[str] = Counter()
+        by_owner: Counter[tuple[str, str, str]] = Counter()
         for j in head.store.active.values():
-            counts[(j.state.value, j.reason or "None", j.partition)] += 1
+            counts[(j.state.value, j.reason or "", j.partition)] += 1
+            by_owner[(j.account, j.user, j.state.value)] += 1
             if j.state.active and j.reason == IDLE_REASON:
                 idle_counts[j.partition] += 1
         for key, n in sorted(counts.items()):
             jobs.add(key, n)
+        for key, n in sorted(by_owner.items()):
+            owners.add(key, n)
         for part in sorted(set(head.cfg.sched.partitions) | set(idle_counts)):
             idle.add((part,), idle_counts.get(part, 0))
-        return [jobs, idle]
+        return [jobs, idle, owners]
 
     @staticmethod
     def _gpus(head: "Head", now: float) -> list[Family]:
@@ -274,11 +289,17 @@ class _Collector:
         busy = Family("gpud_gpus_busy", "gauge", f"GPUs at {IDLE_UTIL:g}% utilization or more in the latest sample.",
                       labels)
         nodes = Family("gpud_nodes", "gauge", "Nodes by state.", ("state",))
-        per = ("node", "gpu", "model")
-        util = Family("gpud_gpu_utilization_percent", "gauge", "GPU utilization, latest sample.", per)
+        node_state = Family("gpud_node_state", "gauge", "1 for each node's state (alert on state=\"DOWN\").",
+                            ("node", "state"))
+        per = GPU_LABELS
+        util = Family("gpud_gpu_utilization_ratio", "gauge", "GPU utilization (0-1), latest sample.", per)
         mem = Family("gpud_gpu_memory_used_bytes", "gauge", "GPU memory used, latest sample.", per)
+        mem_total = Family("gpud_gpu_memory_total_bytes", "gauge", "GPU memory, as the GPU registered.", per)
+        mem_free = Family("gpud_gpu_memory_free_bytes", "gauge", "GPU memory free, latest sample.", per)
         power = Family("gpud_gpu_power_watts", "gauge", "GPU power draw, latest sample.", per)
         temp = Family("gpud_gpu_temperature_celsius", "gauge", "GPU temperature, latest sample.", per)
+        energy = Family("gpud_gpu_energy_joules", "counter", "GPU energy used, from the samples since the head started.",
+                        per)
         held: dict[str, set[int]] = {}
         for j in head.store.active.values():
             if j.state.active and j.node:
@@ -289,6 +310,7 @@ class _Collector:
         for name in sorted(head.store.nodes):
             rec = head.store.nodes[name]
             states[rec.state] += 1
+            node_state.add((name, rec.state), 1)
             sample = head.telemetry.latest.get(name)
             if sample is not None and now - sample.time > STALE_INTERVALS * sample.interval:
                 sample = None
@@ -301,15 +323,23 @@ class _Collector:
                 counts = groups.setdefault(key, [0, 0, 0])
                 counts[0] += 1
                 counts[1] += index in mine
+                ids = _gpu_values(name, g)
+                size = int(g.get("memory_mb") or 0) * 1048576
+                if size:
+                    mem_total.add(ids, size, text)
+                joules = head.telemetry.energy_j.get((name, index))
+                if joules is not None:
+                    energy.add(ids, joules, text)
                 reading = sample.gpus.get(index) if sample is not None else None
                 if reading is None:
                     continue
-                ids = (name, str(index), key[0])
                 if reading.util is not None:
                     counts[2] += reading.util >= IDLE_UTIL
-                    util.add(ids, reading.util, text)
+                    util.add(ids, reading.util / 100.0, text)
                 if reading.mem_used_mb is not None:
                     mem.add(ids, reading.mem_used_mb * 1048576, text)
+                    if size:
+                        mem_free.add(ids, max(0, size - reading.mem_used_mb * 1048576), text)
                 if reading.power_w is not None:
                     power.add(ids, reading.power_w, text)
                 if reading.temp_c is not None:
@@ -321,7 +351,7 @@ class _Collector:
                 busy.add((name, *key), n_busy)
         for state, n in sorted(states.items()):
             nodes.add((state,), n)
-        return [nodes, total, alloc, busy, util, mem, power, temp]
+        return [nodes, node_state, total, alloc, busy, util, mem, mem_total, mem_free, power, temp, energy]
 
     @staticmethod
     def _fragmentation(head: "Head") -> list[Family]:
@@ -346,8 +376,9 @@ class _Collector:
         gpus: Counter[str] = Counter()
         for j in head.store.active.values():
             if j.state.active and j.start_time is not None:
-                seconds[j.account] += max(0.0, now - j.start_time) * len(j.gpu_indices)
-                gpus[j.account] += len(j.gpu_indices)
+                held = held_gpus(head.store, j)
+                seconds[j.account] += max(0.0, now - j.start_time) * held
+                gpus[j.account] += held
         used = Family("gpud_account_gpu_seconds", "counter", "GPU-seconds allocated, by account.", ("account",))
         held = Family("gpud_account_gpus_allocated", "gauge", "GPUs allocated now, by account.", ("account",))
         for account in sorted(set(seconds) | set(gpus)):
@@ -357,6 +388,13 @@ class _Collector:
 
 
 _GPU_LABELS: dict[tuple[str, str], list[str]] = {}   # (node, its GPUs as JSON) -> label blocks
+# ours, then dcgm-exporter's names for the same things (its gpu label is ours too)
+GPU_LABELS = ("node", "gpu", "model", "Hostname", "UUID", "modelName")
+
+
+def _gpu_values(node: str, g: dict) -> tuple[str, ...]:
+    model = str(g.get("model", "?"))
+    return (node, str(g.get("index")), model, node, str(g.get("uuid", "")), model)
 
 
 def _gpu_labels(node: str, gpus: list[dict]) -> list[str]:
@@ -366,7 +404,5 @@ def _gpu_labels(node: str, gpus: list[dict]) -> list[str]:
     if texts is None:
         if len(_GPU_LABELS) > 100_000:   # nodes re-registered many times: start over
             _GPU_LABELS.clear()
-        texts = _GPU_LABELS[key] = [label_text(("node", "gpu", "model"), (node, str(g.get("index")),
-                                                                            str(g.get("model", "?"))))
-                                    for g in gpus]
+        texts = _GPU_LABELS[key] = [label_text(GPU_LABELS, _gpu_values(node, g)) for g in gpus]
     return texts

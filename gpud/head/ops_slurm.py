@@ -30,7 +30,7 @@ from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
 from .api import Caller, RequestError
-from .jobs import may_modify
+from .jobs import may_modify, requeue_changes
 from .metrics import cluster_fragmentation, fragmentation_fields
 from .scheduling import DOWN, DRAIN, UP
 from .slurm import (HELD_REASONS, dependency_of, is_admin, missing_targets, parse_or_refuse, parse_refs, ref_text,
@@ -111,23 +111,55 @@ async def op_release(head: "Head", caller: Caller, args: dict) -> dict:
 
 
 async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
-    """{"job_ids"|"array_tasks"} -> {"done", "errors"}: stop running jobs and queue them again."""
+    """{"job_ids"|"array_tasks"} -> {"done", "errors"}: stop running jobs and queue them again;
+    finished ones go straight back to the queue (Slurm: "Requeue a running, suspended or
+    finished Slurm batch job into pending state")."""
     stops: list[JobRecord] = []
-
-    def requeue(job: JobRecord, txn: Txn, now: float) -> str | None:
-        if job.state is JobState.PENDING:
-            return "Job is pending execution; nothing to requeue"
-        if job.state is not JobState.RUNNING:
-            return "Job is already stopping"
-        stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
-                                    detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
-        return None
-
-    done, errors = await _for_each_job(head, caller, args, requeue)
+    refs = parse_refs(args)
+    done: list[str] = []
+    errors: list[str] = []
+    async with head.lock:
+        jobs, missing = await resolve(head, refs)
+        finished, found_refs = await _finished_jobs(head, refs)
+        errors += [m for m in missing if m.partition(":")[0] not in found_refs]
+        now = head.clock()
+        txn = Txn(head.store)
+        for job in sorted([*jobs, *finished], key=lambda j: j.job_id):
+            if not _owner_or_admin(head, caller, job):
+                errors.append(f"job {job.display_id}: Access/permission denied")
+            elif job.state is JobState.PENDING:
+                errors.append(f"job {job.display_id}: Job is pending execution; nothing to requeue")
+            elif job.state.terminal:
+                txn.transition(job, JobState.PENDING, now=now, event="requeued", detail=f"by {caller.user}",
+                               **requeue_changes(job))
+                done.append(job.display_id)
+            elif job.state is not JobState.RUNNING:
+                errors.append(f"job {job.display_id}: Job is already stopping")
+            else:
+                stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
+                                            detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
+                done.append(job.display_id)
+        await head.store.commit(txn)
+    if finished:
+        head.kick()
     for job in stops:
         log.info("job %s (user %s) requeued by %s", job.display_id, job.user, caller.user)
         await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
     return {"done": done, "errors": errors}
+
+
+async def _finished_jobs(head: "Head", refs: list[tuple[int, int | None]]) -> tuple[list[JobRecord], set[str]]:
+    """The finished jobs ``refs`` name (all of an array's finished tasks for its id), and the
+    refs (as ``job 11_2``) that named some."""
+    out: dict[int, JobRecord] = {}
+    named: set[str] = set()
+    for job_id, task in refs:
+        for j in await head.store.find_jobs(job_ids=[job_id], arrays=True):
+            if j.state.terminal and j.job_id not in head.store.active and (
+                    task is None or (j.array_job_id == job_id and j.array_task_id == task)):
+                out[j.job_id] = j
+                named.add(f"job {ref_text(job_id, task)}")
+    return list(out.values()), named
 
 
 # -- update job ---------------------------------------------------------------------------------
@@ -161,8 +193,8 @@ def plan_update(head: "Head", caller: Caller, job: JobRecord, changes: dict[str,
                 now: float) -> dict[str, Any]:
     """The column changes that apply ``changes`` to ``job``, or Refusal with the rule it breaks.
 
-    Owners may only lower limits; root and admins may set anything (a running job's time
-    limit still only goes down: its worker enforces the limit it was launched with).
+    Owners may only lower limits; root and admins may set anything, a running job's time
+    limit too (its workers are told: ``time_limit_changed``).
     """
     cfg = head.cfg.sched
     out: dict[str, Any] = {}
@@ -185,8 +217,6 @@ def plan_update(head: "Head", caller: Caller, job: JobRecord, changes: dict[str,
             if raising and not admin:
                 raise Refusal(f"only root or an admin may raise a time limit "
                               f"(from {format_duration(job.time_limit)} to {format_duration(limit)})")
-            if raising and not pending:
-                raise Refusal("the time limit of a running job can only be lowered")
             out["time_limit"] = limit
             spec = replace(spec, time_limit=limit)
         elif key == "Nice":
@@ -285,6 +315,7 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
     changes = update_keys(args.get("changes"))
     admin = is_admin(head, caller)
     done = []
+    retimed: list[JobRecord] = []
     async with head.lock:
         jobs, errors = await resolve(head, parse_refs(args))
         now = head.clock()
@@ -307,13 +338,34 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
                 errors.append(f"job {job.display_id}: {e}")
                 continue
             detail = " ".join(f"{k}={v}" for k, v in changes.items())
-            txn.transition(job, job.state, now=now, event="updated", detail=f"by {caller.user}: {detail}"[:500],
-                           **cols)
+            updated = txn.transition(job, job.state, now=now, event="updated",
+                                     detail=f"by {caller.user}: {detail}"[:500], **cols)
+            if "time_limit" in cols and job.state is JobState.RUNNING:
+                retimed.append(updated)
             done.append(job.display_id)
         await head.store.commit(txn)
+    for job in retimed:
+        await time_limit_changed(head, job)
     if done:
         head.kick()
     return {"done": done, "errors": errors}
+
+
+async def time_limit_changed(head: "Head", job: JobRecord) -> None:
+    """Tell every node of a running job its new time limit: the batch script's on rank 0,
+    a holder's (the limit, the kill grace and gang.HOLDER_SLACK) on the others."""
+    from ..bus.base import node_cmd
+    from .gang import HOLDER_SLACK, job_nodes
+
+    limit = job.time_limit
+    log.info("job %s (user %s): time limit now %s", job.display_id, job.user, format_duration(limit))
+    for rank, node in enumerate(job_nodes(job)):
+        if rank and limit is not None:
+            limit_here: float | None = limit + head.cfg.head.kill_grace + HOLDER_SLACK
+        else:
+            limit_here = limit
+        await head.bus.publish(node_cmd(node), "time_limit", {"job": job.job_id, "attempt": job.attempt,
+                                                              "time_limit": limit_here})
 
 
 # -- nodes ----------------------------------------------------------------------------------------
@@ -381,7 +433,7 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
                 raise RequestError(f"Invalid job id specified: {', '.join(ref_text(j, t) for j, t in refs)}")
         else:
             wanted = sorted(head.store.active.values(), key=lambda j: j.job_id)
-        return {"jobs": [job_details(j) for j in wanted]}
+        return {"jobs": [job_details(j, head) for j in wanted]}
     if kind == "node":
         from .ops_jobs import op_nodes
 
@@ -407,14 +459,43 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
     raise RequestError(f"cannot show {kind!r}: use job, node, partition or config")
 
 
-def job_details(job: JobRecord) -> dict[str, Any]:
+def job_details(job: JobRecord, head: "Head | None" = None) -> dict[str, Any]:
     """A JOB record plus the request's details, for ``scontrol show job``."""
     d = job.to_public()
     s = job.spec
-    d.update({"requeue": s.requeue, "signal": s.signal, "gpu_type": s.gpu_type, "array": s.array,
+    # "signal" stays the signal that ended the job (ExitCode's second half); the request is apart
+    d.update({"requeue": s.requeue, "signal_request": signal_request(s), "gpu_type": s.gpu_type, "array": s.array,
               "open_mode": s.open_mode, "mail_type": s.mail_type, "mail_user": s.mail_user,
               "kill_on_invalid_dep": s.kill_on_invalid_dep, "array_summary": arrays.array_summary(job)})
+    d.update({"constraint": s.constraint, "exclusive": s.exclusive,
+              "req_nodelist": hostlist.compress(s.nodelist) if s.nodelist else None,
+              "exc_nodelist": hostlist.compress(s.exclude) if s.exclude else None})
+    if head is not None:
+        from .reports import allocation_fields
+
+        d.update(allocation_fields(head.store, head.cfg.sched, job))
+    d["stdout_path"] = output_file(job, s.stdout)
+    d["stderr_path"] = output_file(job, s.stderr) if s.stderr else d["stdout_path"]
     return d
+
+
+def output_file(job: JobRecord, pattern: str | None) -> str:
+    """The file the worker writes for ``pattern`` (None: the default), as scontrol shows it;
+    an array's tasks not yet split off keep %a (and every task %N until it has a node)."""
+    from ..worker.launch import DEFAULT_ARRAY_OUTPUT, expand_output
+
+    if job.spec.array is not None and job.array_task_id is None:
+        return os.path.normpath(os.path.join(job.spec.work_dir, pattern or DEFAULT_ARRAY_OUTPUT))
+    return expand_output(pattern, work_dir=job.spec.work_dir, job_id=job.job_id, name=job.name, user=job.user,
+                         node=job.node, array_job_id=job.array_job_id, array_task_id=job.array_task_id)
+
+
+def signal_request(s: Any) -> str | None:
+    """--signal as sbatch takes it: ``[B:]SIG@TIME`` (SIG without its SIG prefix), or None."""
+    if not s.signal:
+        return None
+    name = s.signal[3:] if s.signal.startswith("SIG") else s.signal
+    return f"{'B:' if s.signal_batch else ''}{name}@{60 if s.signal_time is None else s.signal_time}"
 
 
 def partitions(head: "Head") -> list[dict[str, Any]]:

@@ -7,12 +7,11 @@ cluster, and so is who uses the GPUs.  Arguments are checked here and refused wi
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from .api import Caller, RequestError
 from .ops_jobs import op_nodes
-from .reports import GROUPINGS, JobShares, build_report
+from .reports import GROUPINGS, JobShares, allocation_fields, build_report
 from .telemetry import JobUsage
 
 if TYPE_CHECKING:
@@ -54,6 +53,7 @@ async def op_seff(head: "Head", caller: Caller, args: dict) -> dict:
     return {
         "job": job.to_public(), "now": head.clock(), "cluster": head.cfg.cluster, "gpu_model": model, "gpu_memory_mb": memory,
         "alloc_gpu_s": await _allocated_gpu_seconds(head, job_id), "sampled_s": usage.sampled_s,
+        "gpus_held": allocation_fields(head.store, head.cfg.sched, job)["gpus_held"],
         "gpu_s": usage.gpu_s, "util_gpu_s": usage.util_gpu_s, "idle_gpu_s": usage.idle_gpu_s,
     }
 
@@ -79,7 +79,7 @@ async def op_telemetry(head: "Head", caller: Caller, args: dict) -> dict:
         q[j.state.value.lower()] = q.get(j.state.value.lower(), 0) + 1
         if j.state.value == "PENDING":
             q["pending_gpus"] += j.gpus
-    jobs = [{"job_id": j.job_id, "user": j.user, "account": j.account, "partition": j.partition,
+    jobs = [{"job_id": j.job_id, "display_id": j.display_id, "user": j.user, "account": j.account, "partition": j.partition,
              "name": j.name, "node": j.node, "gpus": len(j.gpu_indices), "state": j.state.value,
              "reason": j.reason, "start_time": j.start_time, "gpu_util_mean": j.gpu_util_mean}
             for j in sorted(running, key=lambda j: j.job_id)]
@@ -87,15 +87,9 @@ async def op_telemetry(head: "Head", caller: Caller, args: dict) -> dict:
 
 
 async def _allocated_gpu_seconds(head: "Head", job_id: int) -> float:
-    assert head.store.db is not None
-    now = head.clock()
-    total = 0.0
-    async with head.store.db.execute(
-        "SELECT gpu_indices, start_time, end_time FROM allocations WHERE job_id=?", (job_id,)
-    ) as cur:
-        async for gpus, start, end in cur:
-            total += max(0.0, (end if end is not None else now) - start) * len(json.loads(gpus))
-    return total
+    from .reports import allocated_gpu_seconds   # over all nodes, slices by fraction
+
+    return await allocated_gpu_seconds(head.store, job_id, head.clock())
 
 
 def _shares(u: JobUsage) -> JobShares:

@@ -7,7 +7,10 @@ of a job on its GPUs, a row of ``allocations``): the part of it inside the windo
 GPUs, is what the job's group was given.  For each GPU model in it (read from the node's
 registered GPUs):
 
-* GPU-hours        overlap seconds x GPUs / 3600;
+* GPU-hours        overlap seconds x GPUs / 3600, a MIG slice, MPS share or time-slice
+                   replica counting its fraction of the GPU (``gpustate.device_fraction``,
+                   what the fair-share usage bills: ``held_gpus``), each node of a
+                   multi-node job its own GPUs;
 * billed units     GPU-hours x ``[billing] weights`` of the model (1 when unset), as the
                    fair-share usage counts them;
 * cost             GPU-hours x ``[billing] prices`` of the model (0 when unset);
@@ -30,7 +33,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
 from ..sched.config import SchedConfig
-from .store import Store
+from ..sched.gpustate import device_fraction
+from ..sched.snapshot import Device
+from .store import JobRecord, Store
 
 GROUPINGS = ("account", "user", "partition", "gpu-type")
 UNKNOWN_MODEL = "unknown"
@@ -47,6 +52,7 @@ class Allocation:
     gpu_indices: tuple[int, ...]
     start: float
     end: float | None          # None: still running
+    shares: tuple[float, ...] = ()   # the share of each of gpu_indices held (); () all whole
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,10 @@ def compute(allocations: Iterable[Allocation], shares: dict[int, JobShares],
         overlap = end - max(a.start, since)
         if overlap <= 0:
             continue
-        per_model: dict[str, int] = {}
-        for i in a.gpu_indices:
+        per_model: dict[str, float] = {}
+        for k, i in enumerate(a.gpu_indices):
             m = model_of(a.node, i)
-            per_model[m] = per_model.get(m, 0) + 1
+            per_model[m] = per_model.get(m, 0.0) + (a.shares[k] if a.shares else 1.0)
         share = shares.get(a.job_id)
         for model, count in per_model.items():
             key = {"account": a.account, "user": a.user, "partition": a.partition, "gpu-type": model}[by]
@@ -133,17 +139,25 @@ async def build_report(store: Store, sched: SchedConfig, *, since: float, until:
             "total": total.public(), "prices": dict(sched.prices)}
 
 
-async def load_allocations(store: Store, since: float, until: float) -> list[Allocation]:
+async def load_allocations(store: Store, since: float, until: float, job_id: int | None = None) -> list[Allocation]:
+    """The allocations (one per node of each) that overlap ``[since, until)``; of one job with ``job_id``."""
     assert store.db is not None
     q = ("SELECT a.job_id, a.attempt, j.user, j.account, j.partition, a.node, a.gpu_indices, a.start_time, "
-         "a.end_time, a.parts FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
-         "WHERE a.start_time < ? AND (a.end_time IS NULL OR a.end_time > ?) ORDER BY a.job_id, a.attempt")
+         "a.end_time, a.parts, a.devices FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
+         "WHERE a.start_time < ? AND (a.end_time IS NULL OR a.end_time > ?)"
+         + (" AND a.job_id = ?" if job_id is not None else "") + " ORDER BY a.job_id, a.attempt")
     out = []
-    async with store.db.execute(q, (until, since)) as cur:
-        async for job_id, attempt, user, account, partition, node, gpus, start, end, parts in cur:
+    async with store.db.execute(q, (until, since) + ((job_id,) if job_id is not None else ())) as cur:
+        async for job_id, attempt, user, account, partition, node, gpus, start, end, parts, devices in cur:
             job = store.active.get(job_id)
             if end is None and (job is None or job.attempt != attempt or not job.state.active):
                 continue  # an allocation the head never closed (a crash mid-way): not running now
+            shared = shared_devices(json.loads(devices or "[]"))
+            if shared:      # slices and shares, each its fraction of its GPU
+                out.append(Allocation(job_id, attempt, user, account, partition, node,
+                                      tuple(d.index for d in shared), start, end,
+                                      tuple(device_share(store, node, d) for d in shared)))
+                continue
             out.append(Allocation(job_id, attempt, user, account, partition, node,
                                   tuple(json.loads(gpus)), start, end))
             for p in json.loads(parts or "[]"):   # the other nodes of a multi-node job
@@ -165,6 +179,65 @@ async def load_shares(store: Store, job_ids: set[int]) -> dict[int, JobShares]:
             async for job_id, gpu_s, util_gpu_s, idle_gpu_s in cur:
                 out[job_id] = JobShares(util=util_gpu_s / gpu_s, idle=idle_gpu_s / gpu_s)
     return out
+
+
+async def allocated_gpu_seconds(store: Store, job_id: int, now: float) -> float:
+    """A job's GPU-walltime over all its attempts and nodes, slices and shares by fraction,
+    as report bills it (seff's "GPU-walltime")."""
+    total = 0.0
+    for a in await load_allocations(store, float("-inf"), float("inf"), job_id):
+        held = sum(a.shares) if a.shares else len(a.gpu_indices)
+        total += max(0.0, (a.end if a.end is not None else now) - a.start) * held
+    return total
+
+
+def shared_devices(entries: Iterable[Any]) -> list[Device]:
+    """The MIG slices, MPS shares and time-slice replicas among recorded device entries
+    (malformed ones dropped); [] for a job of whole GPUs."""
+    out = []
+    for d in entries:
+        try:
+            dev = Device.from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if dev.kind != "gpu":
+            out.append(dev)
+    return out
+
+
+def device_share(store: Store, node: str, dev: Device) -> float:
+    """The share of its GPU ``dev`` is billed, as the fair-share usage bills it."""
+    from .scheduling import node_view   # the scheduler's view of the node's GPUs
+
+    view = node_view(store, node) if node in store.nodes else None
+    gpu = next((g for g in view.gpus if g.index == dev.index), None) if view is not None else None
+    return device_fraction(dev, gpu)
+
+
+def held_gpus(store: Store, job: JobRecord) -> float:
+    """GPUs a running job holds, over all its nodes, a slice or share by its fraction: what
+    sacct, seff, report and /metrics count (a 1g.10gb slice of an A100 is 1/7)."""
+    shared = shared_devices(job.devices)
+    if shared and job.node is not None:
+        return sum(device_share(store, job.node, d) for d in shared)
+    return float(len(job.gpu_indices) + sum(len(p.get("gpu_indices", ())) for p in job.parts))
+
+
+def allocation_fields(store: Store, sched: SchedConfig, job: JobRecord) -> dict[str, float]:
+    """``gpus_held`` (held_gpus, 0 before the job starts) and ``billing`` (the same, each GPU
+    by its model's billing weight: billed GPU-seconds a second, what sshare's usage grows by)
+    for a JOB record, so that scontrol, squeue --json, sacct --json, report and sshare agree."""
+    if job.node is None or job.start_time is None:
+        return {"gpus_held": 0.0, "billing": 0.0}
+    model_of = models_from(store)
+    shared = shared_devices(job.devices)
+    if shared:
+        held = [(job.node, d.index, device_share(store, job.node, d)) for d in shared]
+    else:
+        held = [(job.node, i, 1.0) for i in job.gpu_indices]
+        held += [(str(p.get("node")), int(i), 1.0) for p in job.parts for i in p.get("gpu_indices", ())]
+    billing = sum(share * sched.billing_weight(model_of(node, i)) for node, i, share in held)
+    return {"gpus_held": round(sum(s for _, _, s in held), 6), "billing": round(billing, 6)}
 
 
 def models_from(store: Store) -> Callable[[str, int], str]:

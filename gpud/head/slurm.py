@@ -356,6 +356,9 @@ class SlurmSupport:
                        "slurm_compat_env": bool(getattr(cfg.head, "slurm_compat_env", False)),
                        "partition": job.partition, "account": job.account, "qos": job.qos,
                        "cluster": cfg.cluster, "restart_count": job.requeue_count})
+        if job.spec.signal:   # --signal=[B:]SIG[@TIME], Slurm's 60 s when no TIME was given
+            fields.update({"warn_signal": job.spec.signal, "warn_batch": job.spec.signal_batch,
+                           "warn_time": 60 if job.spec.signal_time is None else job.spec.signal_time})
         return fields
 
     # -- commits: dependency facts and mail -----------------------------------------------------

@@ -258,6 +258,7 @@ class Telemetry:
         self._buckets: dict[str, _Bucket] = {}        # node -> its open bucket
         self._closed: list[tuple[str, _Bucket]] = []   # buckets waiting for the next flush
         self.dropped = 0                               # malformed samples, for /metrics
+        self.energy_j: dict[tuple[str, int], float] = {}   # (node, GPU) -> joules sampled, for /metrics
         self._loaded = False                           # aggregates of the running jobs read back
 
     @property
@@ -288,6 +289,9 @@ class Telemetry:
             return
         self.latest[node] = sample
         self._take_usage(sample)
+        for r in sample.gpus.values():
+            if r.energy_j is not None:
+                self.energy_j[(node, r.index)] = self.energy_j.get((node, r.index), 0.0) + r.energy_j
         held = self._allocations(sample)
         self._add_to_bucket(sample, sum(len(g) for _, g in held))
         for job, gpus in held:

@@ -81,7 +81,11 @@ def resolve_job(req: Any, user: str, cfg: SchedConfig, nodes: Sequence[Any] = ()
     if time_limit is None:
         p = cfg.partitions.get(partition)
         time_limit = p.default_time if p is not None else None
-    mem = _get(req, "mem_mb") or default_mem_mb(cfg, partition, int(_get(req, "gpus", 0)))
+    mem = _get(req, "mem_mb")
+    if mem == 0:   # Slurm's --mem=0: all the memory of each node; here the partition's smallest
+        p = cfg.partitions.get(partition)
+        mem = min((n.mem_mb for n in _members(nodes, p.nodes).members), default=0) if p is not None else 0
+    mem = mem or default_mem_mb(cfg, partition, int(_get(req, "gpus", 0)))
     return Resolved(account=account, partition=partition, qos=qos, time_limit=time_limit, mem_mb=mem)
 
 

@@ -3,7 +3,9 @@
 A spec is a comma-joined list of ``NODESxGPUSxMODEL`` groups: ``16x8xH100-80GB`` is 16
 nodes of 8 H100-80GB GPUs, ``8x8xH100-80GB,4x8xA100-80GB`` adds 4 nodes of A100s.  A model
 is ``NAME-<N>GB`` (as in a worker's ``--sim`` spec) and each GPU has ``N`` GiB.  Nodes are
-named ``n0001``, ``n0002``, ... across all groups in spec order.  A node gets
+named ``n0001``, ``n0002``, ... across all groups in spec order, unless a group names its
+own: ``16x8xH100-80GB@gpu[001-016]`` (a hostlist of exactly that many names), so that a
+production config's partitions find their nodes (``unmatched_partitions``).  A node gets
 ``CPUS_PER_GPU`` CPUs and ``MEM_MB_PER_GPU`` of memory per GPU, roughly a DGX-class box,
 so that GPUs, not CPUs or memory, bound what fits.
 
@@ -26,7 +28,7 @@ from dataclasses import replace
 from ..gpu import mig
 from ..sched.snapshot import GpuView, NodeView, SliceView
 
-__all__ = ["ClusterSpecError", "parse_cluster", "apply_gpu_modes", "shared_gpus",
+__all__ = ["ClusterSpecError", "parse_cluster", "apply_gpu_modes", "shared_gpus", "unmatched_partitions",
            "CPUS_PER_GPU", "MEM_MB_PER_GPU"]
 
 CPUS_PER_GPU = 16
@@ -36,7 +38,7 @@ MAX_GPUS_PER_NODE = 1024
 
 _GROUP = re.compile(r"^(\d+)[xX](\d+)[xX](\S+)$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*(?:-[A-Za-z0-9_.]+)*-(\d+)[gG][bB]$")
-_USAGE = "use NODESxGPUSxMODEL[,...], e.g. 16x8xH100-80GB"
+_USAGE = "use NODESxGPUSxMODEL[@HOSTLIST][,...], e.g. 16x8xH100-80GB or 4x8xH100-80GB@gpu[01-04]"
 
 
 class ClusterSpecError(ValueError):
@@ -48,7 +50,10 @@ def parse_cluster(spec: str) -> tuple[NodeView, ...]:
     if not isinstance(spec, str) or not spec.strip():
         raise ClusterSpecError(f"invalid cluster spec {spec!r}: {_USAGE}")
     groups: list[tuple[int, int, str, int]] = []
-    for part in spec.split(","):
+    names: list[list[str] | None] = []
+    for part in _groups(spec):
+        part, _, hosts = part.partition("@")
+        names.append(_host_names(spec, hosts) if hosts else None)
         m = _GROUP.match(part.strip())
         if not m:
             raise ClusterSpecError(f"invalid cluster spec {spec!r}: {_USAGE}")
@@ -69,14 +74,62 @@ def parse_cluster(spec: str) -> tuple[NodeView, ...]:
         raise ClusterSpecError(f"invalid cluster spec {spec!r}: at most {MAX_NODES} nodes")
     width = max(4, len(str(total)))
     out: list[NodeView] = []
-    for nodes, gpus, model, memory_mb in groups:
-        for _ in range(nodes):
-            name = f"n{len(out) + 1:0{width}d}"
+    for (nodes, gpus, model, memory_mb), given in zip(groups, names):
+        if given is not None and len(given) != nodes:
+            raise ClusterSpecError(f"invalid cluster spec {spec!r}: {nodes} nodes but {len(given)} names "
+                                   f"after @; give as many names as nodes")
+        for k in range(nodes):
+            name = given[k] if given is not None else f"n{len(out) + 1:0{width}d}"
             views = tuple(GpuView(index=i, uuid=f"GPU-sim-{name}-{i}", model=model,
                                   memory_mb=memory_mb) for i in range(gpus))
             out.append(NodeView(name=name, cpus=CPUS_PER_GPU * gpus,
                                 mem_mb=MEM_MB_PER_GPU * gpus, gpus=views))
+    seen = [n.name for n in out]
+    if len(set(seen)) != len(seen):
+        twice = next(n for n in seen if seen.count(n) > 1)
+        raise ClusterSpecError(f"invalid cluster spec {spec!r}: node {twice} is named twice")
     return tuple(out)
+
+
+def _groups(spec: str) -> list[str]:
+    """The spec's comma-joined groups; commas inside a hostlist's brackets stay."""
+    out, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
+def _host_names(spec: str, hosts: str) -> list[str]:
+    from ..hostlist import NODE_NAME, expand
+
+    try:
+        names = expand(hosts.strip())
+    except ValueError as e:
+        raise ClusterSpecError(f"invalid cluster spec {spec!r}: {e}") from None
+    bad = next((n for n in names if not NODE_NAME.match(n)), None)
+    if bad is not None or not names:
+        raise ClusterSpecError(f"invalid cluster spec {spec!r}: {bad!r} is not a node name")
+    return names
+
+
+def unmatched_partitions(partitions: dict, nodes: tuple[NodeView, ...]) -> str | None:
+    """Why a config cannot run on these nodes: a partition none of whose node patterns names
+    a simulated node (every job sent there would wait forever); None when each has some."""
+    names = [n.name for n in nodes]
+    for p in partitions.values():
+        if not any(fnmatch.fnmatchcase(n, pat) for pat in p.nodes for n in names):
+            from ..hostlist import compress
+
+            return (f"partition {p.name} has none of the simulated nodes ({compress(names)}): its nodes are "
+                    f"{', '.join(p.nodes)}; name the cluster's nodes after @ in --cluster "
+                    f"(e.g. {len(names)}x{len(nodes[0].gpus)}x{nodes[0].gpus[0].model if nodes[0].gpus else 'H100-80GB'}"
+                    f"@{p.nodes[0]}) or simulate a config whose partitions name these nodes")
+    return None
 
 
 def apply_gpu_modes(nodes: tuple[NodeView, ...], spec: str | None) -> tuple[NodeView, ...]:

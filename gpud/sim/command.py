@@ -19,7 +19,7 @@ from ..sched.config import SchedConfig
 from ..units import UnitError, parse_duration
 from .background import (DEFAULT_BACKGROUND_QOS, merge_streams, valid_qos_name, with_qos,
                          with_stream_qos)
-from .cluster import ClusterSpecError, apply_gpu_modes, parse_cluster
+from .cluster import ClusterSpecError, apply_gpu_modes, parse_cluster, unmatched_partitions
 from .compare import format_compare
 from .engine import Simulation
 from .estimates import MODES, Estimates
@@ -202,6 +202,9 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
     try:
         nodes = apply_gpu_modes(parse_cluster(cluster_spec), gpu_modes)
         config = with_stream_qos(load_sched_config(config_path), bg_qos, main_qos)
+        unmatched = unmatched_partitions(config.partitions, nodes)
+        if unmatched:
+            raise ClusterSpecError(unmatched)
     except (ClusterSpecError, SimConfigError) as e:
         raise _OneLineError(str(e)) from None
     estimates = Estimates("exact" if exact_limits else limits, overestimate)

@@ -421,6 +421,7 @@ class Tally:
         }
         if self.series_step:
             report["series"] = self.series or {"t": [], "allocated": [], "pending": [], "accounts": {}}
+            report["series"]["targets"] = {n: _round(f) for n, f in sorted(configured.items())}   # the plot's lines
         return report
 
 

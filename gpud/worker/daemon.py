@@ -368,7 +368,10 @@ class Worker:
                        usage=getattr(self.executor, "usage_rows", None))
 
     def _user(self, job: int, attempt: int) -> str:
-        return self._users.get((job, attempt), "?")
+        user = self._users.get((job, attempt))
+        if user is None:   # a job adopted after a restart: its launch record says whose it is
+            user = next((str(la.user) for la in self._launches() if (la.job_id, la.attempt) == (job, attempt)), "?")
+        return user
 
     # -- GPU sharing (gpud.worker.gpumodes) ------------------------------------------------------
 
@@ -494,6 +497,14 @@ class Worker:
         log.info("job %s.%s (user %s) on %s: signal %s (%s)%s", job, attempt, self._user(job, attempt),
                  self.name, sig, reason, "" if found else ": not running here")
 
+    async def _cmd_time_limit(self, body: dict) -> None:
+        job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
+        limit = body.get("time_limit")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not 0 < limit < float("inf")):
+            raise BadMessage(f"invalid time_limit {limit!r}"[:200])
+        await self.executor.set_time_limit(job, attempt, None if limit is None else float(limit))
+
     async def _cmd_kill(self, body: dict) -> None:
         allocs = _pairs(body.get("allocs"), "allocs")
         reason = _reason(body, "killed")
@@ -545,7 +556,7 @@ class Worker:
     _commands = {
         "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
         "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
-        "step": _cmd_step, "step_kill": _cmd_step_kill,
+        "step": _cmd_step, "step_kill": _cmd_step_kill, "time_limit": _cmd_time_limit,
     }
 
 

@@ -37,7 +37,7 @@ import signal as signals
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import psutil
@@ -102,6 +102,7 @@ class _Job:
     early: list[int] = field(default_factory=list)  # signals asked for before the spawn
     cpus: tuple[int, ...] = ()       # the CPUs it is bound to (gpud.worker.cpubind); (): unbound
     spent_fds: list[int] = field(default_factory=list)  # pidfds of the exited wrapper, to close
+    warned: bool = False             # --signal's warning sent
 
     @property
     def key(self) -> Key:
@@ -251,6 +252,23 @@ class Executor:
             self._kill_now(job, reason)
         else:
             self._begin_stop(job, signum, job.launch.kill_grace if grace is None else grace, reason)
+        return True
+
+    async def set_time_limit(self, job_id: int, attempt: int, time_limit: float | None) -> bool:
+        """A new time limit (seconds from the start; None: none) for a running job, raised or
+        lowered by an operator; its --signal warning moves with it.  False when the job does
+        not run here or is already stopping."""
+        job = self._jobs.get((job_id, attempt))
+        if job is None or job.stop_reason is not None:
+            return False
+        job.launch = replace(job.launch, time_limit=time_limit)
+        if job.start_time is not None:
+            job.deadline = _deadline(job.launch, job.start_time)
+            warn_at = _warn_at(job)
+            job.warned = job.warned and warn_at is not None and warn_at <= self._clock()
+            self._save_record(job)
+        log.info("job %d.%d: time limit now %s", job_id, attempt, format_duration(time_limit))
+        job.wake.set()
         return True
 
     async def kill(self, job_id: int, attempt: int, reason: str = "killed") -> bool:
@@ -621,6 +639,7 @@ class Executor:
     def _delay(self, job: _Job) -> float | None:
         """Seconds to the next deadline, at most the poll interval; None: no deadline."""
         due = [t for t, pending in ((job.deadline, job.stop_reason is None),
+                                    (_warn_at(job), not job.warned and job.stop_reason is None),
                                     (job.kill_at, not job.killed)) if t is not None and pending]
         if not due:
             return None
@@ -628,12 +647,32 @@ class Executor:
 
     def _enforce(self, job: _Job) -> None:
         now = self._clock()
+        warn_at = _warn_at(job)
+        if warn_at is not None and not job.warned and job.stop_reason is None and now >= warn_at:
+            self._warn(job)
         if job.stop_reason is None and job.deadline is not None and now >= job.deadline:
             log.info("job %d.%d: time limit reached", *job.key)
             self._begin_stop(job, signals.SIGTERM, job.launch.kill_grace, "timeout")
         if job.kill_at is not None and not job.killed and now >= job.kill_at:
             log.info("job %d.%d: grace over, killing it", *job.key)
             self._kill_now(job, job.stop_reason or "killed")
+
+    def _warn(self, job: _Job) -> None:
+        """--signal's warning before the time limit: to the batch shell alone (B:), whose
+        pid is the wrapper's one child, or to the job's whole group as a stop signal goes."""
+        job.warned = True
+        sig = parse_signal(job.launch.warn_signal or "")
+        if sig is None or job.pid is None:
+            return
+        log.info("job %d.%d: %s %.0f s before its time limit", *job.key, sig.name, job.launch.warn_time)
+        if not job.launch.warn_batch:
+            self._signal_group(job, sig)
+            return
+        try:
+            for shell in psutil.Process(job.pid).children():
+                os.kill(shell.pid, sig)
+        except (psutil.Error, ProcessLookupError):
+            pass
 
     def _begin_stop(self, job: _Job, sig: int, grace: float, reason: str) -> None:
         job.stop_reason = job.stop_reason or reason
@@ -865,6 +904,13 @@ def _close_spent(job: _Job) -> None:
         except IndexError:
             return
         os.close(fd)
+
+
+def _warn_at(job: _Job) -> float | None:
+    """When --signal's warning is due: warn_time seconds before the deadline."""
+    if job.launch.warn_signal is None or job.deadline is None:
+        return None
+    return job.deadline - job.launch.warn_time
 
 
 def _deadline(launch: Launch, start_time: float) -> float | None:

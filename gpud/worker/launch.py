@@ -24,7 +24,8 @@ MAX_ID = 2**63 - 1
 MAX_UID = 2**32 - 2
 DEFAULT_KILL_GRACE = 30.0
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
-_OUTPUT_SPEC = re.compile(r"%(\d?)([%jxuNAastn])")
+_OUTPUT_SPEC = re.compile(r"%(\d*)([%jJxuNAastn])")
+MAX_PAD = 10   # Slurm's widest zero padding
 DEFAULT_OUTPUT = "gpud-%j.out"
 DEFAULT_ARRAY_OUTPUT = "gpud-%A_%a.out"
 
@@ -80,6 +81,11 @@ class Launch:
     qos: str | None = None
     cluster: str | None = None
     restart_count: int = 0
+    # --signal: warn_signal goes warn_time seconds before the time limit, to the batch shell
+    # alone with warn_batch, else to all the job's processes
+    warn_signal: str | None = None
+    warn_time: float = 60.0
+    warn_batch: bool = False
 
     @classmethod
     def from_body(cls, d: dict) -> "Launch":
@@ -200,23 +206,37 @@ class Outcome:
 
 
 def output_path(pattern: str | None, launch: Launch, node: str) -> str:
-    """An output file's absolute path, relative to work_dir, with Slurm's %-sequences expanded.
+    """An output file's absolute path, relative to work_dir, with Slurm's %-sequences expanded."""
+    return expand_output(pattern, work_dir=launch.work_dir, job_id=launch.job_id, name=launch.name,
+                         user=launch.user, node=node, array_job_id=launch.array_job_id,
+                         array_task_id=launch.array_task_id)
 
-    %j job id, %x name, %u user, %N node, %A array id (the job id outside arrays), %a task id
-    (0 outside arrays), %s step (``batch``), %t task and %n node number (0), %% a percent.
-    A digit pads a number with zeros (``%6j``, ``%3a``); other %-sequences stay as written."""
-    array_id = launch.array_job_id if launch.array_job_id is not None else launch.job_id
-    task = launch.array_task_id if launch.array_task_id is not None else 0
-    values = {"j": str(launch.job_id), "x": launch.name, "u": launch.user, "N": node, "%": "%",
-              "A": str(array_id), "a": str(task), "s": "batch", "t": "0", "n": "0"}
+
+def expand_output(pattern: str | None, *, work_dir: str, job_id: int, name: str, user: str, node: str | None,
+                  array_job_id: int | None = None, array_task_id: int | None = None) -> str:
+    """sbatch's file name pattern as the file it names: %j job id, %J job id.step (the batch
+    script's: the job id), %x name, %u user, %N node (kept as written while there is none),
+    %A array id (the job id outside arrays), %a task id (0 outside arrays), %s step
+    (``batch``), %t task and %n node number (0), %% a percent.  Digits pad a number with
+    zeros (``%6j``, ``%3a``, at most 10); a backslash anywhere turns all of this off (and is
+    dropped), as in Slurm.  None: ``gpud-%j.out``, or ``gpud-%A_%a.out`` for an array task."""
+    if pattern is None:
+        pattern = DEFAULT_ARRAY_OUTPUT if array_task_id is not None else DEFAULT_OUTPUT
+    if "\\" in pattern:
+        return os.path.normpath(os.path.join(work_dir, pattern.replace("\\", "")))
+    values = {"j": str(job_id), "J": str(job_id), "x": name, "u": user, "%": "%",
+              "A": str(array_job_id if array_job_id is not None else job_id),
+              "a": str(array_task_id if array_task_id is not None else 0), "s": "batch", "t": "0", "n": "0"}
+    if node:
+        values["N"] = node
 
     def expand(m: re.Match) -> str:
         width, spec = m.groups()
-        return values[spec].zfill(int(width)) if width and spec in "jAatn" else values[spec]
+        if spec not in values:
+            return m.group(0)
+        return values[spec].zfill(min(int(width), MAX_PAD)) if width and spec in "jJAatn" else values[spec]
 
-    default = DEFAULT_ARRAY_OUTPUT if launch.array_task_id is not None else DEFAULT_OUTPUT
-    path = _OUTPUT_SPEC.sub(expand, pattern or default)
-    return os.path.normpath(os.path.join(launch.work_dir, path))
+    return os.path.normpath(os.path.join(work_dir, _OUTPUT_SPEC.sub(expand, pattern)))
 
 
 def parse_signal(sig: str | int) -> signals.Signals | None:
@@ -282,7 +302,7 @@ def _env(d: dict, key: str) -> dict[str, str]:
 
 _SLURM_FIELDS = ("array_job_id", "array_task_id", "array_task_count", "array_task_min", "array_task_max",
                  "array_task_step", "open_mode", "slurm_compat_env", "partition", "account", "qos", "cluster",
-                 "restart_count")
+                 "restart_count", "warn_signal", "warn_time", "warn_batch")
 
 
 def _slurm_fields(d: dict) -> dict[str, Any]:
@@ -300,6 +320,15 @@ def _slurm_fields(d: dict) -> dict[str, Any]:
     for key in ("partition", "account", "qos", "cluster"):
         out[key] = _text(d, key, None)
     out["restart_count"] = _int(d, "restart_count", 0, MAX_ID, default=0)
+    warn = _text(d, "warn_signal", None)
+    if warn is not None and parse_signal(warn) is None:
+        raise ValueError(f"warn_signal must name a signal, not {warn!r:.40}")
+    out["warn_signal"] = warn
+    out["warn_time"] = _seconds(d, "warn_time", 60.0, zero_ok=True)
+    batch = d.get("warn_batch", False)
+    if not isinstance(batch, bool):
+        raise ValueError("warn_batch must be true or false")
+    out["warn_batch"] = batch
     return out
 
 

@@ -1,3 +1,3 @@
 #!/bin/bash
-#SBATCH --gpu=2
+#SBATCH --gpsu=2
 python job.py

@@ -1,0 +1,3 @@
+#!/bin/bash
+#SBATCH --gpu=2
+python job.py
