@@ -113,7 +113,7 @@ def test_an_unconfined_node_says_so(tmp_path, mosquitto):  # noqa: F811
         c.start_worker("n1")
         assert "Confinement=none" in c.gpuctl("scontrol", "show", "node", "n1").stdout
         reasons = c.gpuctl("sinfo", "-R").stdout.splitlines()
-        assert reasons[0].split() == ["REASON", "NODELIST"]
+        assert reasons[0].split() == ["REASON", "USER", "TIMESTAMP", "NODELIST"]
         assert reasons[1].startswith("Confinement=none")
         assert reasons[1].split()[-1] == "n1"
         jid = c.sbatch("--wrap", "true")
