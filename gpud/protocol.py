@@ -4,7 +4,9 @@ Stdlib only: gpuctl imports this on its start-up path, so the lines are written 
 with ``gpud.jsoncodec`` (json's C accelerator without the ``json`` package's imports).
 
 Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes for a request
-and ``MAX_RESPONSE`` for an answer.
+and ``MAX_RESPONSE`` for an answer; a head or relay takes 1 MiB for a request line but one that
+carries a script (submit, scrontab_set, step_launch), and lists and objects nested at most
+``MAX_DEPTH`` deep (gpud.head.api has the per-user limits).
 A connection may carry many requests; each gets exactly one response line, in order.
 
 Request:  ``{"v": 1, "op": "<op>", "args": {...}}``

@@ -165,3 +165,13 @@ async def test_an_unsendable_launch_fails_its_job_and_the_node_goes_on(kit):
     assert kit.job(job_id).state.value == "RUNNING" and [b["job_id"] for _, b in kit.sent_to("launch")] == [job_id]
     await kit.head._on_heartbeat("n1", {"running": [[job_id, kit.job(job_id).attempt]], "done": []})
     assert kit.store.nodes["n1"].state == "UP"
+
+
+async def test_a_scrontab_entry_does_not_pass_max_jobs_either(kit, caplog):
+    caps_config(kit, "[head]\nmax_jobs = 1\n")
+    await kit.submit(BOB, hold=True)
+    await install(kit, [entry(1, "* * * * *")], ALICE)
+    kit.clock.advance(120)
+    assert await kit.head.slurm.cron.tick() == []
+    assert "not submitted: Batch job submission failed: Slurm temporarily unable to accept job" in caplog.text
+    assert len(kit.store.active) == 1

@@ -38,6 +38,7 @@ from ..model import JobSpec, JobState, SpecError
 from ..syntax import CronSchedule, SyntaxProblem, parse_crontab
 from . import admission
 from .api import Caller, RequestError
+from .jobcaps import SubmitCaps, launch_refusal
 from .store import JobRecord
 
 if TYPE_CHECKING:
@@ -170,6 +171,10 @@ class Cron:
         now = head.clock()
         try:
             job = self._job(entry, now)
+            refusal = (launch_refusal(job.spec.script, job.spec.env)
+                       or SubmitCaps(head.store.active, head.cfg).admit([job]))   # as sbatch's
+            if refusal is not None:
+                raise admission.Refused(refusal)
         except (SpecError, admission.Refused) as e:
             log.warning("scrontab entry %d of %s (line %d) not submitted: %s", entry.entry_id, entry.user,
                         entry.line, e)

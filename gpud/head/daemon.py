@@ -238,6 +238,8 @@ class Head:
                         elif not fut.done():
                             fut.set_exception(RequestError(refusal))
                     batch = admitted
+                    if not batch:   # every one refused: no empty transaction
+                        continue
                     saved = await self.store.insert_jobs([j for js, _ in batch for j in js], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
                 log.exception("could not record %d submissions", len(batch))
