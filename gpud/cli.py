@@ -179,7 +179,7 @@ def standalone(socket_path, name, sim, sim_devices, port, **kw) -> None:
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=20.0, show_default=True, metavar="SECONDS",
               help="How long to wait for the head's answer.")
 def relay(socket_path, name, timeout, **kw) -> None:
-    """Serve gpuctl on a login node: requests go to the head over MQTT, signed, with the caller's uid."""
+    """Serve gpuctl on a login node: requests go to the head over MQTT, sealed, with the caller's uid."""
     cfg = start_config("relay", lambda: build_config(**kw))
     from .relay import run_relay
 

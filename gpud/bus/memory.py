@@ -13,7 +13,7 @@ and a test can inject raw bytes with ``MemoryBroker.inject``.
 
 ``MemoryBroker(signed=False)`` is for a broker no test injects into: ``gpud standalone``'s,
 which only its own head and worker reach, from inside the process.  Its payloads are the
-envelope's fields as plain JSON, neither signed nor verified: a signature proves that a
+envelope's fields as plain JSON, neither sealed nor opened: a seal proves that a
 message came from a key holder, and nothing outside the process can publish there at all.
 What remains is the JSON round trip, so the receiver still gets exactly what the wire would
 give it (lists for tuples, string keys).
