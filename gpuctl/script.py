@@ -508,7 +508,7 @@ def long_option(name: str) -> str:
         return name
     if not _LONG_NAMES:
         _LONG_NAMES.extend([n for n in _BY_NAME if n.startswith("--")] + list(unsupported.UNSUPPORTED)
-                           + list(ALIASES))
+                           + list(ALIASES) + ["--help"])
     matches = [n for n in _LONG_NAMES if n.startswith(name)]
     if len({ALIASES.get(n, n) for n in matches}) > 1:   # an alias and its option are one option
         raise ScriptError(f"option '{name}' is ambiguous; possibilities: " + " ".join(f"'{n}'" for n in matches))
