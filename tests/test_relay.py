@@ -314,7 +314,8 @@ async def test_a_relays_claimed_user_name_is_not_trusted(tmp_path):
             body = request_body(id=f"forged-{claimed}", data=protocol.request("ping").decode(),
                                 uid=nobody.pw_uid, gid=nobody.pw_gid, user=claimed)
             (reply,) = [r for r in await answered_after(w, [seal(KEY, "relay:login", "request", body,
-                                                                  now=time.time(), topic=HEAD_REQUESTS)])
+                                                                  now=time.time(), epoch=EPOCH,
+                                                                  topic=HEAD_REQUESTS)])
                         if r["body"]["id"] == f"forged-{claimed}"]
             answer = json.loads(reply["body"]["data"])["result"]
             assert (answer["uid"], answer["user"], answer["admin"]) == (nobody.pw_uid, "nobody", False)
