@@ -40,6 +40,7 @@ from . import admission
 from .api import Caller, RequestError
 from .jobcaps import SubmitCaps, launch_refusal
 from .store import JobRecord
+from .store_cron import CronRepository
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -93,6 +94,7 @@ class Cron:
         self.head = head
         self.tz = tz
         self.entries: dict[int, Entry] | None = None   # loaded on first use
+        self.rows = CronRepository(head.store)
 
     @property
     def tick_seconds(self) -> float:
@@ -104,31 +106,15 @@ class Cron:
     # -- storage ----------------------------------------------------------------------------
     async def load(self) -> dict[int, Entry]:
         if self.entries is None:
-            db = self.head.store.db
-            assert db is not None
             entries: dict[int, Entry] = {}
-            async with db.execute("SELECT entry_id, uid, gid, user, line, schedule, spec, last_slot, last_job_id "
-                                  "FROM cron_entries ORDER BY entry_id") as cur:
-                async for eid, uid, gid, user, line, sched, spec, last, job in cur:
-                    try:
-                        entries[eid] = Entry(eid, uid, gid, user, line, CronSchedule.parse(sched),
-                                             json.loads(spec), last, job)
-                    except (SyntaxProblem, ValueError) as e:
-                        log.warning("scrontab entry %d of %s ignored: %s", eid, user, e)
+            for eid, uid, gid, user, line, sched, spec, last, job in await self.rows.entries():
+                try:
+                    entries[eid] = Entry(eid, uid, gid, user, line, CronSchedule.parse(sched),
+                                         json.loads(spec), last, job)
+                except (SyntaxProblem, ValueError) as e:
+                    log.warning("scrontab entry %d of %s ignored: %s", eid, user, e)
             self.entries = entries
         return self.entries
-
-    async def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
-        """Run statements in one transaction; the rowids of the INSERTs."""
-        def work(conn) -> list[int]:
-            ids = []
-            for sql, params in statements:
-                cur = conn.execute(sql, params)
-                if sql.startswith("INSERT"):
-                    ids.append(cur.lastrowid)
-            return ids
-        async with self.head.store.write_lock:    # one transaction at a time on the connection
-            return await self.head.store.transaction(work)
 
     # -- the clock --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -161,11 +147,10 @@ class Cron:
     async def _fire(self, entry: Entry, slot: int) -> int | None:
         head = self.head
         prev = head.store.active.get(entry.last_job_id) if entry.last_job_id is not None else None
-        mark = ("UPDATE cron_entries SET last_slot=? WHERE entry_id=?", (slot, entry.entry_id))
         if prev is not None:
             log.info("scrontab entry %d of %s skipped: its previous job %d is still %s",
                      entry.entry_id, entry.user, prev.job_id, prev.state.value.lower())
-            await self._write([mark])
+            await self.rows.mark_slot(entry.entry_id, slot)
             entry.last_slot = slot
             return None
         now = head.clock()
@@ -178,12 +163,10 @@ class Cron:
         except (SpecError, admission.Refused) as e:
             log.warning("scrontab entry %d of %s (line %d) not submitted: %s", entry.entry_id, entry.user,
                         entry.line, e)
-            await self._write([mark])
+            await self.rows.mark_slot(entry.entry_id, slot)
             entry.last_slot = slot
             return None
-        saved = await head.store.insert_jobs([job], now, also=lambda jobs: [(
-            "UPDATE cron_entries SET last_slot=?, last_job_id=? WHERE entry_id=?",
-            (slot, jobs[0].job_id, entry.entry_id))])
+        saved = await head.store.insert_jobs([job], now, also=self.rows.fired(entry.entry_id, slot))
         entry.last_slot, entry.last_job_id = slot, saved[0].job_id
         log.info("scrontab entry %d of %s submitted job %d", entry.entry_id, entry.user, saved[0].job_id)
         return saved[0].job_id
@@ -207,7 +190,6 @@ class Cron:
         old = sorted((e for e in entries.values() if e.uid == uid), key=lambda e: e.entry_id)
         unused = list(old)
         now_slot = self.now_slot()
-        stmts: list[tuple[str, tuple]] = [("DELETE FROM cron_entries WHERE uid=?", (uid,))]
         rows = []
         for line, schedule, spec in new:
             same = next((e for e in unused if e.schedule.text == schedule.text and e.spec == spec), None)
@@ -215,17 +197,9 @@ class Cron:
                 unused.remove(same)
             last, job = (same.last_slot, same.last_job_id) if same else (now_slot, None)
             rows.append((line, schedule, spec, last, job))
-            stmts.append(("INSERT INTO cron_entries(uid, gid, user, line, schedule, spec, last_slot, last_job_id, "
-                          "created) VALUES (?,?,?,?,?,?,?,?,?)",
-                          (uid, gid, user, line, schedule.text, json.dumps(spec, sort_keys=True), last, job,
-                           self.head.clock())))
-        if text.strip():
-            stmts.append(("INSERT INTO scrontabs(uid, user, text, updated) VALUES (?,?,?,?) ON CONFLICT(uid) "
-                          "DO UPDATE SET user=excluded.user, text=excluded.text, updated=excluded.updated",
-                          (uid, user, text, self.head.clock())))
-        else:
-            stmts.append(("DELETE FROM scrontabs WHERE uid=?", (uid,)))
-        ids = await self._write(stmts)
+        ids = await self.rows.replace(uid, gid, user, text, [(line, schedule.text, spec, last, job)
+                                                             for line, schedule, spec, last, job in rows],
+                                      self.head.clock())
         for e in old:
             entries.pop(e.entry_id, None)
         installed = []
@@ -235,11 +209,7 @@ class Cron:
         return installed
 
     async def text_of(self, uid: int) -> str:
-        db = self.head.store.db
-        assert db is not None
-        async with db.execute("SELECT text FROM scrontabs WHERE uid=?", (uid,)) as cur:
-            row = await cur.fetchone()
-        return row[0] if row else ""
+        return await self.rows.text_of(uid)
 
 
 # -- socket operations ------------------------------------------------------------------------
