@@ -226,7 +226,9 @@ def test_scontrol_update_rules_for_owners_and_admins(world_dir, mosquitto):  # n
         assert history == f"{job}|02:00:00"
         check(alice, ["release", job], 0)
         c.wait_job_state(int(job), "RUNNING", 30)
-        check(boss, ["update", "job", job, "TimeLimit=180"], 1, "the time limit of a running job can only be lowered")
+        check(alice, ["update", "job", job, "TimeLimit=180"], 1, "only root or an admin may raise a time limit")
+        check(boss, ["update", "job", job, "TimeLimit=180"], 0)                 # a running job's too
+        assert "TimeLimit=03:00:00" in c.gpuctl("scontrol", "show", "job", job).stdout
         c.gpuctl("scancel", job)
 
 

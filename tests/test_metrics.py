@@ -42,7 +42,11 @@ def scrape(url: str) -> dict[tuple, float]:
 
 
 def get(samples: dict, name: str, **labels) -> float | None:
-    return samples.get((name, *sorted(labels.items())))
+    """The one sample of ``name`` with these labels (and perhaps others, such as dcgm-exporter's)."""
+    wanted = set(labels.items())
+    found = [v for k, v in samples.items() if k[0] == name and wanted <= set(k[1:])]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else None
 
 
 @pytest.fixture

@@ -108,10 +108,11 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
         return {"fields": fields, "rows": fold_rows(jobs, fields), "folded": True}
     records = fold_arrays(jobs, fields) if fold else [public(j, fields) for j in jobs]
     if not fold and not fields:   # whole records (--json, sacct): what each job holds and bills
-        from .reports import allocation_fields
+        from .reports import allocation_fields, models_from
 
+        model_of = models_from(head.store)
         for r, j in zip(records, jobs):
-            r.update(allocation_fields(head.store, head.cfg.sched, j))
+            r.update(allocation_fields(head.store, head.cfg.sched, j, model_of))
     return {"jobs": records, "folded": True} if fold else {"jobs": records}
 
 

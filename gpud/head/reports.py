@@ -223,13 +223,14 @@ def held_gpus(store: Store, job: JobRecord) -> float:
     return float(len(job.gpu_indices) + sum(len(p.get("gpu_indices", ())) for p in job.parts))
 
 
-def allocation_fields(store: Store, sched: SchedConfig, job: JobRecord) -> dict[str, float]:
+def allocation_fields(store: Store, sched: SchedConfig, job: JobRecord,
+                      model_of: Callable[[str, int], str] | None = None) -> dict[str, float]:
     """``gpus_held`` (held_gpus, 0 before the job starts) and ``billing`` (the same, each GPU
     by its model's billing weight: billed GPU-seconds a second, what sshare's usage grows by)
     for a JOB record, so that scontrol, squeue --json, sacct --json, report and sshare agree."""
     if job.node is None or job.start_time is None:
         return {"gpus_held": 0.0, "billing": 0.0}
-    model_of = models_from(store)
+    model_of = model_of or models_from(store)   # a listing passes one for all its jobs
     shared = shared_devices(job.devices)
     if shared:
         held = [(job.node, d.index, device_share(store, job.node, d)) for d in shared]
