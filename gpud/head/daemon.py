@@ -552,8 +552,7 @@ class Head:
             txn = Txn(self.store)
             lost = list(self.store.jobs_on_node(rec.name))
             for job in lost:
-                txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                            (now, "node_fail", job.job_id, job.attempt))
+                txn.end_allocation(job.job_id, job.attempt, end=now, outcome="node_fail")
                 if job.spec.requeue and job.stop_reason != "cancelled":
                     txn.transition(job, JobState.PENDING, now=now, event="node_fail",
                                    detail=f"{rec.name}: {reason}; requeued", **requeue_changes(job))

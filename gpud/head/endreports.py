@@ -101,8 +101,7 @@ class WorkerReports:
         reason, exit_code, sig = _outcome(body)
         new = final_state(job, reason, exit_code, sig)
         detail = _with_message(f"{reason} exit={exit_code} signal={sig}", body)
-        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                    (end, reason, jid, attempt))
+        txn.end_allocation(jid, attempt, end=end, outcome=reason)
         used = _usage(body)
         if new is JobState.PENDING:
             txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job), **used)
@@ -147,8 +146,7 @@ class WorkerReports:
         detail = _with_message(f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}", body)
         new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
         txn = Txn(self.head.store)
-        txn.execute("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
-                    (end, "part_failed", job.job_id, job.attempt))
+        txn.end_allocation(job.job_id, job.attempt, end=end, outcome="part_failed")
         txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
                        exit_code=exit_code, signal=sig)
         await self.head.store.commit(txn)

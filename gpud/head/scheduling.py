@@ -13,7 +13,6 @@ rank 0 and the job starts on all its nodes in the same transaction, or not at al
 from __future__ import annotations
 
 import gc
-import json
 import logging
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -241,12 +240,7 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
             start_time=now, end_time=None, launched_at=now, reason=None, borrowed=s.borrowed,
             exit_code=None, signal=None, stop_reason=None, stop_time=None, parts=tuple(parts),
         )
-        txn.execute(
-            "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, "
-            "start_time, devices, parts) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (job.job_id, attempt, s.node, _json(list(updated.gpu_indices)), _json(list(updated.gpu_uuids)),
-             s.cpus, s.mem_mb, now, _json(list(updated.devices)), _json(parts) if parts else None),
-        )
+        txn.start_allocation(updated, now=now)
         applied.launches.append(updated)
     for r in plan.relayouts:
         info = node_info(store, r.node)
@@ -266,7 +260,7 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
             job, JobState.COMPLETING, now=now, event="preempted", detail=p.reason,
             stop_reason=f"preempted:{p.mode}", stop_time=now, preempt_count=job.preempt_count + 1,
         )
-        txn.execute("INSERT INTO preemptions(time) VALUES (?)", (now,))
+        txn.record_preemption(now)
         applied.stops.append((updated, p))
     return txn, applied
 
@@ -323,10 +317,6 @@ def annotate(store: Store, plan: Plan) -> None:
             job.priority = priorities.get(job_id, job.priority)
             job.expected_start = starts.get(job_id)
     store.changed()
-
-
-def _json(v) -> str:
-    return json.dumps(v)
 
 
 def gpu_infos(info: NodeInfo) -> dict[int, GpuInfo]:

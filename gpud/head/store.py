@@ -254,7 +254,28 @@ class Txn:
         ))
 
     def execute(self, sql: str, params: tuple = ()) -> None:
+        """A raw statement: for the store's own modules (head/store*.py) and tests only."""
         self._sql.append((sql, params))
+
+    def start_allocation(self, job: JobRecord, *, now: float) -> None:
+        """The allocation row of ``job``'s new attempt (as the transition to RUNNING left it)."""
+        self._sql.append((
+            "INSERT OR REPLACE INTO allocations(job_id, attempt, node, gpu_indices, gpu_uuids, cpus, mem_mb, "
+            "start_time, devices, parts) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (job.job_id, job.attempt, job.node, _json(list(job.gpu_indices)), _json(list(job.gpu_uuids)),
+             job.cpus, job.mem_mb, now, _json(list(job.devices)), _json(list(job.parts)) if job.parts else None)))
+
+    def end_allocation(self, job_id: int, attempt: int, *, end: float, outcome: str) -> None:
+        self._sql.append(("UPDATE allocations SET end_time=?, outcome=? WHERE job_id=? AND attempt=?",
+                          (end, outcome, job_id, attempt)))
+
+    def record_preemption(self, now: float) -> None:
+        """One preemption, for the per-minute cap (``recent_preemptions``)."""
+        self._sql.append(("INSERT INTO preemptions(time) VALUES (?)", (now,)))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
 
 
 def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], Any]) -> Any:
