@@ -36,6 +36,8 @@ from ..sched.config import SchedConfig
 from ..sched.gpustate import device_fraction
 from ..sched.snapshot import Device
 from .store import JobRecord, Store
+from .store_reports import allocation_rows
+from .store_telemetry import TelemetryRepository
 
 GROUPINGS = ("account", "user", "partition", "gpu-type")
 UNKNOWN_MODEL = "unknown"
@@ -141,43 +143,30 @@ async def build_report(store: Store, sched: SchedConfig, *, since: float, until:
 
 async def load_allocations(store: Store, since: float, until: float, job_id: int | None = None) -> list[Allocation]:
     """The allocations (one per node of each) that overlap ``[since, until)``; of one job with ``job_id``."""
-    assert store.db is not None
-    q = ("SELECT a.job_id, a.attempt, j.user, j.account, j.partition, a.node, a.gpu_indices, a.start_time, "
-         "a.end_time, a.parts, a.devices FROM allocations a JOIN jobs j ON j.job_id = a.job_id "
-         "WHERE a.start_time < ? AND (a.end_time IS NULL OR a.end_time > ?)"
-         + (" AND a.job_id = ?" if job_id is not None else "") + " ORDER BY a.job_id, a.attempt")
     out = []
-    async with store.db.execute(q, (until, since) + ((job_id,) if job_id is not None else ())) as cur:
-        async for job_id, attempt, user, account, partition, node, gpus, start, end, parts, devices in cur:
-            job = store.active.get(job_id)
-            if end is None and (job is None or job.attempt != attempt or not job.state.active):
-                continue  # an allocation the head never closed (a crash mid-way): not running now
-            shared = shared_devices(json.loads(devices or "[]"))
-            if shared:      # slices and shares, each its fraction of its GPU
-                out.append(Allocation(job_id, attempt, user, account, partition, node,
-                                      tuple(d.index for d in shared), start, end,
-                                      tuple(device_share(store, node, d) for d in shared)))
-                continue
+    for row in await allocation_rows(store, since, until, job_id):
+        job_id, attempt, user, account, partition, node, gpus, start, end, parts, devices = row
+        job = store.active.get(job_id)
+        if end is None and (job is None or job.attempt != attempt or not job.state.active):
+            continue  # an allocation the head never closed (a crash mid-way): not running now
+        shared = shared_devices(json.loads(devices or "[]"))
+        if shared:      # slices and shares, each its fraction of its GPU
             out.append(Allocation(job_id, attempt, user, account, partition, node,
-                                  tuple(json.loads(gpus)), start, end))
-            for p in json.loads(parts or "[]"):   # the other nodes of a multi-node job
-                out.append(Allocation(job_id, attempt, user, account, partition, str(p["node"]),
-                                      tuple(p["gpu_indices"]), start, end))
+                                  tuple(d.index for d in shared), start, end,
+                                  tuple(device_share(store, node, d) for d in shared)))
+            continue
+        out.append(Allocation(job_id, attempt, user, account, partition, node,
+                              tuple(json.loads(gpus)), start, end))
+        for p in json.loads(parts or "[]"):   # the other nodes of a multi-node job
+            out.append(Allocation(job_id, attempt, user, account, partition, str(p["node"]),
+                                  tuple(p["gpu_indices"]), start, end))
     return out
 
 
 async def load_shares(store: Store, job_ids: set[int]) -> dict[int, JobShares]:
-    assert store.db is not None
     out: dict[int, JobShares] = {}
-    ids = sorted(job_ids)
-    for n in range(0, len(ids), 500):   # SQLite's limit on host parameters
-        chunk = ids[n:n + 500]
-        async with store.db.execute(
-            f"SELECT job_id, gpu_s, util_gpu_s, idle_gpu_s FROM job_telemetry WHERE gpu_s > 0 "
-            f"AND job_id IN ({','.join('?' * len(chunk))})", chunk,
-        ) as cur:
-            async for job_id, gpu_s, util_gpu_s, idle_gpu_s in cur:
-                out[job_id] = JobShares(util=util_gpu_s / gpu_s, idle=idle_gpu_s / gpu_s)
+    for job_id, gpu_s, util_gpu_s, idle_gpu_s in await TelemetryRepository(store).shares(job_ids):
+        out[job_id] = JobShares(util=util_gpu_s / gpu_s, idle=idle_gpu_s / gpu_s)
     return out
 
 

@@ -45,6 +45,7 @@ from ..model import JobState
 from ..units import format_duration
 from . import gang
 from .store import JobRecord, Txn
+from .store_telemetry import USAGE_COLUMNS, TelemetryRepository
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -131,10 +132,7 @@ class JobUsage:
                 "gpu_mem_max_mb": self.mem_max_mb, "energy_j": round(self.energy_j, 1)}
 
 
-_USAGE_COLS = ("sampled_s", "gpu_s", "util_gpu_s", "idle_gpu_s", "util_max", "mem_max_mb", "energy_j",
-               "last_sample")
-_UPSERT_USAGE = (f"INSERT INTO job_telemetry(job_id, {', '.join(_USAGE_COLS)}) VALUES (?{', ?' * len(_USAGE_COLS)}) "
-                 f"ON CONFLICT(job_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in _USAGE_COLS)}")
+_USAGE_COLS = USAGE_COLUMNS
 
 
 @dataclass
@@ -250,6 +248,7 @@ class Telemetry:
 
     def __init__(self, head: "Head") -> None:
         self.head = head
+        self.rows = TelemetryRepository(head.store)
         self.latest: dict[str, NodeSample] = {}        # node -> its last sample
         self.usage: dict[int, JobUsage] = {}           # jobs sampled and not yet flushed out
         # running jobs' cgroup accounting per step ("total", "batch", "step_0"...): (time, bytes, usec)
@@ -352,24 +351,13 @@ class Telemetry:
 
     async def _load_active(self) -> None:
         """Read back the aggregates of every active job once (after a head restart)."""
-        db = self.head.store.db
-        assert db is not None
-        ids = sorted(self.head.store.active)
-        for n in range(0, len(ids), 500):   # SQLite's limit on host parameters
-            chunk = ids[n:n + 500]
-            async with db.execute(f"SELECT job_id, {', '.join(_USAGE_COLS)} FROM job_telemetry "
-                                  f"WHERE job_id IN ({','.join('?' * len(chunk))})", chunk) as cur:
-                async for row in cur:
-                    self.usage.setdefault(row[0], JobUsage(row[0], **dict(zip(_USAGE_COLS, row[1:]))))
+        for row in await self.rows.usage_rows(self.head.store.active):
+            self.usage.setdefault(row[0], JobUsage(row[0], **dict(zip(_USAGE_COLS, row[1:]))))
         self._loaded = True
 
     async def load_usage(self, job_id: int) -> JobUsage:
         """A job's aggregates as last written (empty when never sampled)."""
-        db = self.head.store.db
-        assert db is not None
-        async with db.execute(f"SELECT {', '.join(_USAGE_COLS)} FROM job_telemetry WHERE job_id=?",
-                              (job_id,)) as cur:
-            row = await cur.fetchone()
+        row = await self.rows.usage_row(job_id)
         return JobUsage(job_id, **dict(zip(_USAGE_COLS, row))) if row else JobUsage(job_id)
 
     def _add_to_bucket(self, sample: NodeSample, gpus_alloc: int) -> None:
@@ -463,17 +451,10 @@ class Telemetry:
         dirty, self._dirty = self._dirty, set()
         closed, self._closed = self._closed, []
         usages = [self.usage[j] for j in sorted(dirty)]
-        batches = [
-            (_UPSERT_USAGE, [(u.job_id, *(getattr(u, c) for c in _USAGE_COLS)) for u in usages]),
-            ("UPDATE jobs SET gpu_util_mean=?, gpu_util_max=?, gpu_mem_max_mb=?, energy_j=? WHERE job_id=?",
-             [(*u.public().values(), u.job_id) for u in usages]),
-            ("INSERT OR REPLACE INTO node_series(node, t, gpus, gpus_alloc, util_mean, util_max, mem_used_mb, "
-             "power_w, temp_max, samples) VALUES (?,?,?,?,?,?,?,?,?,?)", [b.row(node) for node, b in closed]),
-            ("DELETE FROM node_series WHERE t < ?", [(now - self.retention,)]),
-        ]
+        rows = [(u.job_id, tuple(getattr(u, c) for c in _USAGE_COLS), tuple(u.public().values())) for u in usages]
         try:
             async with self.head.lock:   # one transaction at a time on the store's connection
-                await self.head.store.write_many(batches)
+                await self.rows.flush(rows, [b.row(node) for node, b in closed], cut_before=now - self.retention)
         except BaseException:
             self._dirty |= dirty
             self._closed = closed + self._closed
