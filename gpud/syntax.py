@@ -23,6 +23,7 @@ Times are computed in the local time zone unless a ``tz`` is passed (tests pass 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
@@ -39,6 +40,41 @@ MAX_ARRAY_INDEX = 4_000_000     # largest task index
 
 class SyntaxProblem(ValueError):
     """Text that is not valid in its notation; the message is one line for the user."""
+
+
+# -- output file names ------------------------------------------------------------------------
+# sbatch's -o/-e patterns: the head shows the file a job writes, the worker opens it.
+_OUTPUT_SPEC = re.compile(r"%(\d*)([%jJxuNAastn])")
+MAX_PAD = 10   # Slurm's widest zero padding
+DEFAULT_OUTPUT = "gpud-%j.out"
+DEFAULT_ARRAY_OUTPUT = "gpud-%A_%a.out"
+
+
+def expand_output(pattern: str | None, *, work_dir: str, job_id: int, name: str, user: str, node: str | None,
+                  array_job_id: int | None = None, array_task_id: int | None = None) -> str:
+    """sbatch's file name pattern as the file it names: %j job id, %J job id.step (the batch
+    script's: the job id), %x name, %u user, %N node (kept as written while there is none),
+    %A array id (the job id outside arrays), %a task id (0 outside arrays), %s step
+    (``batch``), %t task and %n node number (0), %% a percent.  Digits pad a number with
+    zeros (``%6j``, ``%3a``, at most 10); a backslash anywhere turns all of this off (and is
+    dropped), as in Slurm.  None: ``gpud-%j.out``, or ``gpud-%A_%a.out`` for an array task."""
+    if pattern is None:
+        pattern = DEFAULT_ARRAY_OUTPUT if array_task_id is not None else DEFAULT_OUTPUT
+    if "\\" in pattern:
+        return os.path.normpath(os.path.join(work_dir, pattern.replace("\\", "")))
+    values = {"j": str(job_id), "J": str(job_id), "x": name, "u": user, "%": "%",
+              "A": str(array_job_id if array_job_id is not None else job_id),
+              "a": str(array_task_id if array_task_id is not None else 0), "s": "batch", "t": "0", "n": "0"}
+    if node:
+        values["N"] = node
+
+    def expand(m: re.Match) -> str:
+        width, spec = m.groups()
+        if spec not in values:
+            return m.group(0)
+        return values[spec].zfill(min(int(width), MAX_PAD)) if width and spec in "jJAatn" else values[spec]
+
+    return os.path.normpath(os.path.join(work_dir, _OUTPUT_SPEC.sub(expand, pattern)))
 
 
 # -- mail recipients --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.worker.launch import expand_output
+from gpud.syntax import expand_output
 
 WD = "/home/alice/run"
 

@@ -482,7 +482,7 @@ def job_details(job: JobRecord, head: "Head | None" = None) -> dict[str, Any]:
 def output_file(job: JobRecord, pattern: str | None) -> str:
     """The file the worker writes for ``pattern`` (None: the default), as scontrol shows it;
     an array's tasks not yet split off keep %a (and every task %N until it has a node)."""
-    from ..worker.launch import DEFAULT_ARRAY_OUTPUT, expand_output
+    from ..syntax import DEFAULT_ARRAY_OUTPUT, expand_output
 
     if job.spec.array is not None and job.array_task_id is None:
         return os.path.normpath(os.path.join(job.spec.work_dir, pattern or DEFAULT_ARRAY_OUTPUT))

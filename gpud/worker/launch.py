@@ -18,16 +18,14 @@ import signal as signals
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..syntax import expand_output
+
 REASONS = frozenset({"exited", "timeout", "cancelled", "preempted", "killed", "launch_failed", "lost", "oom"})
 OOM_SIGNAL = 125   # Slurm reports an OUT_OF_MEMORY job's ExitCode as 0:125
 MAX_ID = 2**63 - 1
 MAX_UID = 2**32 - 2
 DEFAULT_KILL_GRACE = 30.0
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
-_OUTPUT_SPEC = re.compile(r"%(\d*)([%jJxuNAastn])")
-MAX_PAD = 10   # Slurm's widest zero padding
-DEFAULT_OUTPUT = "gpud-%j.out"
-DEFAULT_ARRAY_OUTPUT = "gpud-%A_%a.out"
 
 
 DEVICE_KINDS = ("gpu", "mig", "mps", "timeslice")
@@ -210,33 +208,6 @@ def output_path(pattern: str | None, launch: Launch, node: str) -> str:
     return expand_output(pattern, work_dir=launch.work_dir, job_id=launch.job_id, name=launch.name,
                          user=launch.user, node=node, array_job_id=launch.array_job_id,
                          array_task_id=launch.array_task_id)
-
-
-def expand_output(pattern: str | None, *, work_dir: str, job_id: int, name: str, user: str, node: str | None,
-                  array_job_id: int | None = None, array_task_id: int | None = None) -> str:
-    """sbatch's file name pattern as the file it names: %j job id, %J job id.step (the batch
-    script's: the job id), %x name, %u user, %N node (kept as written while there is none),
-    %A array id (the job id outside arrays), %a task id (0 outside arrays), %s step
-    (``batch``), %t task and %n node number (0), %% a percent.  Digits pad a number with
-    zeros (``%6j``, ``%3a``, at most 10); a backslash anywhere turns all of this off (and is
-    dropped), as in Slurm.  None: ``gpud-%j.out``, or ``gpud-%A_%a.out`` for an array task."""
-    if pattern is None:
-        pattern = DEFAULT_ARRAY_OUTPUT if array_task_id is not None else DEFAULT_OUTPUT
-    if "\\" in pattern:
-        return os.path.normpath(os.path.join(work_dir, pattern.replace("\\", "")))
-    values = {"j": str(job_id), "J": str(job_id), "x": name, "u": user, "%": "%",
-              "A": str(array_job_id if array_job_id is not None else job_id),
-              "a": str(array_task_id if array_task_id is not None else 0), "s": "batch", "t": "0", "n": "0"}
-    if node:
-        values["N"] = node
-
-    def expand(m: re.Match) -> str:
-        width, spec = m.groups()
-        if spec not in values:
-            return m.group(0)
-        return values[spec].zfill(min(int(width), MAX_PAD)) if width and spec in "jJAatn" else values[spec]
-
-    return os.path.normpath(os.path.join(work_dir, _OUTPUT_SPEC.sub(expand, pattern)))
 
 
 def parse_signal(sig: str | int) -> signals.Signals | None:
