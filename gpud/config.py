@@ -270,6 +270,7 @@ class HeadConfig:
     slurm_compat_env: bool = setting(False, flag, live=True)  # jobs also get SLURM_* variables
     mail_command: str | None = setting(None, text, live=True)  # sends --mail-type notices; None: no mail
     cron_tick: float = setting(60.0, duration(positive=True), live=True)  # s per scrontab minute (tests)
+    interactive_timeout: float = setting(30.0, duration(positive=True), live=True)  # salloc silent -> released
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
+from .interactive import OPS as ALLOC_OPS, Allocations
 from .relay import RelayedRequests
 from .endreports import WorkerReports
 from ..sched.plan import Plan
@@ -95,7 +96,8 @@ class Head:
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
-                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
+                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS,
+                                                 **ALLOC_OPS}.items()
         })
         self._kick = asyncio.Event()
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
@@ -119,6 +121,7 @@ class Head:
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
+        self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -143,6 +146,7 @@ class Head:
                     tg.create_task(self._liveness(), name="liveness"),
                     tg.create_task(self.telemetry.run(), name="telemetry"),
                     tg.create_task(self.slurm.run(), name="scrontab"),
+                    tg.create_task(self.allocs.run(), name="interactive"),
                 ]
                 self.ready.set()
                 log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)

@@ -1,0 +1,96 @@
+"""gpuctl salloc end to end: real daemons (standalone, and a head with two workers over
+Mosquitto), real gpuctl processes, the keepalive timeout of a killed salloc."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.cluster import wait_for
+from tests.interactive_rig import TIMEOUT, MqttRig, StandaloneRig, child_env, gpuctl_argv, gpus_allocated
+from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["mosquitto", "standalone"])
+def rig(request, tmp_path):
+    if request.param == "mosquitto":
+        broker = request.getfixturevalue("mosquitto")
+        r = MqttRig(tmp_path / "c", broker.url).up()
+    else:
+        r = StandaloneRig(tmp_path / "s").up()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def salloc(rig, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(gpuctl_argv(rig.socket, "salloc", *args), env=child_env(rig.socket),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(rig.root), **kw)
+
+
+def test_salloc_runs_steps_on_its_node_and_releases_the_gpus(rig):
+    p = salloc(rig, "--gpus", "2", "bash", "-c",
+               "echo job=$GPUD_JOB_ID; gpuctl srun printenv CUDA_VISIBLE_DEVICES; gpuctl srun hostname; exit 4")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 4, err
+    job_id = int(out.split("job=")[1].split()[0])
+    lines = out.splitlines()
+    assert len(lines[1].split(",")) == 2 and lines[1].startswith("GPU-")
+    assert err.splitlines()[0] == f"salloc: Pending job allocation {job_id}"
+    assert f"salloc: Granted job allocation {job_id}" in err
+    assert err.splitlines()[-1] == f"salloc: Relinquishing job allocation {job_id}"
+    wait_for(lambda: gpus_allocated(rig) == 0, 30, "both GPUs to be free again (sinfo)")
+    job = wait_for(lambda: (j := _job(rig, job_id)) and j["state"] not in ("RUNNING", "COMPLETING") and j, 30)
+    assert job["state"] == "COMPLETED"
+
+
+def _nodes(rig) -> int:
+    import json
+
+    return len(json.loads(rig.gpuctl("sinfo", "--json").stdout)["nodes"])
+
+
+def _job(rig, job_id):
+    import json
+
+    r = rig.gpuctl("sacct", "--json", "-j", str(job_id), check=False)
+    jobs = json.loads(r.stdout)["jobs"] if r.returncode == 0 else []
+    return jobs[0] if jobs else None
+
+
+def test_a_killed_salloc_releases_its_gpus_after_the_timeout(rig):
+    p = salloc(rig, "--gpus", "2", "sleep", "600")
+    wait_for(lambda: gpus_allocated(rig) == 2, 60, "the allocation to be granted")
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    # The holder outlives salloc until the head has not heard from it for TIMEOUT seconds.
+    wait_for(lambda: gpus_allocated(rig) == 0, 1.5 * TIMEOUT + 30, "the head to release the silent allocation")
+    log = rig.log("head")
+    assert "no keepalive from its salloc/srun" in log
+
+
+def test_ctrl_c_while_pending_withdraws_the_request(rig):
+    nodes = _nodes(rig)
+    blocker = salloc(rig, "-N", str(nodes), "--gpus-per-node", "2", "sleep", "600")   # every GPU
+    wait_for(lambda: gpus_allocated(rig) == 2 * nodes, 60, "the first allocation")
+    waiting = salloc(rig, "--gpus", "2", "true")
+    err = ""
+    while "queued and waiting for resources" not in err:
+        err += waiting.stderr.readline()
+        assert waiting.poll() is None or "queued" in err, err
+    assert "(reason: " in err    # a pending reason, as squeue shows it
+    waiting.send_signal(signal.SIGINT)
+    rest = waiting.communicate(timeout=30)[1]
+    assert waiting.returncode == 1
+    job_id = int(err.split("Pending job allocation ")[1].split()[0])
+    assert f"Job allocation {job_id} has been revoked." in rest
+    assert wait_for(lambda: (j := _job(rig, job_id)) and j["state"] == "CANCELLED", 30)
+    blocker.send_signal(signal.SIGTERM)   # salloc passes it to sleep, which ends; salloc releases
+    blocker.communicate(timeout=30)
+    wait_for(lambda: gpus_allocated(rig) == 0, 30, "the first allocation to be released")
