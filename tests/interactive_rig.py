@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cluster import Cluster, env_for_children, wait_for
 
 TIMEOUT = 3.0   # [head] interactive_timeout in these clusters (seconds)
@@ -92,6 +94,20 @@ class StandaloneRig:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+
+
+@pytest.fixture(params=["mosquitto", "standalone"])
+def rig(request, tmp_path):
+    """Each test once on a head with two workers over Mosquitto, once on gpud standalone."""
+    if request.param == "mosquitto":
+        broker = request.getfixturevalue("mosquitto")
+        r = MqttRig(tmp_path / "c", broker.url).up()
+    else:
+        r = StandaloneRig(tmp_path / "s").up()
+    try:
+        yield r
+    finally:
+        r.close()
 
 
 def gpus_allocated(rig) -> int:

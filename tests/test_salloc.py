@@ -10,23 +10,10 @@ import subprocess
 import pytest
 
 from tests.cluster import wait_for
-from tests.interactive_rig import TIMEOUT, MqttRig, StandaloneRig, child_env, gpuctl_argv, gpus_allocated
+from tests.interactive_rig import TIMEOUT, child_env, gpuctl_argv, gpus_allocated, rig  # noqa: F401 (fixture)
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["mosquitto", "standalone"])
-def rig(request, tmp_path):
-    if request.param == "mosquitto":
-        broker = request.getfixturevalue("mosquitto")
-        r = MqttRig(tmp_path / "c", broker.url).up()
-    else:
-        r = StandaloneRig(tmp_path / "s").up()
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def salloc(rig, *args: str, **kw) -> subprocess.Popen:

@@ -489,6 +489,7 @@ class Head:
                 await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
+        self.allocs.started(node, body)
         await self.reports.apply([("started", node, body)])
 
     async def _on_finished(self, node: str, body: dict) -> None:

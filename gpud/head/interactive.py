@@ -14,6 +14,10 @@ longer than the timeout is withdrawn (pending) or stopped like a cancel (running
 salloc that was killed or lost its ssh does not hold GPUs for ever.  A restarted head
 gives every interactive job the whole timeout again: its silence is not theirs.
 
+An allocation is granted once its holder runs on every node (the workers' ``started``
+reports, or for one that started before this head did, the job's ``started`` event):
+before that a step would find nothing to run in.
+
 ``alloc_release`` is the normal end: a pending request is withdrawn (CANCELLED, as
 Slurm's salloc leaves it when interrupted) and a running one gets ``USR2``, on which the
 holder exits 0, so the job ends COMPLETED.
@@ -53,6 +57,7 @@ class Allocations:
         self.head = head
         self.monotonic = monotonic
         self.seen: dict[int, float] = {}     # job id -> the last keepalive (or when first noticed)
+        self.up: dict[tuple[int, int], set[str]] = {}   # (job, attempt) -> nodes whose holder started
         self._scanned = float("-inf")
 
     @property
@@ -67,10 +72,32 @@ class Allocations:
         if job.spec.interactive and job.state.active:
             self.seen[job.job_id] = self.monotonic()
         nodes = gang.job_nodes(job) if job.state is JobState.RUNNING else []
+        if nodes and not await self._holding(job, nodes):
+            return {"job_id": job.job_id, "state": "CONFIGURING", "reason": "waiting for the nodes to start it",
+                    "nodelist": None, "nodes": 0, "env": {}, "keepalive_every": self.timeout / 4,
+                    "stop_reason": None}
         return {"job_id": job.job_id, "state": job.state.value, "reason": job.reason,
                 "nodelist": gang.nodelist_text(nodes) if nodes else None, "nodes": len(nodes),
                 "env": self.environment(job) if nodes else {}, "keepalive_every": self.timeout / 4,
                 "stop_reason": job.stop_reason}
+
+    def started(self, node: str, body: Any) -> None:
+        """A worker's ``started`` report (before it is applied): the holder runs there."""
+        if isinstance(body, dict) and type(body.get("job")) is int and type(body.get("attempt")) is int:
+            job = self.head.store.active.get(body["job"])
+            if job is not None and job.spec.interactive:
+                self.up.setdefault((body["job"], body["attempt"]), set()).add(node)
+
+    async def _holding(self, job: "JobRecord", nodes: list[str]) -> bool:
+        key = (job.job_id, job.attempt)
+        if set(nodes) <= self.up.get(key, set()):
+            return True
+        if len(nodes) == 1:   # started before this head did: its event says so
+            events = await self.head.store.job_events(job.job_id)
+            if any(e["event"] == "started" and e["attempt"] == job.attempt for e in events):
+                self.up.setdefault(key, set()).update(nodes)
+                return True
+        return False
 
     async def release(self, caller: Caller, args: dict) -> dict:
         """salloc's command ended, or it was interrupted while pending."""
@@ -122,6 +149,8 @@ class Allocations:
             job = active.get(job_id)
             if job is None or job.state not in (JobState.PENDING, JobState.RUNNING):
                 del self.seen[job_id]
+                for key in [k for k in self.up if k[0] == job_id]:
+                    del self.up[key]
             elif now - last > self.timeout:
                 del self.seen[job_id]
                 await self._expire(job, now - last)
