@@ -45,6 +45,7 @@ VERBS = {
     "sshare": "Show fair-share usage and factors by account and user.",
     "srun": "Run a command's tasks on a job's nodes (in a job, or in an allocation of its own).",
     "salloc": "Get an interactive allocation and run a command (your shell) while it lasts.",
+    "sattach": "Attach to a running step's output (and input for task 0).",
 }
 
 

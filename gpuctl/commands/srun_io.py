@@ -47,7 +47,7 @@ class StepStream:
     """Print a step's output until it is done; forward input and window size if asked to."""
 
     def __init__(self, socket_path: str, job_id: int, step: int, *, verb: str = "srun", label: bool = False,
-                 pty: bool = False, forward_input: bool = False, hints: dict[str, Any] | None = None) -> None:
+                 pty: bool = False, forward_input: bool | str = False, hints: dict[str, Any] | None = None) -> None:
         self.socket_path = socket_path
         self.job_id, self.step = job_id, step
         self.verb, self.label, self.pty = verb, label, pty
@@ -66,14 +66,19 @@ class StepStream:
 
     def run(self, client: Client) -> dict[str, Any]:
         """Read until the step is done; its last answer.  KeyboardInterrupt passes through."""
-        thread = None
-        if self.forward_input:
-            thread = threading.Thread(target=self._input, name="stdin", daemon=True)
-            thread.start()
+        if self.forward_input is True:
+            threading.Thread(target=self._input, name="stdin", daemon=True).start()
         old = signal.signal(signal.SIGWINCH, self._on_winch) if self.pty else None
+        raw: RawTerminal | None = None
         try:
             while True:
                 answer = self._poll(client)
+                if self.forward_input == "auto":   # sattach: as the step takes input
+                    self.forward_input = bool(answer.get("stdin"))
+                    if self.forward_input:
+                        if answer.get("pty"):
+                            raw = RawTerminal().__enter__()
+                        threading.Thread(target=self._input, name="stdin", daemon=True).start()
                 if answer.get("dropped"):
                     self.err.write(f"{self.verb}: warning: {answer['dropped']} line(s) of output were dropped "
                                    "(the head keeps 4 MiB per step)\n".encode())
@@ -85,6 +90,8 @@ class StepStream:
         finally:
             self._stop.set()
             os.write(self._wake_w, b"x")
+            if raw is not None:
+                raw.__exit__()
             if old is not None:
                 signal.signal(signal.SIGWINCH, old)
 
