@@ -51,6 +51,12 @@ def test_window_size_ctrl_c_and_ctrl_d_reach_the_remote_terminal(rig):
         t.type("echo still-$((6*7))\r")
         t.read_until(r"still-42", 30)
         assert b"slept" not in t.out.split(b"sleep 100; echo slept")[-1]
+        t.type("sleep 100\r")
+        t.read_until(r"sleep 100\r\n", 30)
+        t.type(b"\x1a")                      # Ctrl-Z: SIGTSTP; the shell takes the terminal back
+        t.read_until(r"Stopped\s+sleep 100", 30)
+        t.type("kill -9 %1; echo killed-$((1+1))\r")
+        t.read_until(r"killed-2", 30)
         t.type(b"\x04")                      # Ctrl-D: the shell's end of input
         assert t.wait(60) == 0
     finally:

@@ -167,7 +167,9 @@ class _Step:
                 "pty": self.pty}
 
     def update_room(self) -> None:
-        if self.pending_bytes + self.kept_bytes < WINDOW:
+        # A killed step's last output never waits: its tasks are gone, only the pipes'
+        # contents are left, and its exits must go out even if nobody reads.
+        if self.killed or self.pending_bytes + self.kept_bytes < WINDOW:
             self.room.set()
         else:
             self.room.clear()
@@ -358,6 +360,7 @@ class StepTasks:
         if step is None:
             return False
         step.killed = True
+        step.update_room()
         self._signal(step, signals.SIGKILL)
         return True
 
@@ -367,6 +370,7 @@ class StepTasks:
         for s in steps:
             if sig == signals.SIGKILL:
                 s.killed = True
+                s.update_room()
             self._signal(s, sig)
         return len(steps)
 
