@@ -51,6 +51,7 @@ NOT_FOR_ALLOCATIONS = {"wrap": "--wrap", "array": "--array", "stdout": "--output
                        "open_mode": "--open-mode", "parsable": "--parsable", "wait": "--wait",
                        "skip_if_active": "--skip-if-active", "test_only": "--test-only"}
 WAIT_POLL = (0.1, 1.0)      # seconds between status calls while pending: first, at most
+RECONNECT_FOR = 300.0       # seconds a waiting salloc keeps trying to reach a head that went away
 QUEUED_AFTER = 0.5          # seconds pending before "queued and waiting for resources" is said
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"})
 
@@ -110,8 +111,18 @@ class Allocation:
         if loud:
             self.say(f"Pending job allocation {self.job_id}")
         poll, queued, asked = WAIT_POLL[0], False, time.monotonic()
+        gone_since: float | None = None
         while True:
-            st = self.client.call("alloc_status", job_id=self.job_id)
+            try:
+                st = self.client.call("alloc_status", job_id=self.job_id)
+            except HeadUnavailable:   # a head restart: the request waits in its queue meanwhile
+                self.client.close()
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > RECONNECT_FOR:
+                    raise
+                time.sleep(WAIT_POLL[1])
+                continue
+            gone_since = None
             self.every = float(st.get("keepalive_every") or self.every)
             if st["state"] == "RUNNING" and st.get("nodelist"):
                 self.status = st

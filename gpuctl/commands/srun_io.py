@@ -59,6 +59,7 @@ class StepStream:
         self._stop = threading.Event()
         self._resize = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
+        self._eol = "\r\n" if pty else "\n"   # a terminal in raw mode does not add the \r
         self.out = sys.stdout.buffer
         self.err = sys.stderr.buffer
 
@@ -106,7 +107,7 @@ class StepStream:
                 now = time.monotonic()
                 if gone_since is None:
                     gone_since = now
-                    self.err.write(f"{self.verb}: warning: lost the head ({e}); reconnecting\n".encode())
+                    self.err.write(f"{self.verb}: warning: lost the head ({e}); reconnecting{self._eol}".encode())
                     self.err.flush()
                 if now - gone_since > RECONNECT_FOR:
                     raise CommandFailed(f"the head did not come back within {RECONNECT_FOR:.0f}s; "
@@ -114,7 +115,7 @@ class StepStream:
                 time.sleep(RETRY_EVERY)
                 continue
             if gone_since is not None:
-                self.err.write(f"{self.verb}: reconnected to the head\n".encode())
+                self.err.write(f"{self.verb}: reconnected to the head{self._eol}".encode())
                 self.err.flush()
                 self._resize.set()   # the size may have changed meanwhile
                 os.write(self._wake_w, b"x")
