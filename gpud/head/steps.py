@@ -123,7 +123,6 @@ class Step:
     exit_code: int | None = None
     message: str | None = None
     done_at: float | None = None
-    seqs: dict[str, int] = field(default_factory=dict)   # node -> last output batch number
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

@@ -515,7 +515,7 @@ class Worker:
 
     async def _cmd_step_stream(self, kind: str, body: dict) -> None:
         """``step_ack``, ``step_input`` and ``step_resize``: a step's stream (gpud.worker.steps)."""
-        from .steps import parse_stream
+        from .stepterm import parse_stream
 
         try:
             b = parse_stream(kind, body)
