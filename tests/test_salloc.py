@@ -37,6 +37,15 @@ def test_salloc_runs_steps_on_its_node_and_releases_the_gpus(rig):
     assert job["state"] == "COMPLETED"
 
 
+def test_a_command_that_ends_at_once_still_leaves_the_job_completed(rig):
+    p = salloc(rig, "--gpus", "1", "true")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    job_id = int(err.split("Granted job allocation ")[1].split()[0])
+    assert wait_for(lambda: (j := _job(rig, job_id)) and j["state"] not in ("RUNNING", "COMPLETING") and j,
+                    30)["state"] == "COMPLETED"
+
+
 def _nodes(rig) -> int:
     import json
 

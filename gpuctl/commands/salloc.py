@@ -11,8 +11,8 @@ steps on the allocated nodes.
 While it waits and while COMMAND runs, a keepalive (``alloc_status``) goes to the head
 every quarter of ``[head] interactive_timeout``; a salloc that dies or loses the head for
 longer than that loses its allocation (gpud.head.interactive).  When COMMAND ends, salloc
-says "Relinquishing job allocation N" and releases it (``alloc_release``: the holder gets
-USR2 and exits 0, the job ends COMPLETED).  Ctrl-C while pending withdraws the request;
+says "Relinquishing job allocation N" and releases it (``alloc_release``: the head stops
+the holder, and the job ends COMPLETED).  Ctrl-C while pending withdraws the request;
 while COMMAND runs, Ctrl-C belongs to COMMAND.  When the allocation ends under COMMAND
 (time limit, preemption, scancel) salloc says so and sends COMMAND SIGHUP.
 
@@ -37,15 +37,13 @@ from gpud.protocol import RemoteError
 from .common import CommandFailed, session
 from .sbatch import _TYPED, SbatchCommand, _table_options
 
-# The job's script: it holds the allocation and runs nothing.  Only a stop (TERM, KILL) or
-# salloc's release (USR2: exit 0, so the job ends COMPLETED) ends it; the signals a job is
-# sent to tell it something are ignored, as gang holders do.
+# The job's script: it holds the allocation and runs nothing.  Only a stop (TERM, KILL:
+# salloc's release, a cancel, the time limit) ends it; the signals a job is sent to tell it
+# something are ignored, as gang holders do.
 HOLDER = ("#!/bin/sh\n"
           "# gpuctl salloc: holds this interactive allocation; gpuctl srun runs the work\n"
-          "trap '' HUP INT QUIT USR1 ALRM PIPE TSTP TTIN TTOU\n"
-          "trap 'exit 0' USR2\n"
-          "sleep 2147483647 &\n"
-          "wait\n")
+          "trap '' HUP INT QUIT USR1 USR2 ALRM PIPE TSTP TTIN TTOU\n"
+          "exec sleep 2147483647\n")
 # Settings that make no sense without a batch script.
 NOT_FOR_ALLOCATIONS = {"wrap": "--wrap", "array": "--array", "stdout": "--output", "stderr": "--error",
                        "open_mode": "--open-mode", "parsable": "--parsable", "wait": "--wait",

@@ -19,8 +19,8 @@ reports, or for one that started before this head did, the job's ``started`` eve
 before that a step would find nothing to run in.
 
 ``alloc_release`` is the normal end: a pending request is withdrawn (CANCELLED, as
-Slurm's salloc leaves it when interrupted) and a running one gets ``USR2``, on which the
-holder exits 0, so the job ends COMPLETED.
+Slurm's salloc leaves it when interrupted) and a running one is stopped like a cancel but
+with the stop reason ``released``, so the job ends COMPLETED (``jobs.final_state``).
 
 The sweep looks at the jobs it has heard of every second; every half timeout (and at
 start) it scans all active jobs for interactive ones it has not, so one whose gpuctl died
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpud.interactive")
 
-RELEASE_SIGNAL = "USR2"  # the holder exits 0 on it: the allocation ends COMPLETED
 
 
 class Allocations:
@@ -111,7 +110,7 @@ class Allocations:
             return {"released": True, "state": "CANCELLED"}
         if job.state is JobState.RUNNING:
             log.info("job %d (user %s): interactive allocation released", job.job_id, job.user)
-            await self.head.send_signal(job, RELEASE_SIGNAL, grace=None, reason="signal")
+            await self._stop(job, "released", f"by {caller.user}", "released")
             return {"released": True, "state": "COMPLETING"}
         return {"released": False, "state": job.state.value}
 
@@ -164,6 +163,10 @@ class Allocations:
         if job.state is JobState.PENDING:
             await self._withdraw(job, why)
             return
+        await self._stop(job, "cancel", why, "cancelled")
+
+    async def _stop(self, job: "JobRecord", event: str, detail: str, stop_reason: str) -> None:
+        """Stop a running allocation as scancel does; ``stop_reason`` decides its end state."""
         head = self.head
         async with head.lock:
             job = head.store.active.get(job.job_id)
@@ -171,8 +174,8 @@ class Allocations:
                 return
             now = head.clock()
             txn = Txn(head.store)
-            job = txn.transition(job, JobState.COMPLETING, now=now, event="cancel", detail=why,
-                                 stop_reason="cancelled", stop_time=now)
+            job = txn.transition(job, JobState.COMPLETING, now=now, event=event, detail=detail,
+                                 stop_reason=stop_reason, stop_time=now)
             await head.store.commit(txn)
         await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
         head.kick()

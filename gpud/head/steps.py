@@ -95,7 +95,7 @@ STREAMS = (1, 2, 3)           # stdout, stderr, a terminal's bytes (latin-1)
 MAX_STATUS = 255              # a task's exit code as a shell sees it
 MAX_SIGNAL = 127
 STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit", "requeue": "was requeued",
-              "preempted": "was preempted", "idle": "was stopped for idle GPUs"}
+              "preempted": "was preempted", "idle": "was stopped for idle GPUs", "released": "was released"}
 
 
 @dataclass
