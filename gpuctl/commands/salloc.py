@@ -45,7 +45,7 @@ HOLDER = ("#!/bin/sh\n"
           "trap '' HUP INT QUIT USR1 USR2 ALRM PIPE TSTP TTIN TTOU\n"
           "exec sleep 2147483647\n")
 # Settings that make no sense without a batch script.
-NOT_FOR_ALLOCATIONS = {"wrap": "--wrap", "array": "--array", "stdout": "--output", "stderr": "--error",
+NOT_FOR_ALLOCATIONS = {"wrap": "--wrap", "array": "--array", "output": "--output", "error": "--error",
                        "open_mode": "--open-mode", "parsable": "--parsable", "wait": "--wait",
                        "skip_if_active": "--skip-if-active", "test_only": "--test-only"}
 WAIT_POLL = (0.1, 1.0)      # seconds between status calls while pending: first, at most
