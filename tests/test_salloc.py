@@ -90,3 +90,20 @@ def test_ctrl_c_while_pending_withdraws_the_request(rig):
     blocker.send_signal(signal.SIGTERM)   # salloc passes it to sleep, which ends; salloc releases
     blocker.communicate(timeout=30)
     wait_for(lambda: gpus_allocated(rig) == 0, 30, "the first allocation to be released")
+
+
+def test_a_two_node_allocation_is_granted_once_both_holders_run(tmp_path, mosquitto):  # noqa: F811
+    from tests.interactive_rig import MqttRig
+
+    rig = MqttRig(tmp_path / "c", mosquitto.url).up()
+    try:
+        p = salloc(rig, "-N", "2", "--gpus-per-node", "2", "--ntasks-per-node", "2", "bash", "-c",
+                   "gpuctl srun -l printenv CUDA_VISIBLE_DEVICES")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        gpus = dict(line.split(": ") for line in out.splitlines())
+        assert sorted(gpus) == ["0", "1", "2", "3"] and gpus["0"] == gpus["1"] != gpus["2"] == gpus["3"]
+        assert "Nodes w[1-2] are ready for job" in err
+        wait_for(lambda: gpus_allocated(rig) == 0, 30, "all four GPUs free")
+    finally:
+        rig.close()

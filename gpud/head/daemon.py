@@ -395,6 +395,9 @@ class Head:
     async def _reports_or_log(self, run: list[Message]) -> None:
         if not run:
             return
+        for m in run:
+            if m.kind == "started":   # salloc is granted once every node's holder runs
+                self.allocs.started(m.sender[len("worker:"):], m.body)
         try:
             await self.reports.apply([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
         except Exception:
