@@ -44,7 +44,9 @@ VERBS = {
     "top": "Watch nodes and GPUs live: utilization and who holds each GPU.",
     "sprio": "Show pending jobs' priority factors.",
     "sshare": "Show fair-share usage and factors by account and user.",
-    "srun": "Inside a job: run a command's tasks on every node of the job.",
+    "srun": "Run a command's tasks on a job's nodes (in a job, or in an allocation of its own).",
+    "salloc": "Get an interactive allocation and run a command (your shell) while it lasts.",
+    "sattach": "Attach to a running step's output (and input for task 0).",
 }
 
 

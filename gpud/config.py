@@ -277,6 +277,7 @@ class HeadConfig:
     max_requests_per_user: int = setting(128, count(1))      # being answered at once
     client_timeout: float = setting(30.0, duration(positive=True))  # to finish a request line, read an answer
     max_jobs: int = setting(100_000, count(1), live=True)     # pending and running, all users (MaxJobCount)
+    interactive_timeout: float = setting(30.0, duration(positive=True), live=True)  # salloc silent -> released
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ class JobSpec:
     kill_on_invalid_dep: bool = False  # cancel, rather than keep, a never-satisfiable job
     skip_if_active: bool = False    # do not submit when a job of this name is pending/running
     test_only: bool = False         # only estimate the start; submit nothing
+    interactive: bool = False       # salloc / srun outside a job: held by a client's keepalive
     # Big jobs: several nodes, and where they may be
     nodes: int = 1                  # -N: nodes, all started at once; each gets gpus // nodes
     ntasks_per_node: int = 1        # processes `gpuctl srun` starts on each node
@@ -220,7 +221,7 @@ class JobSpec:
         kw.update(_gpu_share(d, kw["gpus"]))
         for key, default in (("requeue", True), ("hold", False), ("kill_on_invalid_dep", False),
                              ("skip_if_active", False), ("test_only", False), ("exclusive", False),
-                             ("signal_batch", False)):
+                             ("signal_batch", False), ("interactive", False)):
             v = d.get(key, default)
             if not isinstance(v, bool):
                 raise SpecError(f"{key} must be true or false")

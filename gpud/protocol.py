@@ -150,7 +150,8 @@ OPS = frozenset({"ping", "submit", "jobs", "cancel", "nodes", "reconfigure", "sh
                  "report", "seff", "sstat", "telemetry", "sprio", "sshare",
                  "hold", "release", "requeue", "update_job", "update_node", "show",
                  "scrontab_get", "scrontab_set",
-                 "step_launch", "step_poll", "step_cancel"})
+                 "step_launch", "step_poll", "step_cancel", "step_input", "step_resize",
+                 "alloc_status", "alloc_release"})
 
 
 class ProtocolError(ValueError):

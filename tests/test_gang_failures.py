@@ -100,15 +100,18 @@ async def test_step_ids_are_not_reused_after_a_head_restart(tmp_path):
 
     kit = await open_kit(tmp_path, db=db)
     try:
-        assert "head restarted" in await kit.refused("step_poll", ALICE, job_id=job.job_id, step=0, offset=0)
+        assert "no step" in await kit.refused("step_poll", ALICE, job_id=job.job_id, step=5, offset=0)
         third = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["true"])
         assert third["step"] == 2
-        # Output of a step this head does not know, from a task still running since before the
-        # restart, is dropped, and the task is told to die: nobody reads it any more.
+        # Output of a step from before the restart: the step is adopted for its srun (which
+        # reconnects and resumes, gpud.head.steps); nobody reading it for READER_TIMEOUT
+        # seconds gets its tasks killed.
         kit.sent.clear()
         await kit.head.steps.handle(job.node, "step_output", {"job": job.job_id, "attempt": job.attempt,
-                                                              "step": 1, "seq": 1, "lines": [[0, 1, "x\n"]]})
-        assert kit.sent_to("step_kill") == [(job.node, {"job": job.job_id, "attempt": job.attempt, "step": 1})]
+                                                              "step": 1, "first": 3, "lines": [[0, 1, "x\n"]]})
+        assert (job.job_id, 1) in kit.head.steps.steps and kit.sent_to("step_kill") == []
+        await kit.head.steps.sweep(kit.head.steps.monotonic() + steps.READER_TIMEOUT + 1)
+        assert sorted(n for n, b in kit.sent_to("step_kill") if b["step"] == 1) == sorted(gang.job_nodes(job))
         got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=2, offset=0)
         assert got["lines"] == []
     finally:
@@ -283,7 +286,7 @@ async def test_forged_and_malformed_worker_messages_are_dropped_and_logged(kit, 
         (n0, "step_output", {**base, "job": {"a": 1}, "seq": 1, "lines": []}),
         (n0, "step_output", {**base, "seq": "1", "lines": []}),
         (n0, "step_output", {**base, "seq": 1, "lines": "text"}),
-        (n0, "step_output", {**base, "seq": 1, "lines": [[0, 3, "fd 3\n"], [0, 1, 5], "x", [True, 1, "b\n"]]}),
+        (n0, "step_output", {**base, "seq": 1, "lines": [[0, 4, "fd 4\n"], [0, 1, 5], "x", [True, 1, "b\n"]]}),
         (n0, "step_output", {**base, "attempt": job.attempt + 7, "seq": 1, "lines": [[0, 1, "wrong attempt\n"]]}),
         (n0, "step_output", {**base, "step": 99, "seq": 1, "lines": [[0, 1, "unknown step\n"]]}),
         (n2, "step_exit", {**base, "rank": 0, "exit_code": 1}),                      # rank 0 is n0's

@@ -156,11 +156,13 @@ async def test_step_output_and_kill_on_bad_exit(kit):
     assert commands[job.parts[0]["node"]]["node_rank"] == 1
     n0, n1 = gang.job_nodes(job)
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
-    await kit.head.steps.handle(n1, "step_output", {**base, "seq": 1, "lines": [[2, 1, "two\n"], [3, 2, "oops\n"]]})
-    await kit.head.steps.handle(n1, "step_output", {**base, "seq": 1, "lines": [[2, 1, "repeat\n"]]})
-    await kit.head.steps.handle(n1, "step_output", {**base, "seq": 2, "lines": [[0, 1, "not this node's\n"]]})
+    await kit.head.steps.handle(n1, "step_output", {**base, "first": 0, "lines": [[2, 1, "two\n"], [3, 2, "oops\n"]]})
+    await kit.head.steps.handle(n1, "step_output", {**base, "first": 1, "lines": [[3, 2, "oops\n"]]})   # a repeat
+    await kit.head.steps.handle(n1, "step_output", {**base, "first": 2, "lines": [[0, 1, "not this node's\n"]]})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["lines"] == [[2, 1, "two\n"], [3, 2, "oops\n"]] and got["offset"] == 2 and not got["done"]
+    assert got["cursor"] == {n1: 2}
+    assert (n1, {**base, "next": 2, "resend": False}) in kit.sent_to("step_ack")   # read: the node may drop it
     kit.sent.clear()
     await kit.head.steps.handle(n1, "step_exit", {**base, "rank": 3, "exit_code": 7, "signal": None})
     assert sorted(n for n, _ in kit.sent_to("step_kill")) == sorted([n0, n1])
@@ -176,7 +178,7 @@ async def test_steps_end_with_their_job_and_output_is_bounded(kit, monkeypatch):
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
     n0 = job.node
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
-    await kit.head.steps.handle(n0, "step_output", {**base, "seq": 1, "lines": [[0, 1, "y" * 30 + "\n"]] * 10})
+    await kit.head.steps.handle(n0, "step_output", {**base, "first": 0, "lines": [[0, 1, "y" * 30 + "\n"]] * 10})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["dropped"] > 0 and sum(len(t) for _, _, t in got["lines"]) <= 100
     await kit.head._on_finished(n0, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,

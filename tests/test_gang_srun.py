@@ -56,11 +56,17 @@ def test_a_head_restart_under_srun_is_exit_1_in_one_line(head):
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "head restarted" in r.stderr
 
 
-def test_the_head_hanging_up_mid_poll_is_exit_1_in_one_line(head):
-    head.raw("step_poll", b"")
+def test_the_head_hanging_up_mid_poll_is_survived_from_the_cursor(head):
+    """A head restart: srun reconnects and asks again from where it was, nothing twice."""
+    answers = iter([poll([(0, 1, "before\n")], offset=1) | {"cursor": {"w1": 1}, "epoch": "a"},
+                    b"",
+                    poll([(0, 1, "after\n")], offset=1, done=True, exit_code=0) | {"cursor": {"w1": 2}, "epoch": "b"}])
+    head.handle("step_poll", lambda args, uid: next(answers))
     r = srun(head.path, "true")
-    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
-    assert r.stderr.startswith("srun: error: ") and "closed the connection" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "before\nafter\n"
+    assert "lost the head" in r.stderr and "reconnected" in r.stderr
+    assert head.last("step_poll")["cursor"] == {"w1": 1}   # the retry asked from the cursor
 
 
 def test_an_interrupt_cancels_the_step_on_a_fresh_connection(head):

@@ -32,11 +32,29 @@ def head():
         yield h
 
 
-def test_outside_a_job_is_a_usage_error(head):
-    r = srun(head.path, "hostname", job=None)
-    assert r.returncode == 2
-    assert r.stderr.startswith("srun: error: not inside a job (GPUD_JOB_ID is not set)")
-    assert head.ops() == []
+def test_outside_a_job_it_makes_an_allocation_runs_the_step_and_releases_it(head):
+    head.reply("alloc_status", {"job_id": 1, "state": "RUNNING", "reason": None, "nodelist": "w1", "nodes": 1,
+                                "env": {"GPUD_JOB_ID": "1"}, "keepalive_every": 5.0})
+    head.reply("step_launch", {"job_id": 1, "step": 0, "ntasks": 1, "nodes": 1, "nodelist": "w1"})
+    head.reply("step_poll", {"lines": [[0, 1, "w1\n"]], "offset": 1, "cursor": {"w1": 1}, "dropped": 0,
+                             "done": True, "exit_code": 0, "message": None, "bad_rank": None})
+    head.reply("alloc_release", {"released": True})
+    r = srun(head.path, "--gpus", "1", "-t", "10", "hostname", job=None)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "w1\n", "")
+    spec = head.last("submit")["spec"]
+    assert spec["interactive"] is True and spec["gpus"] == 1 and spec["requeue"] is False
+    assert head.last("step_launch")["env"]["GPUD_JOB_ID"] == "1"
+    assert head.ops()[-1] == "alloc_release"
+
+
+def test_resource_options_inside_a_job_are_ignored_with_a_warning(head):
+    head.reply("step_launch", {"job_id": 5, "step": 0, "ntasks": 1, "nodes": 1, "nodelist": "w1"})
+    head.reply("step_poll", {"lines": [], "offset": 0, "done": True, "exit_code": 0, "message": None,
+                             "bad_rank": None})
+    r = srun(head.path, "--gpus", "3", "true")
+    assert r.returncode == 0
+    assert r.stderr == "srun: warning: --gpus is ignored inside a job: the step uses job 5's allocation\n"
+    assert "submit" not in head.ops()
 
 
 def test_someone_elses_job_is_refused(head):

@@ -63,6 +63,7 @@ from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
+from .interactive import OPS as ALLOC_OPS, Allocations
 from .relay import RelayedRequests
 from .endreports import WorkerReports
 from ..sched.plan import Plan
@@ -97,7 +98,8 @@ class Head:
         self.admins = frozenset(cfg.head.admins)
         self.server = SocketServer(self.socket_path, {
             op: functools.partial(fn, self) for op, fn in {**JOB_OPS, **ADMIN_OPS, **TELEMETRY_OPS,
-                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS}.items()
+                                                 **SLURM_OPS, **CRON_OPS, **SCHED_OPS, **STEP_OPS,
+                                                 **ALLOC_OPS}.items()
         }, limits=Limits.from_config(cfg.head))
         self._kick = asyncio.Event()
         self.status_refresh = STATUS_REFRESH
@@ -122,6 +124,7 @@ class Head:
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
+        self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -147,6 +150,7 @@ class Head:
                     tg.create_task(self.telemetry.run(), name="telemetry"),
                     tg.create_task(self.slurm.run(), name="scrontab"),
                     tg.create_task(self._status_refresher(), name="status-refresh"),
+                    tg.create_task(self.allocs.run(), name="interactive"),
                 ]
                 self.ready.set()
                 log.info("head ready on %s (cluster %s)", self.socket_path, self.cfg.cluster)
@@ -432,6 +436,9 @@ class Head:
     async def _reports_or_log(self, run: list[Message]) -> None:
         if not run:
             return
+        for m in run:
+            if m.kind == "started":   # salloc is granted once every node's holder runs
+                self.allocs.started(m.sender[len("worker:"):], m.body)
         try:
             await self.reports.apply([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
         except Exception:
@@ -526,6 +533,7 @@ class Head:
                 await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
+        self.allocs.started(node, body)
         await self.reports.apply([("started", node, body)])
 
     async def _on_finished(self, node: str, body: dict) -> None:

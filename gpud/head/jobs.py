@@ -24,6 +24,8 @@ def final_state(job: JobRecord, reason: str, exit_code: int | None, signal: int 
         return JobState.PENDING if stop == "preempted:requeue" and job.spec.requeue else JobState.PREEMPTED
     if stop == "cancelled":
         return JobState.CANCELLED
+    if stop == "released":   # an interactive allocation given back (head/interactive.py)
+        return JobState.COMPLETED
     if stop == "requeue":   # scontrol requeue (head/ops_slurm.py)
         return JobState.PENDING
     if stop.startswith("idle:"):   # the partition's idle-GPU policy (head/telemetry.py)

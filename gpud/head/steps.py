@@ -9,10 +9,31 @@ node's rank; each worker starts ``ntasks_per_node`` processes as the job's user
 whole lines, in bounded batches numbered per node (a repeat is dropped by its number),
 and one ``step_exit`` per task.
 
-The head keeps each step's output in memory, at most ``MAX_STEP_OUTPUT`` bytes: when
-more arrives the oldest lines go, and a reader that was behind is told how many it
-missed.  ``step_poll`` long-polls: it answers as soon as there are lines after the
-reader's offset, the step is done, or ``POLL_WAIT`` passes.
+Each item of output (a line, or a chunk of a terminal's bytes) is numbered by its node,
+per step (``gpud.worker.steps``).  The head takes a node's items in order only: a repeat
+is dropped, and a gap (a lost message, a head that restarted) makes it ask the node for
+everything from the first missing number again (``step_ack`` with ``resend``).  A reader
+(srun, sattach) holds a *cursor*, the next number it wants from each node, and long-polls
+with it (``step_poll``): the answer comes as soon as there is something after it, the
+step is done, or ``POLL_WAIT`` passes, and carries the new cursor.  What readers have
+read goes back to the nodes as ``step_ack`` {next}: a node keeps what is not acknowledged
+and stops reading its tasks while ``WINDOW`` bytes are outstanding, so a slow reader slows
+the task and the head never holds more than that per node.  The head's copy is still
+capped at ``MAX_STEP_OUTPUT`` bytes (the oldest lines go; a reader that was behind is
+told how many it missed) and one answer carries at most ``MAX_POLL_BYTES``, so a bulk
+reader takes turns with everyone else's requests.
+
+Input (``step_input``: srun's or sattach's standard input, in numbered chunks per writer)
+goes to the node of task 0, which writes each chunk once, in order, and reports how far
+it got; a writer has at most ``INPUT_WINDOW`` chunks outstanding and waits for the rest.
+``step_resize`` carries a terminal's new size to a ``pty`` step.
+
+Steps survive a head restart.  The tasks run on; their nodes keep what was not
+acknowledged.  A restarted head that hears of a step it does not know (output from a
+node, or a reader's poll) *adopts* it, when its job is active and the number was given
+out (the step events in the job's log): the reader's cursor says where each node must
+start again, and the head asks for exactly that, so nothing printed is lost or doubled.
+A step nobody has read for ``READER_TIMEOUT`` seconds (its srun is gone) is killed.
 
 A step is done when every task has exited.  The first task to exit non-zero (or be
 killed) decides its exit code, and the head sends ``step_kill`` to every node at once,
@@ -25,10 +46,7 @@ Steps are forgotten ``KEEP_DONE`` seconds after they are done.
 
 Only the numbering is durable: each launch is a ``step`` event in the job's log, and a
 restarted head numbers on from the count there, because workers ignore a step command
-they have already seen (same job, attempt and step).  The steps themselves live in
-memory: after a head restart srun reports its step as lost (exit 1), and the head tells
-the nodes to kill the tasks of a step it does not know as soon as one of them sends
-output (or srun asks for it).
+they have already seen (same job, attempt and step).
 
 Worker messages are checked field by field; anything malformed, from a node outside the
 step, of another attempt or for an unknown step is dropped with one log line.
@@ -40,6 +58,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,14 +84,18 @@ MAX_STEPS_PER_JOB = 128
 MAX_TASKS_PER_NODE = 256
 MAX_ARGV_BYTES = 128 << 10
 MAX_ENV_BYTES = 256 << 10     # with argv, one signed message (the envelope takes 1 MiB)
-MAX_POLL_BYTES = 1 << 20      # text per step_poll answer
+MAX_POLL_BYTES = 256 << 10    # text per step_poll answer: a bulk reader takes turns with others
 POLL_WAIT = 10.0              # seconds step_poll waits for news (below gpuctl's 30 s timeout)
 KEEP_DONE = 120.0             # seconds a done step stays readable
-MAX_ORPHAN_KILLS = 4096       # (job, attempt, step, node) already told to kill an unknown step
+READER_TIMEOUT = 90.0         # seconds a step may go unread before it is killed (its srun is gone)
+RESEND_GAP_AFTER = 2.0        # seconds before the same gap is asked for again
+INPUT_WINDOW = 32             # input chunks a writer may have outstanding
+MAX_INPUT_CHUNK = 64 << 10    # characters of one step_input
+STREAMS = (1, 2, 3)           # stdout, stderr, a terminal's bytes (latin-1)
 MAX_STATUS = 255              # a task's exit code as a shell sees it
 MAX_SIGNAL = 127
 STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit", "requeue": "was requeued",
-              "preempted": "was preempted", "idle": "was stopped for idle GPUs"}
+              "preempted": "was preempted", "idle": "was stopped for idle GPUs", "released": "was released"}
 
 
 @dataclass
@@ -83,15 +106,23 @@ class Step:
     uid: int
     nodes: list[str]
     ntasks_per_node: int
-    lines: deque = field(default_factory=deque)   # (offset, rank, stream, text)
+    lines: deque = field(default_factory=deque)   # (offset, rank, stream, text, node, index)
     next_offset: int = 0
     size: int = 0
+    pty: bool = False
+    stdin: bool = False
+    expected: dict[str, int | None] = field(default_factory=dict)   # node -> next item number to take
+    needed: dict[str, int] = field(default_factory=dict)    # node -> items before its last exit
+    acked: dict[str, int] = field(default_factory=dict)     # node -> what it was told was read
+    gap_asked: dict[str, tuple[int, float]] = field(default_factory=dict)
+    input_next: dict[str, int] = field(default_factory=dict)    # writer -> chunks task 0 has had
+    input_moved: asyncio.Event = field(default_factory=asyncio.Event)
+    read_at: float = 0.0          # monotonic: the last poll
     exits: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)  # rank -> (code, sig)
     bad_rank: int | None = None
     exit_code: int | None = None
     message: str | None = None
     done_at: float | None = None
-    seqs: dict[str, int] = field(default_factory=dict)   # node -> last output batch number
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -102,8 +133,8 @@ class Step:
     def done(self) -> bool:
         return self.done_at is not None
 
-    def add(self, rank: int, stream: int, text: str) -> None:
-        self.lines.append((self.next_offset, rank, stream, text))
+    def add(self, rank: int, stream: int, text: str, node: str = "", index: int = 0) -> None:
+        self.lines.append((self.next_offset, rank, stream, text, node, index))
         self.next_offset += 1
         self.size += len(text) + LINE_OVERHEAD
         while self.size > MAX_STEP_OUTPUT and self.lines:
@@ -129,7 +160,8 @@ class Steps:
         self.steps: dict[tuple[int, int], Step] = {}
         self._next: dict[int, int] = {}        # job id -> next step id
         self._numbering = asyncio.Lock()       # one step number read and recorded at a time
-        self._orphans: dict[tuple[int, int, int, str], None] = {}   # insertion-ordered set
+        self.epoch = os.urandom(6).hex()      # a reader's offsets are this head's only
+        self.monotonic = time.monotonic
 
     # -- from gpuctl -------------------------------------------------------------------------
 
@@ -145,7 +177,7 @@ class Steps:
                                "(at most 128 KiB)")
         per_node = args.get("ntasks_per_node")
         if per_node is None:
-            per_node = gang.ntasks_per_node(job)
+            per_node = 1 if args.get("pty") else gang.ntasks_per_node(job)
         if isinstance(per_node, bool) or not isinstance(per_node, int) or not 1 <= per_node <= MAX_TASKS_PER_NODE:
             raise RequestError(f"srun: --ntasks-per-node must be from 1 to {MAX_TASKS_PER_NODE}")
         env = args.get("env") or {}
@@ -155,26 +187,38 @@ class Steps:
         if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
             raise RequestError(f"srun: the environment is larger than {MAX_ENV_BYTES >> 10} KiB; "
                                "unset what the tasks do not need")
+        pty, stdin = args.get("pty", False), args.get("stdin", False)
+        rows, cols = args.get("rows", 24), args.get("cols", 80)
+        if not isinstance(pty, bool) or not isinstance(stdin, bool):
+            raise RequestError("srun: pty and stdin must be true or false")
+        if not all(is_int(v) and 1 <= v <= 65535 for v in (rows, cols)):
+            raise RequestError("srun: rows and cols must be from 1 to 65535")
         self._forget_old()
         if len(self.steps) >= MAX_STEPS or sum(1 for k in self.steps if k[0] == job.job_id) >= MAX_STEPS_PER_JOB:
             raise RequestError("srun: too many steps running at once; wait for some to end")
         nodes = gang.job_nodes(job)
+        if pty and per_node * len(nodes) != 1:
+            raise RequestError(f"srun: --pty runs one task, and job {job.job_id} has {len(nodes)} node(s) with "
+                               f"{per_node} task(s) each; use --ntasks-per-node 1 in a one-node allocation")
         step_id = await self._number(job, caller, per_node * len(nodes), argv)
         job = self.head.store.active.get(job.job_id) or job
         if job.state is not JobState.RUNNING or gang.job_nodes(job) != nodes:   # it ended meanwhile
             raise RequestError(f"srun: job {job.job_id} is {job.state.value}, not RUNNING; "
                                "srun runs tasks only inside a running job")
-        step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node)
+        step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node,
+                                                        pty=pty, stdin=stdin or pty, read_at=self.monotonic())
+        step.expected = {n: 0 for n in nodes}
         addr = gang.master_addr(self.head.store, job)
-        log.info("job %d step %d (user %s): %d task(s) on %s: %s", job.job_id, step_id, caller.user,
-                 step.ntasks, gang.nodelist_text(nodes), " ".join(argv)[:200])
+        log.info("job %d step %d (user %s): %d task(s) on %s%s: %s", job.job_id, step_id, caller.user,
+                 step.ntasks, gang.nodelist_text(nodes), " on a terminal" if pty else "", " ".join(argv)[:200])
         for rank, node in enumerate(nodes):
             try:
                 await self.head.bus.publish(node_cmd(node), "step", {
                     "job": job.job_id, "attempt": job.attempt, "step": step_id, "argv": argv, "env": env,
                     "ntasks_per_node": per_node, "node_rank": rank, "nnodes": len(nodes),
                     "nodelist": gang.nodelist_text(nodes), "master_addr": addr,
-                    "master_port": gang.master_port(job.job_id),
+                    "master_port": gang.master_port(job.job_id), "pty": pty, "stdin": step.stdin,
+                    "rows": rows, "cols": cols,
                 })
             except Exception as e:   # too large for one message, or the bus refused it
                 log.warning("job %d step %d: cannot send it to %s: %s", job.job_id, step_id, node, e)
@@ -183,39 +227,143 @@ class Steps:
                 self._finish(step)
                 raise RequestError(f"srun: could not send the step to node {node}: {e}") from None
         return {"job_id": job.job_id, "step": step_id, "ntasks": step.ntasks, "nodes": len(nodes),
-                "nodelist": gang.nodelist_text(nodes)}
+                "nodelist": gang.nodelist_text(nodes), "pty": pty, "stdin": step.stdin}
 
     async def poll(self, caller: Caller, args: dict) -> dict:
         job_id, step_id, offset = args.get("job_id"), args.get("step"), args.get("offset", 0)
         _require_counts(job_id=job_id, step=step_id, offset=offset)
-        step = self.steps.get((job_id, step_id))
-        if step is None:
-            job = self.head.store.active.get(job_id)
-            if job is not None and job.state.active and self._issued(job_id, step_id) and may_modify(
-                    job.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
-                for node in gang.job_nodes(job):   # tasks left from before a restart: nobody reads them
-                    await self._kill_orphan(job_id, job.attempt, step_id, node)
-            raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
-                               "or the head restarted; its tasks are killed)")
-        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
-            raise RequestError(f"srun: step {job_id}.{step_id} is not yours")
-        if step.next_offset <= offset and not step.done:
+        cursor = _cursor(args.get("cursor"))
+        step = await self._reader_step(caller, job_id, step_id, args, cursor)
+        step.read_at = self.monotonic()
+        same_head = args.get("epoch") in (None, self.epoch)
+        if not same_head:
+            offset = 0           # another head's offsets: the cursor says where the reader is
+        start_offset = offset
+        if step.next_offset <= offset and not (step.done and self._caught_up(step)):
             try:
                 await asyncio.wait_for(step.changed.wait(), POLL_WAIT)
             except asyncio.TimeoutError:
                 pass
+            step.read_at = self.monotonic()
         first = step.lines[0][0] if step.lines else step.next_offset
         start = max(offset, first)
-        out, size = [], 0
-        for _, rank, stream, text in itertools.islice(step.lines, start - first, None):  # offsets are contiguous
+        out, size, last = [], 0, start
+        for off, rank, stream, text, node, index in itertools.islice(step.lines, start - first, None):
             if out and size + len(text) > MAX_POLL_BYTES:
                 break
+            last = off + 1
+            if index < cursor.get(node, 0):
+                continue         # the reader has it (read from this head or another)
             out.append([rank, stream, text])
+            cursor[node] = index + 1
             size += len(text)
-        more = start + len(out) < step.next_offset
-        return {"lines": out, "offset": start + len(out), "dropped": max(0, first - offset),
-                "done": step.done and not more, "exit_code": step.exit_code, "message": step.message,
-                "bad_rank": step.bad_rank}
+        more = last < step.next_offset
+        await self._acknowledge(step, cursor)
+        caught_up = self._caught_up(step)
+        return {"lines": out, "offset": last, "epoch": self.epoch, "cursor": cursor,
+                "dropped": max(0, first - start_offset) if same_head else 0,
+                "done": step.done and not more and caught_up, "exit_code": step.exit_code, "message": step.message,
+                "bad_rank": step.bad_rank, "pty": step.pty, "stdin": step.stdin, "input": dict(step.input_next)}
+
+    @staticmethod
+    def _caught_up(step: Step) -> bool:
+        """Has the head every item its nodes sent before their tasks' exits?"""
+        return all(step.expected.get(n) is not None and step.expected[n] >= step.needed.get(n, 0)
+                   for n in step.nodes)
+
+    async def _reader_step(self, caller: Caller, job_id: int, step_id: int, args: dict,
+                           cursor: dict[str, int]) -> Step:
+        """The step a reader or writer asks about; adopted when this head does not know it."""
+        step = self.steps.get((job_id, step_id))
+        if step is None:
+            job = self.head.store.active.get(job_id)
+            if job is not None and job.state is JobState.RUNNING and not self._next_known(job_id):
+                await self._count_issued(job)
+            if (job is None or job.state is not JobState.RUNNING or not self._issued(job_id, step_id)
+                    or not may_modify(job.uid, caller.uid, caller.user, self.head.admins, os.geteuid())):
+                raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
+                                   "or its job is not running)")
+            hint = args.get("ntasks_per_node")
+            per_node = hint if is_int(hint) and 1 <= hint <= MAX_TASKS_PER_NODE else gang.ntasks_per_node(job)
+            step = self._adopt(job, step_id, per_node, args.get("pty") is True)
+        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+            raise RequestError(f"srun: step {job_id}.{step_id} is not yours")
+        for node in step.nodes:
+            if step.expected.get(node) is None:   # adopted: start that node where the reader is
+                await self._ask_from(step, node, cursor.get(node, 0))
+        return step
+
+    def _adopt(self, job: "JobRecord", step_id: int, per_node: int, pty: bool) -> Step:
+        nodes = gang.job_nodes(job)
+        step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node,
+                                                        pty=pty, stdin=pty, read_at=self.monotonic())
+        step.expected = {n: None for n in nodes}
+        log.info("job %d step %d: adopted (it ran before this head started)", job.job_id, step_id)
+        return step
+
+    async def _ask_from(self, step: Step, node: str, index: int) -> None:
+        """Take ``node``'s items from ``index`` on, and ask it for them again."""
+        step.expected[node] = index
+        if any(n == node and i >= index for _, _, _, _, n, i in step.lines):
+            step.lines = deque(x for x in step.lines if not (x[4] == node and x[5] >= index))
+            step.size = sum(len(x[3]) + LINE_OVERHEAD for x in step.lines)
+            step.next_offset += 1   # offsets stay unique: a reader's old offset is not reused
+        step.gap_asked[node] = (index, self.monotonic())
+        await self._send_ack(step, node, index, resend=True)
+
+    async def _acknowledge(self, step: Step, cursor: dict[str, int]) -> None:
+        for node in step.nodes:
+            c = cursor.get(node, 0)
+            if c > step.acked.get(node, 0):
+                step.acked[node] = c
+                await self._send_ack(step, node, c, resend=False)
+
+    async def _send_ack(self, step: Step, node: str, upto: int, *, resend: bool) -> None:
+        try:
+            await self.head.bus.publish(node_cmd(node), "step_ack", {
+                "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "next": upto, "resend": resend})
+        except Exception as e:   # the node sends its kept output again by itself
+            log.warning("job %d step %d: cannot send step_ack to %s: %s", step.job_id, step.step_id, node, e)
+
+    async def write(self, caller: Caller, args: dict) -> dict:
+        """``step_input``: a chunk of a writer's input for task 0, passed on in order."""
+        job_id, step_id, seq = args.get("job_id"), args.get("step"), args.get("seq")
+        _require_counts(job_id=job_id, step=step_id, seq=seq)
+        writer, data, eof = args.get("writer"), args.get("data", ""), args.get("eof", False)
+        if not isinstance(writer, str) or not 0 < len(writer) <= 64:
+            raise RequestError("srun: writer must be a short string")
+        if not isinstance(data, str) or len(data) > MAX_INPUT_CHUNK or not isinstance(eof, bool) \
+                or any(ord(c) > 255 for c in data):
+            raise RequestError(f"srun: data must be bytes as latin-1 text, at most {MAX_INPUT_CHUNK >> 10} KiB")
+        step = await self._reader_step(caller, job_id, step_id, args, {})
+        if not step.stdin:
+            raise RequestError(f"srun: step {job_id}.{step_id} takes no input")
+        if step.done:
+            return {"written": False}
+        deadline = self.monotonic() + POLL_WAIT
+        while seq - step.input_next.get(writer, 0) >= INPUT_WINDOW:   # task 0 is not reading
+            left = deadline - self.monotonic()
+            if left <= 0 or step.done:
+                return {"retry": True}
+            try:
+                await asyncio.wait_for(step.input_moved.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        await self.head.bus.publish(node_cmd(step.nodes[0]), "step_input", {
+            "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "writer": writer, "seq": seq,
+            "data": data, "eof": eof})
+        return {"written": True}
+
+    async def resize(self, caller: Caller, args: dict) -> dict:
+        job_id, step_id, rows, cols = args.get("job_id"), args.get("step"), args.get("rows"), args.get("cols")
+        _require_counts(job_id=job_id, step=step_id)
+        if not all(is_int(v) and 1 <= v <= 65535 for v in (rows, cols)):
+            raise RequestError("srun: rows and cols must be from 1 to 65535")
+        step = await self._reader_step(caller, job_id, step_id, args, {})
+        if step.pty and not step.done:
+            await self.head.bus.publish(node_cmd(step.nodes[0]), "step_resize", {
+                "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "rows": rows, "cols": cols})
+        return {"resized": step.pty}
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
         """srun was interrupted: kill the step's tasks everywhere."""
@@ -233,6 +381,17 @@ class Steps:
             await self._kill(step)
         return {"cancelled": True}
 
+    async def sweep(self, now: float) -> None:
+        """Kill the steps nobody has read for READER_TIMEOUT seconds (their srun is gone)."""
+        for step in list(self.steps.values()):
+            if not step.done and now - step.read_at > READER_TIMEOUT:
+                log.warning("job %d step %d: nobody read it for %.0fs; killing its tasks",
+                            step.job_id, step.step_id, now - step.read_at)
+                step.read_at = now
+                step.exit_code = step.exit_code if step.exit_code is not None else 1
+                step.message = step.message or "its srun went away; the tasks were killed"
+                await self._kill(step)
+
     # -- from workers -----------------------------------------------------------------------
 
     async def handle(self, node: str, kind: str, body: Any) -> None:
@@ -246,15 +405,17 @@ class Steps:
         step = self.steps.get((job_id, step_id))
         if step is None:
             job = self.head.store.active.get(job_id)
-            if (job is not None and job.state.active and job.attempt == attempt and node in gang.job_nodes(job)
-                    and self._issued(job_id, step_id)):
-                # A step this head does not know (it restarted) whose tasks still run there.
-                log.info("dropped %s from %s: job %d has no step %d here; telling the node to kill it",
-                         kind, node, job_id, step_id)
-                await self._kill_orphan(job_id, attempt, step_id, node)
+            if job is not None and job.state is JobState.RUNNING and not self._next_known(job_id):
+                await self._count_issued(job)
+            if (job is not None and job.state is JobState.RUNNING and job.attempt == attempt
+                    and node in gang.job_nodes(job) and self._issued(job_id, step_id)):
+                # A step that ran before this head started: keep it for its reader.
+                tasks = body.get("tasks")
+                step = self._adopt(job, step_id, tasks if is_int(tasks) and 1 <= tasks <= MAX_TASKS_PER_NODE
+                                   else gang.ntasks_per_node(job), body.get("pty") is True)
             else:
                 log.debug("dropped %s from %s: step %d.%d is over or unknown", kind, node, job_id, step_id)
-            return
+                return
         if attempt != step.attempt:
             log.info("dropped %s from %s: attempt %d of job %d, the step runs in attempt %d",
                      kind, node, attempt, job_id, step.attempt)
@@ -262,27 +423,54 @@ class Steps:
         if node not in step.nodes:
             log.warning("dropped %s from %s: the node has no part in step %d.%d", kind, node, job_id, step_id)
             return
+        tasks = body.get("tasks")
+        if is_int(tasks) and 1 <= tasks <= MAX_TASKS_PER_NODE:
+            step.ntasks_per_node = tasks
+        if body.get("pty") is True:
+            step.pty = step.stdin = True
         if kind == "step_output":
-            self._output(step, node, body)
+            await self._output(step, node, body)
         else:
             await self._exit(step, node, body)
 
-    def _output(self, step: Step, node: str, body: dict) -> None:
-        seq, lines = body.get("seq"), body.get("lines")
-        if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(lines, list):
+    async def _output(self, step: Step, node: str, body: dict) -> None:
+        first, lines = body.get("first", None), body.get("lines")
+        if not isinstance(lines, list) or not (first is None or _is_count(first)):
             log.warning("dropped step_output from %s: malformed", node)
             return
-        if seq <= step.seqs.get(node, -1):
-            return   # a repeat
-        step.seqs[node] = seq
+        got = body.get("input")
+        if isinstance(got, dict):
+            for writer, n in got.items():
+                if isinstance(writer, str) and _is_count(n) and n > step.input_next.get(writer, 0):
+                    step.input_next[writer] = n
+                    step.input_moved.set()
+                    step.input_moved = asyncio.Event()
+        expected = step.expected.get(node)
+        if first is None:          # a worker of before the numbering: take the batch as it is
+            first = expected if expected is not None else 0
+        if expected is None:       # adopted, reader not seen yet: its cursor decides
+            return
+        if first > expected:       # a gap: ask for it again (once in a while), drop the rest
+            asked = step.gap_asked.get(node)
+            if asked is None or asked[0] != expected or self.monotonic() - asked[1] > RESEND_GAP_AFTER:
+                log.info("job %d step %d: items %d-%d from %s are missing; asking again",
+                         step.job_id, step.step_id, expected, first - 1, node)
+                step.gap_asked[node] = (expected, self.monotonic())
+                await self._send_ack(step, node, expected, resend=True)
+            return
         lo = step.nodes.index(node) * step.ntasks_per_node
         bad = 0
-        for item in lines:
+        for i, item in enumerate(lines):
+            index = first + i
+            if index < expected:
+                continue           # a repeat
             if (isinstance(item, list) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int
-                    and item[1] in (1, 2) and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
-                step.add(item[0], item[1], item[2])
+                    and item[1] in STREAMS and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
+                step.add(item[0], item[1], item[2], node, index)
             else:
-                bad += 1
+                bad += 1   # counted as taken: the numbering goes on
+            expected = index + 1
+        step.expected[node] = expected
         if bad:
             log.warning("dropped %d of %d line(s) of step_output from %s: malformed, or not its tasks'",
                         bad, len(lines), node)
@@ -297,6 +485,9 @@ class Steps:
                 or not (sig is None or (type(sig) is int and 0 <= sig <= MAX_SIGNAL)):
             log.warning("dropped step_exit from %s: malformed (rank, exit_code or signal)", node)
             return
+        after = body.get("next")
+        if _is_count(after) and after > step.needed.get(node, 0):
+            step.needed[node] = after
         for r in ranks:
             if r in step.exits:
                 continue
@@ -328,24 +519,20 @@ class Steps:
             except Exception as e:   # the job's end kills the tasks in any case
                 log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
 
-    async def _kill_orphan(self, job_id: int, attempt: int, step_id: int, node: str) -> None:
-        """``step_kill`` for a step this head does not know, once per node."""
-        key = (job_id, attempt, step_id, node)
-        if key in self._orphans:
-            return
-        self._orphans[key] = None
-        while len(self._orphans) > MAX_ORPHAN_KILLS:
-            del self._orphans[next(iter(self._orphans))]
-        try:
-            await self.head.bus.publish(node_cmd(node), "step_kill", {"job": job_id, "attempt": attempt,
-                                                                      "step": step_id})
-        except Exception as e:   # the job's end kills them in any case
-            log.warning("job %d step %d: cannot send step_kill to %s: %s", job_id, step_id, node, e)
-
     def _issued(self, job_id: int, step_id: int) -> bool:
-        """Could ``step_id`` have been given out (by this head, or before it started)?"""
+        """Was ``step_id`` given out (by this head, or before it started)?  The job's step
+        events are counted first (``_count_issued``)."""
         nxt = self._next.get(job_id)
-        return nxt is None or step_id < nxt
+        return nxt is not None and step_id < nxt
+
+    def _next_known(self, job_id: int) -> bool:
+        return job_id in self._next
+
+    async def _count_issued(self, job: "JobRecord") -> None:
+        async with self._numbering:
+            if job.job_id not in self._next:
+                events = await self.head.store.job_events(job.job_id)
+                self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
 
     def _stopping(self, step: Step) -> str | None:
         """Why the step's job is stopping or gone ("was cancelled"...), None while it runs."""
@@ -437,4 +624,23 @@ async def op_step_cancel(head: "Head", caller: Caller, args: dict) -> dict:
     return await head.steps.cancel(caller, args)
 
 
-OPS = {"step_launch": op_step_launch, "step_poll": op_step_poll, "step_cancel": op_step_cancel}
+async def op_step_input(head: "Head", caller: Caller, args: dict) -> dict:
+    return await head.steps.write(caller, args)
+
+
+async def op_step_resize(head: "Head", caller: Caller, args: dict) -> dict:
+    return await head.steps.resize(caller, args)
+
+
+def _cursor(value: Any) -> dict[str, int]:
+    """A reader's cursor: node -> the next item number it wants."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 4096 or not all(
+            isinstance(k, str) and _is_count(v) for k, v in value.items()):
+        raise RequestError("srun: cursor must map node names to item numbers")
+    return dict(value)
+
+
+OPS = {"step_launch": op_step_launch, "step_poll": op_step_poll, "step_cancel": op_step_cancel,
+       "step_input": op_step_input, "step_resize": op_step_resize}

@@ -74,9 +74,10 @@ def default_mem_mb(cfg: SchedConfig, partition: str, gpus: int) -> int:
 
 def resolve_job(req: Any, user: str, cfg: SchedConfig, nodes: Sequence[Any] = ()) -> Resolved:
     """The request with every default filled in; never raises."""
-    partition = _get(req, "partition") or cfg.default_partition
+    interactive = bool(_get(req, "interactive", False))   # salloc, srun outside a job
+    partition = _get(req, "partition") or (interactive and cfg.interactive_partition) or cfg.default_partition
     account = _get(req, "account") or cfg.default_account_for(user) or cfg.default_account
-    qos = _get(req, "qos") or cfg.default_qos
+    qos = _get(req, "qos") or (interactive and cfg.interactive_qos) or cfg.default_qos
     time_limit = _get(req, "time_limit")
     if time_limit is None:
         p = cfg.partitions.get(partition)

@@ -119,6 +119,8 @@ class SchedConfig:
     default_partition: str = "gpu"
     default_account: str = "default"         # for users no account lists by name
     default_qos: str = "normal"
+    interactive_partition: str | None = None  # of salloc / srun-outside-a-job that name none
+    interactive_qos: str | None = None
     default_mem_mb: int = 1024
     fairshare_half_life: float | None = 7 * DAY   # None: usage never decays
     max_age: float = 7 * DAY
@@ -173,7 +175,8 @@ class SchedConfig:
 
 _SECTION_KEYS = {
     "scheduler": {"fairshare_half_life", "max_age", "weights", "placement", "backfill",
-                  "backfill_depth", "default_mem", "default_qos", "default_account", "mig_min_interval"},
+                  "backfill_depth", "default_mem", "default_qos", "default_account", "mig_min_interval",
+                  "interactive_partition", "interactive_qos"},
     "preemption": {"exempt_time", "max_per_job", "max_per_minute"},
     "billing": {"weights", "prices"},
 }
@@ -321,6 +324,14 @@ def sched_config_from_dict(data: dict[str, Any], path: str = "<config>") -> Sche
     elif default_account not in accounts:
         s.fail("scheduler.default_account", f"no account {default_account!r}; define [accounts.{default_account}]")
 
+    interactive_partition = s.string("interactive_partition", None)
+    if interactive_partition is not None and interactive_partition not in partitions:
+        s.fail("scheduler.interactive_partition", f"no partition {interactive_partition!r}; pick one of "
+               f"{', '.join(partitions)}")
+    interactive_qos = s.string("interactive_qos", None)
+    if interactive_qos is not None and interactive_qos not in qos:
+        s.fail("scheduler.interactive_qos", f"no QOS {interactive_qos!r}; define [qos.{interactive_qos}] or pick "
+               f"one of {', '.join(qos)}")
     placement = s.string("placement", "binpack", PLACEMENTS)
     assert placement is not None
     mem = s.size_mb("default_mem")
@@ -328,6 +339,8 @@ def sched_config_from_dict(data: dict[str, Any], path: str = "<config>") -> Sche
         default_partition=next(pc.name for pc in partitions.values() if pc.default),
         default_account=default_account,
         default_qos=default_qos,
+        interactive_partition=interactive_partition,
+        interactive_qos=interactive_qos,
         default_mem_mb=mem if mem is not None else SchedConfig.default_mem_mb,
         fairshare_half_life=s.duration("fairshare_half_life", 7 * DAY, allow_unlimited=True) or None,
         max_age=_positive(s, "max_age", 7 * DAY),

@@ -553,10 +553,38 @@ class Worker:
         if self.steps is not None and self.steps.kill_step(job, attempt, step):
             log.info("job %s.%s step %s on %s: tasks killed", job, attempt, step, self.name)
 
+    async def _cmd_step_stream(self, kind: str, body: dict) -> None:
+        """``step_ack``, ``step_input`` and ``step_resize``: a step's stream (gpud.worker.steps)."""
+        from .stepterm import parse_stream
+
+        try:
+            b = parse_stream(kind, body)
+        except ValueError as e:
+            raise BadMessage(f"malformed {kind}: {e}") from None
+        if self.steps is None:
+            return
+        ids = (b["job"], b["attempt"], b["step"])
+        if kind == "step_ack":
+            await self.steps.ack(*ids, b["next"], b["resend"])
+        elif kind == "step_input":
+            await self.steps.write_input(*ids, b["writer"], b["seq"], b["data"], b["eof"])
+        else:
+            self.steps.resize(*ids, b["rows"], b["cols"])
+
+    async def _cmd_step_ack(self, body: dict) -> None:
+        await self._cmd_step_stream("step_ack", body)
+
+    async def _cmd_step_input(self, body: dict) -> None:
+        await self._cmd_step_stream("step_input", body)
+
+    async def _cmd_step_resize(self, body: dict) -> None:
+        await self._cmd_step_stream("step_resize", body)
+
     _commands = {
         "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
         "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
         "step": _cmd_step, "step_kill": _cmd_step_kill, "time_limit": _cmd_time_limit,
+        "step_ack": _cmd_step_ack, "step_input": _cmd_step_input, "step_resize": _cmd_step_resize,
     }
 
 

@@ -12,11 +12,31 @@ variables torchrun and ``torch.distributed`` read (``task_env``).  srun's own en
 is the base: the job's variables win over it.
 
 Output is read in chunks, cut into lines (a line longer than ``MAX_LINE`` is split) and
-sent as ``step_output`` batches of whole lines, numbered per step, at most
-``BATCH_BYTES`` each; a reader stops reading while ``MAX_PENDING`` bytes wait to be sent,
-so a chatty task is slowed down, not buffered without end.  When a task exits (its
-process group is then killed, as the job wrapper does for batch scripts) its last lines
-go out, then its ``step_exit``: the head never sees an exit before the output before it.
+sent as ``step_output`` batches of whole lines, at most ``BATCH_BYTES`` each.  Every item
+(one line, or one chunk of a terminal's bytes) has a number, counted per step on this
+node from 0; a batch says the number of its first item (``first``).  Sent items are kept
+until the head acknowledges them (``step_ack`` {next}: the reader has everything before
+``next``), and readers stop reading while ``WINDOW`` bytes are sent and not acknowledged
+or wait to be sent: a slow terminal at the far end slows the task down, nothing is
+buffered without end.  ``step_ack`` with ``resend`` asks for everything kept from
+``next`` on again (a restarted head, or a gap it saw), with the exits; when acknowledgements
+stop coming for ``RESEND_AFTER`` seconds the kept items go out again by themselves.  So a
+head restart or a broker blip loses nothing and, with the head dropping numbers it has,
+doubles nothing.  When a task exits (its process group is then killed, as the job wrapper
+does for batch scripts) its last items go out, then its ``step_exit`` with the number
+after them (``next``): the head never ends a step before it has the output before the exit.
+
+Input goes to task 0 only.  ``step_input`` {writer, seq, data, eof} chunks are numbered
+per writer (srun, sattach); they are written in order, once each (repeats are dropped,
+early ones wait for the gap), and what each writer has had written is reported back in
+``step_output``'s ``input`` {writer: next seq}.  ``data`` is bytes as latin-1 text.
+
+A step with ``pty`` runs its one task on a pseudo-terminal (``os.openpty``): the task is a
+session leader with the terminal as its controlling terminal, so the line discipline
+turns a typed Ctrl-C or Ctrl-Z into signals for the remote foreground job; its output
+goes out as raw bytes (stream 3, latin-1 text) as soon as it is read; ``step_resize``
+{rows, cols} sets the window size (TIOCSWINSZ), and the kernel tells the foreground job
+(SIGWINCH).
 
 ``step_kill`` (a task of the step failed somewhere), a stop of the job (``signal``,
 forwarded to the tasks) and the end of the allocation on this node (every task
@@ -41,6 +61,7 @@ import logging
 import os
 import signal as signals
 import subprocess
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -49,20 +70,34 @@ import psutil
 
 from . import procs
 from .jobstore import read_json, write_file
+from .stepterm import parse_stream, set_size as _set_size, terminal_child as _terminal_child, \
+    write_all as _write_all
+
+__all__ = ["StepTasks", "parse_step", "parse_stream", "task_env"]   # parse_stream: gpud.worker.stepterm
 
 log = logging.getLogger("gpud.worker.steps")
 
 READ_CHUNK = 64 << 10
 MAX_LINE = 64 << 10           # longer lines are sent in pieces
 BATCH_BYTES = 64 << 10        # at most this much text per step_output message
-MAX_PENDING = 1 << 20         # readers pause while this much output waits to be sent
+WINDOW = 1 << 20              # readers pause while this much output is unacknowledged or unsent
 FLUSH_EVERY = 0.05            # seconds output may wait to share a message with more
+TERMINAL_LINGER = 1.0         # seconds a terminal is read after its task exited
+RESEND_AFTER = 5.0            # seconds without an acknowledgement before kept output goes again
+KEEP_ENDED = 300.0            # seconds an ended step's output and exits can still be asked for
+MAX_WRITERS = 16              # input writers remembered per step
+MAX_HELD_INPUT = 64           # input chunks held per step waiting for an earlier one
 MAX_TASKS_PER_NODE = 256
 SHELL = "/bin/sh"
+PTY_STREAM = 3                # a terminal's raw bytes, as latin-1 text
 # A task's shell: wait at the gate (a line on its input), enter the work directory as the
 # user, become the command with /dev/null for input.  End of input without the line: the
 # worker died before recording the task's pid, so it does not run.
 TASK_SHELL = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@" </dev/null'
+# Task 0 of a step with input: the rest of the pipe is its standard input.
+TASK_SHELL_STDIN = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@"'
+# On a terminal the gate is descriptor 3, closed before the command.
+TASK_SHELL_PTY = 'read -r _ <&3 || exit 125; exec 3<&-; cd -- "$0" || exit 126; exec "$@"'
 
 Emit = Callable[[str, dict], Awaitable[None]]
 
@@ -92,6 +127,7 @@ class _Task:
     rank: int
     proc: asyncio.subprocess.Process | None = None
     record: str | None = None     # its file under state_dir while it runs
+    master: int | None = None     # a terminal's master side (pty steps)
 
 
 @dataclass(eq=False)
@@ -99,18 +135,45 @@ class _Step:
     job: int
     attempt: int
     step: int
+    per_node: int = 1
+    pty: bool = False
+    stdin: bool = False           # task 0 runs here and takes input
     tasks: list[_Task] = field(default_factory=list)
     pending: list[list] = field(default_factory=list)   # [rank, stream, text]
     pending_bytes: int = 0
+    next_index: int = 0           # the number of the next item to send
+    kept: deque = field(default_factory=deque)          # (index, [rank, stream, text]) not acknowledged
+    kept_bytes: int = 0
+    acked: int = 0
+    acked_at: float = 0.0         # monotonic: the last acknowledgement (or send) that moved things
     seq: int = 0
-    room: asyncio.Event = field(default_factory=asyncio.Event)   # set while pending < MAX_PENDING
+    room: asyncio.Event = field(default_factory=asyncio.Event)   # set while below WINDOW
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     killed: bool = False
     ended: int = 0                # tasks whose step_exit went out
+    ended_at: float | None = None
+    exits: list[dict] = field(default_factory=list)     # the step_exit bodies sent, for a resend
+    input_next: dict[str, int] = field(default_factory=dict)   # writer -> next seq to write
+    held: dict[tuple[str, int], tuple[str, bool]] = field(default_factory=dict)
+    inputs: asyncio.Queue | None = None                 # (data, eof) in order, for task 0
+    rows: int = 24
+    cols: int = 80
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.job, self.attempt, self.step)
+
+    def base(self) -> dict:
+        return {"job": self.job, "attempt": self.attempt, "step": self.step, "tasks": self.per_node,
+                "pty": self.pty}
+
+    def update_room(self) -> None:
+        # A killed step's last output never waits: its tasks are gone, only the pipes'
+        # contents are left, and its exits must go out even if nobody reads.
+        if self.killed or self.pending_bytes + self.kept_bytes < WINDOW:
+            self.room.set()
+        else:
+            self.room.clear()
 
 
 class StepTasks:
@@ -124,8 +187,10 @@ class StepTasks:
         self._emit = emit
         self._dir = state_dir
         self._steps: dict[tuple[int, int, int], _Step] = {}
+        self._ended: dict[tuple[int, int, int], _Step] = {}   # ended steps a head may ask again about
         self._runs: set[asyncio.Task] = set()
         self._done: deque = deque(maxlen=4096)   # steps that ended: a repeated command is ignored
+        self._ticker: asyncio.Task | None = None
 
     # -- commands -----------------------------------------------------------------------------
 
@@ -134,9 +199,14 @@ class StepTasks:
         key = (body["job"], body["attempt"], body["step"])
         if key in self._steps or key in self._done:
             return   # a repeated command
-        step = self._steps[key] = _Step(*key)
-        step.room.set()
         per_node, node_rank = body["ntasks_per_node"], body["node_rank"]
+        step = self._steps[key] = _Step(*key, per_node=per_node, pty=body["pty"],
+                                        stdin=body["stdin"] and node_rank == 0,
+                                        rows=body["rows"], cols=body["cols"], acked_at=time.monotonic())
+        step.room.set()
+        if step.stdin:
+            step.inputs = asyncio.Queue()
+        self._tick()
         first = node_rank * per_node
         try:
             setup = await asyncio.to_thread(self._setup, key[0], key[1])
@@ -146,10 +216,10 @@ class StepTasks:
             why = f"job {key[0]} does not run on node {self.node} (ended, or not started yet)"
         if setup is None:
             log.warning("job %d step %d refused on %s: %s", key[0], key[2], self.node, why)
-            await self._emit("step_exit", {"job": key[0], "attempt": key[1], "step": key[2], "rank": None,
-                                           "exit_code": None, "signal": None, "message": why})
-            self._steps.pop(key, None)
-            self._done.append(key)
+            refusal = {**step.base(), "rank": None, "exit_code": None, "signal": None, "message": why, "next": 0}
+            step.exits.append(refusal)
+            await self._emit("step_exit", refusal)
+            self._end(step)
             return
         base = {**body["env"], **setup.env}
         for local in range(per_node):
@@ -165,11 +235,133 @@ class StepTasks:
         log.info("job %d step %d: %d task(s) started on %s (ranks %d-%d)", key[0], key[2], per_node,
                  self.node, first, first + per_node - 1)
 
+    # -- the stream's other direction: acknowledgements, input, window size -------------------
+
+    async def ack(self, job: int, attempt: int, step_id: int, upto: int, resend: bool) -> bool:
+        """``step_ack``: the reader has every item before ``upto``; with ``resend``, send
+        the kept ones from there again (and the exits)."""
+        step = self._steps.get((job, attempt, step_id)) or self._ended.get((job, attempt, step_id))
+        if step is None:
+            return False
+        moved = False
+        while step.kept and step.kept[0][0] < upto:
+            step.kept_bytes -= len(step.kept.popleft()[1][2])
+            moved = True
+        if upto > step.acked:
+            step.acked = upto
+        if moved:
+            step.acked_at = time.monotonic()
+            step.update_room()
+        if resend:
+            await self._resend(step, upto)
+        return True
+
+    async def _resend(self, step: _Step, start: int) -> None:
+        async with step.send_lock:
+            items = [(i, item) for i, item in step.kept if i >= start]
+            while items:
+                batch, size = [], 0
+                while items and (not batch or size + len(items[0][1][2]) <= BATCH_BYTES):
+                    i, item = items.pop(0)
+                    batch.append((i, item))
+                    size += len(item[2])
+                await self._emit("step_output", {**step.base(), "first": batch[0][0], "seq": 0,
+                                                 "lines": [item for _, item in batch], "input": step.input_next})
+            if not step.kept:   # tell the head where the stream stands, even with nothing to send
+                await self._emit("step_output", {**step.base(), "first": step.next_index, "seq": 0,
+                                                 "lines": [], "input": step.input_next})
+            step.acked_at = time.monotonic()
+        for body in step.exits:
+            await self._emit("step_exit", body)
+
+    async def write_input(self, job: int, attempt: int, step_id: int, writer: str, seq: int,
+                          data: str, eof: bool) -> bool:
+        """``step_input``: bytes (latin-1 text) for task 0, once each, in each writer's order."""
+        step = self._steps.get((job, attempt, step_id))
+        if step is None or step.inputs is None:
+            return False
+        if writer not in step.input_next:
+            if len(step.input_next) >= MAX_WRITERS:
+                log.warning("job %d step %d: input from too many writers; %s dropped", job, step_id, writer)
+                return False
+            step.input_next[writer] = 0
+        nxt = step.input_next[writer]
+        if seq < nxt:
+            return True    # a repeat
+        if seq > nxt:      # an earlier chunk is still on its way
+            if len(step.held) < MAX_HELD_INPUT:
+                step.held[(writer, seq)] = (data, eof)
+            return True
+        while True:
+            step.inputs.put_nowait((data, eof))
+            nxt += 1
+            if (writer, nxt) not in step.held:
+                break
+            data, eof = step.held.pop((writer, nxt))
+        step.input_next[writer] = nxt
+        return True
+
+    def resize(self, job: int, attempt: int, step_id: int, rows: int, cols: int) -> bool:
+        step = self._steps.get((job, attempt, step_id))
+        if step is None:
+            return False
+        step.rows, step.cols = rows, cols
+        for t in step.tasks:
+            if t.master is not None:
+                _set_size(t.master, rows, cols)
+        return True
+
+    async def _feed(self, step: _Step, task: _Task) -> None:
+        """Task 0's input, written in order as it comes; each chunk reported once written."""
+        assert step.inputs is not None and task.proc is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            data, eof = await step.inputs.get()
+            raw = data.encode("latin-1", errors="replace")
+            try:
+                if task.master is not None:
+                    if raw:
+                        await _write_all(loop, task.master, raw)
+                elif task.proc.stdin is not None:
+                    if raw:
+                        task.proc.stdin.write(raw)
+                        await task.proc.stdin.drain()
+                    if eof:
+                        task.proc.stdin.close()
+            except (OSError, ConnectionResetError, BrokenPipeError):
+                pass   # the task stopped reading (or ended); what it did not take is gone with it
+            if step.inputs.empty():
+                await self._emit("step_output", {**step.base(), "first": step.next_index, "seq": 0, "lines": [],
+                                                 "input": step.input_next})
+
+    def _tick(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._ticks(), name="step resends")
+
+    async def _ticks(self) -> None:
+        """Kept output goes again when acknowledgements stopped coming; ended steps are forgotten."""
+        while self._steps or self._ended:
+            await asyncio.sleep(RESEND_AFTER / 2)
+            now = time.monotonic()
+            for step in list(self._steps.values()) + list(self._ended.values()):
+                if step.kept and now - step.acked_at > RESEND_AFTER:
+                    await self._resend(step, step.acked)
+            for key, step in list(self._ended.items()):
+                if step.ended_at is not None and now - step.ended_at > KEEP_ENDED:
+                    del self._ended[key]
+
+    def _end(self, step: _Step) -> None:
+        self._steps.pop(step.key, None)
+        self._done.append(step.key)
+        step.ended_at = time.monotonic()
+        self._ended[step.key] = step
+
     def kill_step(self, job: int, attempt: int, step_id: int) -> bool:
         step = self._steps.get((job, attempt, step_id))
         if step is None:
             return False
         step.killed = True
+        step.update_room()
         self._signal(step, signals.SIGKILL)
         return True
 
@@ -179,6 +371,7 @@ class StepTasks:
         for s in steps:
             if sig == signals.SIGKILL:
                 s.killed = True
+                s.update_room()
             self._signal(s, sig)
         return len(steps)
 
@@ -236,14 +429,18 @@ class StepTasks:
 
     async def close(self) -> None:
         """Stop reading (the worker is stopping); tasks keep running and end with their job."""
-        for run in list(self._runs):
+        runs = list(self._runs) + ([self._ticker] if self._ticker is not None else [])
+        for run in runs:
             run.cancel()
-        await asyncio.gather(*self._runs, return_exceptions=True)
+        await asyncio.gather(*runs, return_exceptions=True)
 
     # -- one task -------------------------------------------------------------------------------
 
     async def _run(self, step: _Step, task: _Task, argv: list[str], setup: Any, env: dict[str, str]) -> None:
         code, sig, message = None, None, None
+        gate: int | None = None
+        feeder: asyncio.Task | None = None
+        takes_input = step.stdin and task.rank == 0
         try:
             extra: dict[str, Any] = {}
             if setup.switch_user:
@@ -251,41 +448,94 @@ class StepTasks:
             task.record = self._save(step, task)      # before it can run: see the module's doc
             # TASK_SHELL changes directory as the user (subprocess's cwd= would do it as root,
             # before the switch), once the record with the pid is written.
-            task.proc = await asyncio.create_subprocess_exec(
-                SHELL, "-c", TASK_SHELL, setup.work_dir, *argv, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd="/", env=env,
-                start_new_session=True, limit=READ_CHUNK, **extra)
+            if step.pty:
+                task.master, slave = os.openpty()
+                _set_size(task.master, step.rows, step.cols)
+                gate_r, gate = os.pipe()
+                try:
+                    task.proc = await asyncio.create_subprocess_exec(
+                        SHELL, "-c", TASK_SHELL_PTY, setup.work_dir, *argv, stdin=slave, stdout=slave,
+                        stderr=slave, cwd="/", env=env, start_new_session=True, pass_fds=(3,),
+                        preexec_fn=_terminal_child(gate_r), **extra)
+                finally:
+                    os.close(slave)
+                    os.close(gate_r)
+            else:
+                task.proc = await asyncio.create_subprocess_exec(
+                    SHELL, "-c", TASK_SHELL_STDIN if takes_input else TASK_SHELL, setup.work_dir, *argv,
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    cwd="/", env=env, start_new_session=True, limit=READ_CHUNK, **extra)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
             code = 127 if isinstance(e, FileNotFoundError) else 126
             await self._add(step, task.rank, 2, [f"srun: error: {message}\n"])
             if task.record is not None:
                 _remove(task.record)
+            for fd in (task.master, gate):
+                if fd is not None:
+                    os.close(fd)
+            task.master = None
         else:
             task.record = self._save(step, task) or task.record
             if step.killed:
                 _killpg(task.proc.pid, signals.SIGKILL)
             elif not await self._confine(step, task, setup):
                 _killpg(task.proc.pid, signals.SIGKILL)
-            _open_gate(task.proc)
-            await asyncio.gather(self._read(step, task, task.proc.stdout, 1),
-                                 self._read(step, task, task.proc.stderr, 2), self._reap(task))
+            if gate is not None:
+                _open_fd_gate(gate)
+            else:
+                _open_gate(task.proc, close=not takes_input)
+            if takes_input:
+                feeder = asyncio.get_running_loop().create_task(self._feed(step, task))
+            if task.master is not None:
+                await asyncio.gather(self._read_terminal(step, task), self._reap(task))
+            else:
+                await asyncio.gather(self._read(step, task, task.proc.stdout, 1),
+                                     self._read(step, task, task.proc.stderr, 2), self._reap(task))
             rc = task.proc.returncode
             code, sig = (0, -rc) if rc is not None and rc < 0 else (rc, None)
             if task.record is not None:
                 _remove(task.record)
+        if feeder is not None:
+            feeder.cancel()
+        if task.master is not None:
+            os.close(task.master)
+            task.master = None
         await self._flush(step)
-        await self._emit("step_exit", {"job": step.job, "attempt": step.attempt, "step": step.step,
-                                       "rank": task.rank, "exit_code": code, "signal": sig, "message": message})
+        body = {**step.base(), "rank": task.rank, "exit_code": code, "signal": sig, "message": message,
+                "next": step.next_index}
+        step.exits.append(body)
+        await self._emit("step_exit", body)
         step.ended += 1
         if step.ended == len(step.tasks):
-            self._steps.pop(step.key, None)
-            self._done.append(step.key)
+            self._end(step)
 
     async def _reap(self, task: _Task) -> None:
         assert task.proc is not None
         await task.proc.wait()
         _killpg(task.proc.pid, signals.SIGKILL)   # what it left behind holds our pipes open
+
+    async def _read_terminal(self, step: _Step, task: _Task) -> None:
+        """A terminal's bytes as they come, until its last holder closes it (EIO)."""
+        assert task.master is not None and task.proc is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                                    os.fdopen(os.dup(task.master), "rb", buffering=0))
+        try:
+            while True:
+                try:
+                    if task.proc.returncode is None:
+                        chunk = await reader.read(READ_CHUNK)
+                    else:   # exited: what is left, without waiting on what it left behind
+                        chunk = await asyncio.wait_for(reader.read(READ_CHUNK), TERMINAL_LINGER)
+                except (OSError, asyncio.TimeoutError):   # EIO: every slave side is closed
+                    break
+                if not chunk:
+                    break
+                await self._add(step, task.rank, PTY_STREAM, [chunk.decode("latin-1")])
+        finally:
+            transport.close()
 
     async def _read(self, step: _Step, task: _Task, stream: asyncio.StreamReader | None, fd: int) -> None:
         if stream is None:
@@ -312,13 +562,12 @@ class StepTasks:
         first = not step.pending
         step.pending.extend([rank, fd, text] for text in texts)
         step.pending_bytes += sum(len(t) for t in texts)
-        if step.pending_bytes >= MAX_PENDING:
-            step.room.clear()
+        step.update_room()
         if step.pending_bytes >= BATCH_BYTES:
             await self._flush(step)
-        elif first:
+        elif first:   # a terminal's echo goes at once; lines may wait a little for company
             asyncio.get_running_loop().call_later(
-                FLUSH_EVERY, lambda: asyncio.ensure_future(self._flush(step)))
+                0 if step.pty else FLUSH_EVERY, lambda: asyncio.ensure_future(self._flush(step)))
 
     async def _flush(self, step: _Step) -> None:
         async with step.send_lock:   # batches go out in order, each numbered once
@@ -330,9 +579,15 @@ class StepTasks:
                 batch, step.pending = step.pending[:n], step.pending[n:]
                 step.pending_bytes -= size
                 step.seq += 1
-                await self._emit("step_output", {"job": step.job, "attempt": step.attempt, "step": step.step,
-                                                 "seq": step.seq, "lines": batch})
-            step.room.set()
+                first = step.next_index
+                step.next_index += len(batch)
+                if not step.kept:
+                    step.acked_at = time.monotonic()
+                step.kept.extend(zip(range(first, first + len(batch)), batch))
+                step.kept_bytes += size
+                await self._emit("step_output", {**step.base(), "seq": step.seq, "first": first,
+                                                 "lines": batch, "input": step.input_next})
+            step.update_room()
 
     def _save(self, step: _Step, task: _Task) -> str | None:
         """Record a task for a worker that may come after this one: before it starts
@@ -401,16 +656,27 @@ def _write_pid(path: str, pid: int) -> None:
         os.close(fd)
 
 
-def _open_gate(proc: asyncio.subprocess.Process) -> None:
-    """Let a started task's shell go on to its command (one line, then end of input)."""
+def _open_gate(proc: asyncio.subprocess.Process, close: bool = True) -> None:
+    """Let a started task's shell go on to its command (one line, then end of input, unless
+    the rest of the pipe is the task's input)."""
     stdin = proc.stdin
     if stdin is None:
         return
     try:
         stdin.write(b"\n")
-        stdin.close()
+        if close:
+            stdin.close()
     except (BrokenPipeError, ConnectionResetError):   # it was killed meanwhile
         pass
+
+
+def _open_fd_gate(fd: int) -> None:
+    try:
+        os.write(fd, b"\n")
+    except OSError:   # it was killed meanwhile
+        pass
+    finally:
+        os.close(fd)
 
 
 def _remove(path: str) -> None:
@@ -453,9 +719,22 @@ def parse_step(body: Any) -> dict:
                                             and isinstance(v, str) and "\x00" not in v for k, v in env.items()):
         raise ValueError("env must map variable names to strings")
     out["env"] = dict(env)
+    for key in ("pty", "stdin"):
+        v = body.get(key, False)
+        if not isinstance(v, bool):
+            raise ValueError(f"{key} must be true or false")
+        out[key] = v
+    for key, default in (("rows", 24), ("cols", 80)):
+        v = body.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+            raise ValueError(f"{key} must be an integer from 1 to 65535")
+        out[key] = v
+    if out["pty"] and out["ntasks_per_node"] * out["nnodes"] != 1:
+        raise ValueError("a step on a terminal has one task")
     for key in ("master_addr", "nodelist"):
         v = body.get(key)
         if not isinstance(v, str) or not v or "\x00" in v or len(v) > 65536:
             raise ValueError(f"{key} must be a non-empty string")
         out[key] = v
     return out
+
