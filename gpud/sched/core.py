@@ -59,6 +59,7 @@ from .plan import Plan, Preemption, Start
 from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
+from .shapes import Demand, ShapeIndex
 from .sharing import Sharing
 from .snapshot import Part, PendingJob, Snapshot
 
@@ -106,6 +107,7 @@ class _Pass:
         self.book = QuotaBook(self.cfg, snap.running)
         self._sharing: Sharing | None = None     # built for the first fractional request
         self._gangs: Gangs | None = None
+        self._shapes: ShapeIndex | None = None   # built for the first search under placement "shapes"
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
@@ -150,6 +152,16 @@ class _Pass:
             self._sharing = Sharing(self.snap, self.cluster, self.now)
             self._sharing.expect(self.queue)
         return self._sharing
+
+    def shape_index(self) -> ShapeIndex:
+        """Nodes grouped by state, scored by the fragmentation a start leaves (shapes.py)."""
+        if self._shapes is None:
+            mps = [g.memory_mb for n in self.snap.nodes for g in n.gpus if g.mode == "mps"]
+            shared = self.sharing().on_node if any(g.mode != "whole" for n in self.snap.nodes for g in n.gpus) else {}
+            demand = Demand.of(self.snap.pending, self.snap.running, self.now, max(mps, default=1))
+            self._shapes = ShapeIndex(self.cluster, shared, demand)
+            self.cluster.watch = self._shapes.touch
+        return self._shapes
 
     def consider_all(self, jobs: list[PendingJob], may_borrow: bool) -> list[PendingJob]:
         """``consider`` for each job, in order; the jobs that would borrow when it is not allowed.
@@ -272,6 +284,10 @@ class _Pass:
         def delays_reservation(i: int) -> bool:
             return not tl.no_delay(i, c.pick(i, gpus, model), cpus, mem, end)
 
+        policy = self.cfg.placement_for(partition)
+        if policy == "shapes":
+            return self.shape_index().finder(c.members.get(partition, ()), gpus, cpus, mem, model, tl.reserved,
+                                             delays_reservation)
         # vetoes remembered per node until it changes: a busy queue asks often
         return c.finder(partition, gpus, cpus, mem, model, self.cfg.placement_for(partition), tl.reserved,
                         delays_reservation, tl.versions)
@@ -304,6 +320,7 @@ class _Pass:
             return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
                     and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
 
+        sharing.scorer = self.shape_index() if self.cfg.placement_for(job.partition) == "shapes" else None
         d = sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
         self.plan.relayouts.extend(d.relayouts)
         if d.node is not None:

@@ -53,6 +53,7 @@ from .gpustate import (SHARED_MODES, Claim, GpuState, catalog, has_profile, load
                        profile_for_memory, slice_capacity_mb, slice_mem, type_ok)
 from .placement import Cluster
 from .plan import Relayout
+from .shapes import ShapeIndex
 from .snapshot import Device, PendingJob, Snapshot
 
 INF = math.inf
@@ -128,6 +129,7 @@ class Sharing:
         self._cut: list[GpuState] = []             # GPUs re-laid in this pass
         self._slices_by_memory: list[tuple] | None = None
         self._whole_by_memory: list[tuple] | None = None
+        self.scorer: ShapeIndex | None = None     # placement "shapes": where a share goes (shapes.py)
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -540,12 +542,21 @@ class Sharing:
                     break
             if stale > 64:                         # taken slices stay taken: drop them
                 self._slices_by_memory = [e for e in slices if not e[4].busy and e[5].start not in e[4].used]
-            for g in self._candidates(job, ("mps", "timeslice")):
+            scored = None
+            if self.scorer is not None:
+                shareable = self._candidate_set(job, ("mps", "timeslice"))
+                scored = self.scorer.gpu_for_share(
+                    want, job.cpus, job.mem_mb, job.gpu_type,
+                    lambda g: (g in shareable and not g.busy and self._share_fits(g, job, end)
+                               and node_ok(g.node, ())))
+                if scored is not None:
+                    offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), _start_share(scored, job, end, c))
+            for g in (() if scored is not None else self._candidates(job, ("mps", "timeslice"))):
                 v = g.view
                 if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
                     continue
                 waste = 0 if v.mode == "mps" else max(0, v.memory_mb // max(1, v.replicas) - want)
-                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end))
+                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end, c))
                 if v.mode == "mps":
                     break          # waste 0 at MPS's rank: nothing later can do better
             for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
@@ -628,6 +639,8 @@ class Sharing:
         v, want = g.view, job.gpu_mem_mb or 0
         if not g.allowed(job.job_id, end):
             return False
+        if v.dynamic and not g.clients and v.index not in self.cluster.free[g.node]:
+            return False           # an mps:dynamic GPU a whole-GPU job holds
         if v.mode == "mps":
             return (len(g.clients) < v.mps_max_clients and g.users() <= {job.user}
                     and g.mem_used() + want <= v.memory_mb)
@@ -636,6 +649,14 @@ class Sharing:
     def _wait_for_memory(self, job: PendingJob, want: int, may_claim: bool) -> Decision:
         best: tuple[float, int, int, GpuState] | None = None
         reconfiguring = False
+        if not may_claim:              # the reason only: whether a GPU it could use is being re-laid
+            key = ("reconf", job.partition, job.gpu_type, want, job.cpus, job.mem_mb)
+            hit = self._misfits.get(key)
+            if hit is None:
+                hit = self._misfits[key] = "MigReconfig" if any(
+                    g.view.reconfiguring for g in self._candidates(job, SHARED_MODES)
+                    if self._node_fits(g.node, job) and most_memory(g) >= want) else "Resources"
+            return Decision(reason=hit)
         for g in self._candidates(job, SHARED_MODES):
             if not self._node_fits(g.node, job) or most_memory(g) < want:
                 continue
@@ -659,6 +680,8 @@ class Sharing:
 
     def _earliest_share_now(self, g: GpuState, job: PendingJob, want: int) -> float:
         v = g.view
+        if v.dynamic and v.mode == "mps" and not g.clients and v.index not in self.cluster.free[g.node]:
+            return INF             # held whole: when it comes back is the timeline's to say
         if v.mode == "mig":
             ends = sorted(g.used.get(s.start, self.now) for s in g.slices.values()
                           if slice_capacity_mb(s.profile, slice_mem(v, s.start)) >= want)
@@ -685,9 +708,11 @@ def _start_slice(g: GpuState, s: mig.Slice, sv, end: float) -> Callable[[], Deci
     return act
 
 
-def _start_share(g: GpuState, job: PendingJob, end: float) -> Callable[[], Decision]:
+def _start_share(g: GpuState, job: PendingJob, end: float, cluster: Cluster) -> Callable[[], Decision]:
     def act() -> Decision:
         want = job.gpu_mem_mb or 0
+        if g.view.dynamic and not g.clients:     # an idle mps:dynamic GPU turns to shares
+            cluster.allocate(g.node, (g.index,), 0, 0)
         g.clients.append((end, job.user, want))
         return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
     return act

@@ -80,7 +80,7 @@ class GpuMode:
 
     kind: str = "whole"                 # "whole" | "mig" | "mps" | "timeslice"
     layout: str | None = None           # mig: a named static layout; None when dynamic
-    dynamic: bool = False               # mig: the scheduler lays slices out
+    dynamic: bool = False               # mig: the scheduler lays slices out; mps: whole or shares, by demand
     max_clients: int = MPS_MAX_CLIENTS  # mps
     thread_percentage: int | None = None  # mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for every job
     replicas: int = 1                   # timeslice
@@ -105,6 +105,8 @@ def parse_mode(text: Any) -> GpuMode:
         _check_layout_name(arg)
         return GpuMode("mig", layout=arg.lower())
     if kind == "mps":
+        if arg.lower() == "dynamic":
+            return GpuMode("mps", dynamic=True)
         return _parse_mps(arg)
     if kind == "timeslice":
         if not arg.isdigit() or not 1 <= int(arg) <= MAX_REPLICAS:
@@ -112,7 +114,7 @@ def parse_mode(text: Any) -> GpuMode:
                              f"as in \"timeslice:4\", not {text!r}")
         return GpuMode("timeslice", replicas=int(arg))
     raise ValueError(f"unknown GPU mode {text!r}: use whole, mig:LAYOUT, mig:dynamic, "
-                     "mps[:max_clients=N,thread_percentage=P] or timeslice:N")
+                     "mps[:max_clients=N,thread_percentage=P], mps:dynamic or timeslice:N")
 
 
 def _check_layout_name(name: str) -> None:
@@ -494,7 +496,7 @@ class GpuModes:
             return replace(g, mode="mig", dynamic=mode.dynamic and on and mode.kind == "mig",
                            slices=ready if on else (), relaid_at=self._relaid_at.get(i))
         if mode.kind == "mps":
-            return replace(g, mode="mps", mps_max_clients=mode.max_clients,
+            return replace(g, mode="mps", dynamic=mode.dynamic, mps_max_clients=mode.max_clients,
                            mps_thread_percentage=mode.thread_percentage)
         if mode.kind == "timeslice":
             return replace(g, mode="timeslice", replicas=mode.replicas)
