@@ -34,7 +34,6 @@ from fnmatch import fnmatchcase
 from typing import Callable, Sequence
 
 from .config import SchedConfig
-from .gpustate import serves_whole
 from .snapshot import NodeView, RunningJob
 from .topology import NodeTopology, topology_of
 
@@ -80,7 +79,8 @@ class Cluster:
         self.up = [n.schedulable for n in self.nodes]
         # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by sharing.py, except
         # that an mps:dynamic GPU is also a whole GPU here while no share holds it
-        self.model_of = [{g.index: g.model for g in n.gpus if serves_whole(g)} for n in self.nodes]
+        self.model_of = [{g.index: g.model for g in n.gpus   # gpustate.serves_whole, inlined
+                          if g.mode == "whole" or (g.dynamic and g.mode == "mps")} for n in self.nodes]
         self.model_set = [frozenset(m.values()) for m in self.model_of]
         self.mixed = [len(ms) > 1 for ms in self.model_set]
         self.total_cpus = [n.cpus for n in self.nodes]

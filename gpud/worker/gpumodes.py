@@ -255,6 +255,7 @@ class GpuModes:
         self.base = {g.index: g for g in backend.discover()}
         self.modes = {i: modes.get(i, UNMANAGED) for i in self.base}
         self.mps = mps
+        self._whole: dict[int, Any] = {}     # mps:dynamic GPU -> the whole-GPU launch holding it
         self.min_interval = min_interval
         self.clock = clock
         self._state: dict[int, tuple[bool, tuple[SliceInfo, ...]]] = {i: (False, ()) for i in self.base}
@@ -519,6 +520,16 @@ class GpuModes:
                 kind = getattr(dev, "kind", "gpu")
                 if kind == "gpu" and info.mode == "mig":
                     raise LaunchRefused(f"GPU {dev.index} is in MIG mode here; it has no whole GPU to give")
+                if info.mode == "mps" and info.dynamic:   # whole or shares, never both at once
+                    holder = self._whole.get(dev.index)
+                    if kind == "gpu":
+                        if self.mps is not None and self.mps.clients(dev.index):
+                            raise LaunchRefused(f"GPU {dev.index} serves MPS shares now; a whole-GPU "
+                                                "job waits until they end")
+                        self._whole[dev.index] = (launch.job_id, launch.attempt)
+                    elif holder is not None and holder != (launch.job_id, launch.attempt):
+                        raise LaunchRefused(f"GPU {dev.index} is held whole by job {holder[0]}; its MPS "
+                                            "shares wait until it ends")
                 if kind == "mig":
                     found = next((s for s in info.slices if s.start == dev.slice_start), None)
                     if found is None or found.uuid != dev.uuid:
@@ -548,7 +559,14 @@ class GpuModes:
             self._lock.release()
 
     def adopt_launches(self, launches: Iterable[Any]) -> None:
-        """At start: the MPS clients of jobs that outlived the last worker."""
+        """At start: the MPS clients of jobs that outlived the last worker (and the whole-GPU
+        jobs holding mps:dynamic GPUs)."""
+        launches = list(launches)
+        for launch in launches:
+            for dev in launch.gpus:
+                info = self.gpu(dev.index)
+                if getattr(dev, "kind", "gpu") == "gpu" and info is not None and info.mode == "mps" and info.dynamic:
+                    self._whole[dev.index] = (launch.job_id, launch.attempt)
         if self.mps is None:
             return
         for launch in launches:
@@ -560,9 +578,11 @@ class GpuModes:
 
     def sync_mps(self, launches: Iterable[Any]) -> None:
         """Stop the MPS daemons of GPUs whose jobs have all ended."""
+        active = [(launch.job_id, launch.attempt) for launch in launches]
+        for index in [i for i, holder in self._whole.items() if holder not in active]:
+            del self._whole[index]      # its whole-GPU job ended: shares may come
         if self.mps is None:
             return
-        active = [(launch.job_id, launch.attempt) for launch in launches]
         mps_gpus = [self._info(i) for i, m in self.modes.items() if m.kind == "mps"]
         self.mps.sync(active, mps_gpus)
 
