@@ -110,3 +110,14 @@ def test_bad_input_is_one_line(tmp_path, small):
 def test_openb_node_list_reads_as_the_paper_counts():
     ns = read_nodes(str(RAW / "openb_node_list_gpu_node.csv"))
     assert len(ns) == 1213 and sum(len(n.gpus) for n in ns) == 6212
+
+
+def test_a_pod_list_replays_in_time_as_its_jobs_csv_rows():
+    import io
+
+    from gpud.sim.trace import iter_trace
+    pods = io.StringIO(POD_HEADER + "p0,4000,8192,1,460,,LS,Running,10,110,20\n"
+                       "p1,1000,1024,8,1000,T4,BE,Failed,30,90,\n" "p2,1000,1024,0,0,,BE,Running,5,6,5\n")
+    jobs = io.StringIO("job_id,submit_s,gpus,duration_s,status,gpu_type\n"
+                       "p0,10,0.46,90,Running,\np1,30,8,60,Failed,T4\np2,5,0,1,Running,\n")
+    assert list(iter_trace(pods)) == list(iter_trace(jobs))
