@@ -129,6 +129,7 @@ class Sharing:
         self._cut: list[GpuState] = []             # GPUs re-laid in this pass
         self._slices_by_memory: list[tuple] | None = None
         self._whole_by_memory: list[tuple] | None = None
+        self._no_room: dict[tuple[str, ...], set[GpuState]] = {}   # profiles -> GPUs with no unused slots for them
         self.scorer: ShapeIndex | None = None     # placement "shapes": where a share goes (shapes.py)
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -291,6 +292,8 @@ class Sharing:
         existing = list(g.slices.values())
         if not destroying:
             new = place(g.model, profiles, existing)
+            if new is None:       # a GPU's slices stay as they are for the pass: no room stays none
+                self._no_room.setdefault(tuple(profiles), set()).add(g)
             return None if new is None else _Option(g, (), tuple(new))
         if not self._interval_over(g):
             return None
@@ -362,7 +365,10 @@ class Sharing:
         order = sorted((g for g in gs if g.view.dynamic and not g.busy and g not in full
                         and self._node_ok_later(g.node, job)),
                        key=lambda g: (-g.used_compute(), g.node, g.index))
+        no_room = self._no_room.get((p,), ())
         for g in order:
+            if g in no_room:
+                continue
             o = self._option(g, [p], job.job_id, False)
             if o is not None:
                 return o
@@ -567,8 +573,12 @@ class Sharing:
                     break
         immediate = best is not None
         # slices being cut in this pass, else a new one on a dynamic GPU
+        mig_ok = self._candidate_set(job, ("mig",)) if self._cut else frozenset()
+        fits: dict[str, str | None] = {}           # model -> the profile for ``want``
         for g in self._cut:
-            q = profile_for_memory(g.model, want) if g in self._candidates(job, ("mig",)) else None
+            if g not in mig_ok:
+                continue
+            q = fits[g.model] if g.model in fits else fits.setdefault(g.model, profile_for_memory(g.model, want))
             if q is not None and g.incoming.get(q, 0) > 0 and self._node_ok_later(g.node, job):
                 offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
                       _take_incoming(g, q))
