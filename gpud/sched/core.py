@@ -61,7 +61,8 @@ from .priority import PriorityModel
 from .quota import QuotaBook
 from .shapes import Demand, ShapeIndex
 from .sharing import Sharing
-from .snapshot import Part, PendingJob, Snapshot
+from .gpustate import device_fraction
+from .snapshot import Device, GpuView, Part, PendingJob, RunningJob, Snapshot
 
 INF = float("inf")
 
@@ -104,7 +105,8 @@ class _Pass:
         self.plan = Plan()
         self.cluster = Cluster(snap.nodes, snap.running, self.cfg)
         self.timeline = Timeline(self.cluster, snap.running, now)
-        self.book = QuotaBook(self.cfg, snap.running)
+        self._views: dict[str, dict[int, GpuView]] | None = None
+        self.book = QuotaBook(self.cfg, snap.running, self.share_of)
         self._sharing: Sharing | None = None     # built for the first fractional request
         self._gangs: Gangs | None = None
         self._shapes: ShapeIndex | None = None   # built for the first search under placement "shapes"
@@ -152,6 +154,16 @@ class _Pass:
             self._sharing = Sharing(self.snap, self.cluster, self.now)
             self._sharing.expect(self.queue)
         return self._sharing
+
+    def share_of(self, r: RunningJob) -> float:
+        """The GPUs a running job on slices or shares counts: its fraction, as billed."""
+        return self.fraction(r.node, r.devices) if any(d.kind != "gpu" for d in r.devices) else float(len(r.gpu_indices))
+
+    def fraction(self, node: str, devices: tuple[Device, ...]) -> float:
+        if self._views is None:
+            self._views = {n.name: {g.index: g for g in n.gpus} for n in self.snap.nodes}
+        views = self._views.get(node, {})
+        return sum(device_fraction(d, views.get(d.index)) for d in devices)
 
     def shape_index(self) -> ShapeIndex:
         """Nodes grouped by state, scored by the fragmentation a start leaves (shapes.py)."""
@@ -314,6 +326,12 @@ class _Pass:
             return
         c, tl, end = self.cluster, self.timeline, self.end_of(job)
         sharing = self.sharing()
+        book = self.book
+        if book.any_limits:      # its fraction counts, at least the least any GPU here would give
+            limit = book.limit_reason(job.qos, job.user, job.account, sharing.least_fraction(job))
+            if limit:
+                self.reasons[job.job_id] = limit
+                return
         members = sharing.members(job.partition)
 
         def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
@@ -327,7 +345,8 @@ class _Pass:
             i = d.node
             c.allocate(i, d.gpu_indices, job.cpus, job.mem_mb)
             tl.add_start(i, d.gpu_indices, job.cpus, job.mem_mb, end, job.job_id)
-            self.book.on_start(job.account, job.qos, job.user, len(d.gpu_indices))
+            if book.counting:
+                book.on_start(job.account, job.qos, job.user, self.fraction(c.nodes[i].name, d.devices))
             self.plan.starts.append(Start(job.job_id, c.nodes[i].name, d.gpu_indices, job.cpus, job.mem_mb,
                                           devices=d.devices))
             return

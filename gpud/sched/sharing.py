@@ -194,6 +194,34 @@ class Sharing:
         node = self.cluster.nodes[i]
         return int(any(v.mode == "whole" and v.memory_mb >= want and type_ok(job, v) for v in node.gpus))
 
+    def least_fraction(self, job: PendingJob) -> float:
+        """The smallest fraction of a GPU the request could take here (a limit's lower bound
+        before it is placed): its slices' on the partition's MIG GPUs, else the least a share,
+        replica, slice or whole GPU with room for its memory stands for."""
+        key = ("least", job.partition, job.gpu_type, job.mig_profile, job.gpus, job.gpu_mem_mb)
+        hit = self._misfits.get(key)
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        fracs = []
+        if job.mig_profile:
+            for g in self._candidates(job, ("mig",)):
+                fracs.append(catalog(g.model)[job.mig_profile].fraction * max(1, job.gpus))
+        else:
+            want = job.gpu_mem_mb or 0
+            for g in self._candidates(job, SHARED_MODES):
+                v = g.view
+                if v.mode == "mps":
+                    fracs.append(min(1.0, want / v.memory_mb) if v.memory_mb > 0 else 1.0)
+                elif v.mode == "timeslice":
+                    fracs.append(1.0 / max(1, v.replicas))
+                else:
+                    q = profile_for_memory(g.model, want) if g.layout_ok else None
+                    if q is not None:
+                        fracs.append(catalog(g.model)[q].fraction)
+        least = min(fracs, default=1.0)
+        self._misfits[key] = least  # type: ignore[assignment]
+        return least
+
     # -- one job --------------------------------------------------------------------------------
 
     def consider(self, job: PendingJob, end: float, node_ok: NodeOk, may_claim: bool) -> Decision:
