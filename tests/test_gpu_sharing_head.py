@@ -204,3 +204,20 @@ async def test_stale_plans_do_not_double_book(kit):
     plan = Plan(starts=[Start(a, "n1", (), 1, GiB, devices=(dev,)), Start(b, "n1", (), 1, GiB, devices=(dev,))])
     txn, applied = plan_to_txn(kit.store, plan, kit.clock())
     assert [j.job_id for j in applied.launches] == [a]
+
+
+def test_the_head_recheck_keeps_an_mps_dynamic_gpu_whole_or_shared_never_both():
+    from types import SimpleNamespace
+
+    from gpud.head.gpusharing import SharedUse
+    from gpud.sched.snapshot import Device, GpuView
+    info = SimpleNamespace(name="n1", gpus=[GpuView(0, "GPU-0", "H100-80GB", 81920, mode="mps", dynamic=True)])
+    whole, share = Device(0, "gpu", "GPU-0"), Device(0, "mps", "GPU-0", None, 1024)
+    idle = SharedUse([])
+    assert idle.fits(info, "u", [whole]) is None and idle.fits(info, "u", [share]) is None
+    shared = SharedUse([])
+    shared.add("n1", "u", [share])
+    assert "serves MPS shares" in shared.fits(info, "u", [whole])
+    held = SharedUse([])
+    held.add("n1", "u", [whole])
+    assert "held whole" in held.fits(info, "u", [share])

@@ -90,13 +90,19 @@ class SharedUse:
     def __init__(self, jobs: Iterable["JobRecord"]) -> None:
         self.slices: set[tuple[str, int, int]] = set()                      # (node, gpu, start)
         self.clients: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)   # (user, mem)
+        self.whole: set[tuple[str, int]] = set()          # (node, gpu) held whole: mps:dynamic checks it
         for j in jobs:
             if j.state.active and j.node is not None:
-                self.add(j.node, j.user, job_devices(j))
+                devices = job_devices(j)
+                self.add(j.node, j.user, devices)
+                if not devices:
+                    self.whole.update((j.node, i) for i in j.gpu_indices)
 
     def add(self, node: str, user: str, devices: Iterable[Device]) -> None:
         for d in devices:
-            if d.kind == "mig" and d.slice_start is not None:
+            if d.kind == "gpu":
+                self.whole.add((node, d.index))
+            elif d.kind == "mig" and d.slice_start is not None:
                 self.slices.add((node, d.index, d.slice_start))
             elif d.kind in ("mps", "timeslice"):
                 self.clients[(node, d.index)].append((user, d.mem_mb or 0))
@@ -109,9 +115,14 @@ class SharedUse:
             if g is None:
                 return f"no GPU {d.index}"
             if d.kind == "gpu":
-                if g.mode != "whole":
+                if g.mode == "mps" and g.dynamic:      # whole or shares, never both at once
+                    if self.clients.get((info.name, d.index)):
+                        return f"GPU {d.index} serves MPS shares now"
+                elif g.mode != "whole":
                     return f"GPU {d.index} is in {g.mode} mode now"
                 continue
+            if d.kind == "mps" and g.dynamic and (info.name, d.index) in self.whole:
+                return f"GPU {d.index} is held whole now"
             if g.mode != d.kind:
                 return f"GPU {d.index} is in {g.mode} mode now, not {d.kind}"
             if d.kind == "mig":
