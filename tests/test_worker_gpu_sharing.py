@@ -234,3 +234,20 @@ async def test_an_mps_dynamic_gpu_runs_a_whole_job_or_shares_never_both(tmp_path
         await r.command("launch", job_body(tmp_path, 5, [whole]))
         (msg,) = await r.wait("finished", lambda b: b["job"] == 5)
         assert msg.body.get("reason") != "launch_failed", msg.body
+
+
+async def test_the_heads_interval_comes_with_the_relayout_and_beats_the_workers_own(tmp_path):
+    # The worker's config says 10 minutes between re-layouts that destroy slices; the head,
+    # reconfigured to 0, sends its interval with the command, and that is the one applied.
+    async with sharing_rig(tmp_path) as r:
+        cut = {"gpu": 0, "destroy": [], "create": [{"profile": "3g.40gb", "start": 0}]}
+        gpus = await relay(r, cut)
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["3g.40gb"]
+        swap = {"gpu": 0, "destroy": [0], "create": [{"profile": "7g.80gb", "start": 0}]}
+        gpus = await relay(r, {**cut, "destroy": [0], "create": [{"profile": "4g.40gb", "start": 0}],
+                               "min_interval": 0})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["4g.40gb"]       # re-laid at once
+        gpus = await relay(r, {**swap, "min_interval": 600})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["4g.40gb"]       # refused: 600 s
+        gpus = await relay(r, {**swap, "min_interval": 0})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["7g.80gb"]       # the head's, again

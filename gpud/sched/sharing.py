@@ -310,6 +310,8 @@ class Sharing:
         in ``keep`` (free slices the job itself will take)."""
         if g.busy or not g.view.dynamic or not g.layout_ok or not g.allowed(job_id, INF):
             return None
+        if g.view.relayout_after is not None and g.view.relayout_after > self.now:
+            return None           # the worker refused the last one: backing off
         key = ("option", tuple(profiles), destroying, keep, len(g.used))
         if key not in g.memo:
             g.memo[key] = self._option_now(g, profiles, destroying, keep)
@@ -344,8 +346,9 @@ class Sharing:
 
     def _interval_end(self, g: GpuState) -> float:
         """When a re-layout that destroys slices is next allowed on ``g``."""
-        last = g.view.relaid_at
-        return -INF if last is None else last + self.cfg.mig_min_interval
+        last, after = g.view.relaid_at, g.view.relayout_after
+        end = -INF if last is None else last + self.cfg.mig_min_interval
+        return end if after is None else max(end, after)
 
     def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
         if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
@@ -534,6 +537,8 @@ class Sharing:
                 if new is not None:
                     if step or place(g.model, [p] * k, list(g.slices.values())) is None:
                         t = max(t, self._interval_end(g))      # free slices must go first
+                    elif g.view.relayout_after is not None:
+                        t = max(t, g.view.relayout_after)      # a refused re-layout backs off
                     if t < best:
                         best, mask = t, 0
                         for s in new:

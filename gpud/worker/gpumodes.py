@@ -27,11 +27,12 @@ when they end (``converge``, called after every job end).  A GPU that loses MIG 
 reboot (H100, H200) therefore gets it back here; a dynamic GPU gets back the slices its
 surviving jobs hold (the sim forgets them with the worker).
 
-Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reason} is
-applied to a dynamic GPU when the end state is a valid layout that keeps every slice in
-use; a command whose end state already holds does nothing (messages come at least once).
-A command that destroys slices sooner than ``[scheduler] mig_min_interval`` after the
-last one is refused; ``relaid_at`` is the time of the last command that destroyed any,
+Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reason,
+min_interval} is applied to a dynamic GPU when the end state is a valid layout that keeps
+every slice in use; a command whose end state already holds does nothing (messages come
+at least once).  A command that destroys slices sooner than its ``min_interval`` (the
+head's ``[scheduler] mig_min_interval``, so ``scontrol reconfigure`` reaches it; the
+worker's own only for a command without one) after the last one is refused; ``relaid_at`` is the time of the last command that destroyed any,
 kept in the state directory so that a worker restart does not reset it.
 The worker re-registers after every command, applied or refused, so the head sees what
 is there, new ``MIG-...`` UUIDs included.
@@ -413,14 +414,15 @@ class GpuModes:
             try:
                 self.backend.note_in_use(busy)
                 self._refresh(index)
-                return self._relayout(index, destroy, create, {s for g, s in busy if g == index})
+                return self._relayout(index, destroy, create, {s for g, s in busy if g == index},
+                                      _interval(body, self.min_interval))
             except GpuError as e:
                 return MigResult(True, True, f"GPU {index}: re-layout stopped half-way: {e}")
             finally:
                 self._safe_refresh(index)
 
     def _relayout(self, i: int, destroy: list[int], create: list[mig.Slice],
-                  used: set[int | None]) -> MigResult:
+                  used: set[int | None], min_interval: float) -> MigResult:
         on, slices = self._state[i]
         if not on:
             return MigResult(False, True, f"GPU {i}: MIG mode is off (waiting for a reset?)")
@@ -436,9 +438,9 @@ class GpuModes:
                                           f"{', '.join(map(str, held))}: running jobs use them")
         now = self.clock()
         last = self._relaid_at.get(i)
-        if gone and last is not None and now < last + self.min_interval - INTERVAL_SLACK:
+        if gone and last is not None and now < last + min_interval - INTERVAL_SLACK:
             return MigResult(False, True, f"GPU {i}: re-laid {now - last:.0f}s ago, under the "
-                                          f"minimum interval of {self.min_interval:.0f}s")
+                                          f"minimum interval of {min_interval:.0f}s")
         result = [mig.Slice(s.profile, s.start) for s in slices if s.start not in gone] + new
         try:
             mig.validate_layout(self.base[i].model, result)
@@ -600,6 +602,15 @@ def from_config(cfg: Any, backend: GpuBackend, node: str, state_dir: str, *,
     return GpuModes(backend, modes, mps=mps, clock=clock,
                     min_interval=float(getattr(cfg.sched, "mig_min_interval", 0.0) or 0.0),
                     relaid_file=os.path.join(state_dir, "mig-relaid.json"))
+
+
+def _interval(body: Mapping[str, Any], own: float) -> float:
+    """The minimum interval a command carries (the head's, the one source of truth), else
+    the worker's own from its config (a head from before the field)."""
+    v = body.get("min_interval")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 10 ** 9:
+        return own
+    return float(v)
 
 
 def devices_in_use(launches: Iterable[Any]) -> set[DeviceUse]:
