@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpud.sched.core import schedule
 from gpud.sched.quota import QuotaBook
 
@@ -148,3 +150,31 @@ def test_fractions_count_against_a_qos_cap_per_user():
     plan = schedule(snapshot([_shared_node()], pend, run, cfg=cfg), 0.0)
     assert plan.reasons[2] == "QOSMaxGRESPerUser"
     assert sorted(s.job_id for s in plan.starts) == [3, 4]
+
+
+def test_quota_reclaim_preempts_borrowing_fractional_jobs():
+    from gpud.gpu import mig
+    from gpud.sched.snapshot import Device, GpuView, NodeView, SliceView
+    cfg = config(accounts={"a": {"gpu_quota": 1, "users": ["alice"]}, "b": {"users": ["bob"]}})
+    # an MPS GPU full of bob's borrowed shares: one user at a time, so both must go for alice
+    run = [replace(_share(k, 40960, account="b", user="bob"), borrowed=True, start_time=-7200.0) for k in (1, 2)]
+    mps_node = replace(_shared_node(), gpus=_shared_node().gpus[:1])
+    plan = schedule(snapshot([mps_node], [pending(3, 1, account="a", gpu_mem_mb=20480)], run, cfg=cfg), 0.0)
+    assert sorted(p.job_id for p in plan.preemptions) == [1, 2]
+    assert all(p.for_job == 3 and "quota reclaim" in p.reason for p in plan.preemptions)
+    assert plan.reasons[3] == "Resources" and not plan.starts
+    # a MIG slice of the profile alice asks for, held by a borrowed job of bob's
+    layout = mig.named_layout("A100-80GB", "all-1g.10gb")
+    cat = mig.catalog("A100-80GB")
+    gpu = GpuView(0, "GPU-0", "A100-80GB", 81920, mode="mig", slices=tuple(
+        SliceView(s.profile, s.start, f"MIG-{s.start}", cat[s.profile].memory_mb) for s in layout))
+    node = NodeView("n001", 64, 512 * 1024, (gpu,))
+    run = [running(10 + s.start, "n001", (), account="b", user="bob", borrowed=True, start_time=-7200.0,
+                   devices=(Device(0, "mig", f"MIG-{s.start}", s.start, 9728, s.profile),)) for s in layout]
+    run[0] = replace(run[0], borrowed=False, account="a", user="alice")   # alice's own: never a victim
+    plan = schedule(snapshot([node], [pending(3, 1, account="a", mig_profile="1g.10gb")], run, cfg=cfg), 0.0)
+    (p,) = plan.preemptions
+    assert p.job_id != run[0].job_id and p.for_job == 3
+    # within quota only: a borrower gets no reclaim for itself
+    plan = schedule(snapshot([node], [pending(4, 1, account="b", user="bob", mig_profile="1g.10gb")], run, cfg=cfg), 0.0)
+    assert not plan.preemptions

@@ -34,8 +34,9 @@ It reads as numbered steps:
 
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
    ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
-   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else a claim on the GPU
-   where it starts earliest.  It neither preempts nor counts against GPU quotas.
+   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota,
+   reclaim of borrowed slices or shares on one GPU, else a claim on the GPU where it
+   starts earliest.  It counts against limits and quotas by its fraction of a GPU.
 
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are
@@ -50,6 +51,7 @@ tests/test_sched_fastpath.py holds them to the plain computation.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Container
 
 from .backfill import Timeline
@@ -347,14 +349,57 @@ class _Pass:
             tl.add_start(i, d.gpu_indices, job.cpus, job.mem_mb, end, job.job_id)
             if book.counting:
                 book.on_start(job.account, job.qos, job.user, self.fraction(c.nodes[i].name, d.devices))
+            borrowed = book.enabled and not book.within(job.account, sharing.least_fraction(job))
             self.plan.starts.append(Start(job.job_id, c.nodes[i].name, d.gpu_indices, job.cpus, job.mem_mb,
-                                          devices=d.devices))
+                                          borrowed=borrowed, devices=d.devices))
             return
         self.reasons[job.job_id] = d.reason or "Resources"
+        if (book.enabled and not d.relayouts and (job.mig_profile is None or job.gpus <= 1)
+                and book.within(job.account, sharing.least_fraction(job)) and self.reclaim_fraction(job)):
+            return                # f. quota reclaim: borrowed slices or shares make way
         if d.expected is not None and d.expected_node is not None:
             self.depth_left -= 1
             self.plan.expected_starts[job.job_id] = d.expected
             self.plan.reserved_nodes[job.job_id] = c.nodes[d.expected_node].name
+
+    def reclaim_fraction(self, job: PendingJob) -> bool:
+        """Step f for a within-quota fraction: preempt the fewest borrowed jobs of other pools
+        on one GPU whose exit leaves the job its share (an MPS GPU) or slice (a MIG GPU)."""
+        pre = self.preemptor()
+        if not pre.fractional or pre.budget <= 0:
+            return False
+        c, sharing, pool = self.cluster, self.sharing(), self.book.pool(job.account)
+        kind = "mig" if job.mig_profile else "mps"
+        usable = sharing._candidate_set(job, (kind,))
+        want = job.gpu_mem_mb or 0
+        best: tuple[tuple, int, tuple[RunningJob, ...]] | None = None
+        for (i, gi), _ in sorted(pre.fractional.items()):
+            g = next((h for h in sharing.on_node.get(i, ()) if h.index == gi), None)
+            if g is None or g not in usable or g.busy:
+                continue
+
+            def room(chosen: list[RunningJob], g=g, i=i) -> bool:
+                if c.cpus[i] + sum(v.cpus for v in chosen) < job.cpus or \
+                        c.mem[i] + sum(v.mem_mb for v in chosen) < job.mem_mb:
+                    return False
+                mine = [d for v in chosen for d in v.devices if d.index == g.index]
+                if kind == "mig":
+                    return any(d.kind == "mig" and g.slices.get(d.slice_start) is not None
+                               and g.slices[d.slice_start].profile == job.mig_profile for d in mine)
+                users = Counter(u for _, u, _ in g.clients)
+                users.subtract(v.user for v in chosen)
+                left = sum(m for _, _, m in g.clients) - sum(d.mem_mb or 0 for d in mine)
+                return (len(g.clients) - len(chosen) < g.view.mps_max_clients and left + want <= g.view.memory_mb
+                        and all(u == job.user for u, n in users.items() if n > 0))
+            victims = pre.reclaim_fraction(i, gi, pool, room, self.share_of)
+            if victims is not None and (best is None or (len(victims), i, gi) < best[0]):
+                best = ((len(victims), i, gi), i, victims)
+        if best is None:
+            return False
+        _, i, victims = best
+        self.preempt(job, Choice(i, victims, ()), frozenset(), pool, [self.share_of(v) for v in victims])
+        self.reasons[job.job_id] = "Resources"
+        return True
 
     # -- gangs and node filters (gang.py) -------------------------------------------------------------
     def gangs(self) -> Gangs:
@@ -524,8 +569,9 @@ class _Pass:
                                         self.prio.of_running, self.snap.recent_preemptions, self.now)
         return self._preemptor
 
-    def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None) -> None:
-        self.preemptor().commit(choice)
+    def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None,
+                amounts: list[float] | None = None) -> None:
+        self.preemptor().commit(choice, amounts)
         for v in choice.victims:
             vq = self.cfg.qos.get(v.qos)
             mode = vq.preempt_mode if vq is not None else "requeue"

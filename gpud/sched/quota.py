@@ -18,7 +18,8 @@ pool's use counts its running jobs that are not already stopping, jobs started i
 and jobs waiting in this pass for victims to exit.
 
 *Reclaim.*  A pending job within quota that cannot start may preempt borrowed jobs of
-other pools, whatever their priority.  A borrowed job is reclaimable while its pool uses
+other pools, whatever their priority; a slice or share job, the fewest borrowed slice or
+share jobs on one GPU whose exit leaves it room (core.reclaim_fraction).  A borrowed job is reclaimable while its pool uses
 more than its size by at least that job's GPUs, so reclaim never cuts into anyone's own
 guarantee.
 
@@ -149,5 +150,6 @@ class QuotaBook:
         """A job waits for victims to exit; the GPUs it will get count for its pool now."""
         self.used[self.pool(account)] += gpus
 
-    def on_victim(self, victim: RunningJob) -> None:
-        self.used[self.pool(victim.account)] -= victim.gpus
+    def on_victim(self, victim: RunningJob, gpus: float | None = None) -> None:
+        """A victim stops: its GPUs (``gpus``: its fraction, for slices and shares) leave its pool."""
+        self.used[self.pool(victim.account)] -= victim.gpus if gpus is None else gpus
