@@ -50,7 +50,11 @@ from gpud.sim.engine import Simulation  # noqa: E402
 from gpud.sim.report import percentile  # noqa: E402
 from gpud.sim.trace import TraceJob  # noqa: E402
 
-OPENB = os.path.join(ROOT, "..", "shared", "traces", "alibaba_openb_2023", "jobs.csv")
+# ../shared/traces beside the checkout (a worktree deeper down finds it further up)
+OPENB = next((os.path.join(d, "shared", "traces", "alibaba_openb_2023", "jobs.csv")
+              for d in (os.path.abspath(os.path.join(ROOT, *[".."] * k)) for k in range(1, 4))
+              if os.path.isdir(os.path.join(d, "shared", "traces"))),
+             os.path.join(ROOT, "..", "shared", "traces", "alibaba_openb_2023", "jobs.csv"))
 MODEL = "A100-80GB"
 CFG = sched_config_from_dict({"scheduler": {"mig_min_interval": "10m"}}, "<bench>")
 PROFILES = [p for p in mig.catalog(MODEL).values() if not p.media_extensions and p.name != "1g.20gb"]

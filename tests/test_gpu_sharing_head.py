@@ -204,3 +204,68 @@ async def test_stale_plans_do_not_double_book(kit):
     plan = Plan(starts=[Start(a, "n1", (), 1, GiB, devices=(dev,)), Start(b, "n1", (), 1, GiB, devices=(dev,))])
     txn, applied = plan_to_txn(kit.store, plan, kit.clock())
     assert [j.job_id for j in applied.launches] == [a]
+
+
+def test_the_head_recheck_keeps_an_mps_dynamic_gpu_whole_or_shared_never_both():
+    from types import SimpleNamespace
+
+    from gpud.head.gpusharing import SharedUse
+    from gpud.sched.snapshot import Device, GpuView
+    info = SimpleNamespace(name="n1", gpus=[GpuView(0, "GPU-0", "H100-80GB", 81920, mode="mps", dynamic=True)])
+    whole, share = Device(0, "gpu", "GPU-0"), Device(0, "mps", "GPU-0", None, 1024)
+    idle = SharedUse([])
+    assert idle.fits(info, "u", [whole]) is None and idle.fits(info, "u", [share]) is None
+    shared = SharedUse([])
+    shared.add("n1", "u", [share])
+    assert "serves MPS shares" in shared.fits(info, "u", [whole])
+    held = SharedUse([])
+    held.add("n1", "u", [whole])
+    assert "held whole" in held.fits(info, "u", [share])
+
+
+def test_a_refused_relayout_backs_off_and_is_retried_with_the_heads_interval():
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpud.head.gpusharing import REFUSED_BACKOFF, MigCommands
+    from gpud.sched.config import SchedConfig
+    from gpud.sched.core import schedule
+    from gpud.sched.snapshot import GpuView, NodeView, PendingJob, Snapshot
+
+    sent = []
+
+    class Bus:
+        async def publish(self, topic, kind, body):
+            sent.append(body)
+
+    info = {"name": "n1", "gpus": [{"index": 0, "slices": [{"profile": "7g.80gb", "start": 0}]}]}
+    head = SimpleNamespace(store=SimpleNamespace(nodes={"n1": SimpleNamespace(info=info)}), bus=Bus(),
+                           cfg=SimpleNamespace(sched=SchedConfig(mig_min_interval=5.0)))
+    mig = MigCommands(head)
+    gpu = GpuView(0, "GPU-0", "A100-80GB", 81920, mode="mig", dynamic=True)
+    snap = Snapshot((NodeView("n1", 64, 512 * 1024, (gpu,)),),
+                    (PendingJob(1, "u", "default", "gpu", "normal", 1, 1, 1024, 3600.0, 0.0, mig_profile="1g.10gb"),), ())
+    now = 100.0
+    plan = schedule(mig.adjust(snap, now), now)
+    (r,) = plan.relayouts
+    asyncio.run(mig.send(plan.relayouts, now))
+    assert sent[-1]["min_interval"] == 5.0                  # the head's interval travels with it
+    # the worker re-registers with the layout unchanged: refused; nothing planned there for a while
+    mig.registered("n1", info, now)
+    for t, backoff in ((now + 1, True), (now + REFUSED_BACKOFF + 1, False)):
+        plan = schedule(mig.adjust(snap, t), t)
+        assert bool(plan.relayouts) is not backoff, t
+        if backoff:
+            assert plan.reasons[1] == "MigReconfig" and plan.expected_starts[1] == now + REFUSED_BACKOFF
+    # refused again: twice as long; after a reconfigure the retry carries the new interval
+    asyncio.run(mig.send(plan.relayouts, now + REFUSED_BACKOFF + 1))
+    mig.registered("n1", info, now + REFUSED_BACKOFF + 1)
+    assert mig.refused[("n1", 0)][0] == now + 3 * REFUSED_BACKOFF + 1
+    head.cfg = SimpleNamespace(sched=SchedConfig(mig_min_interval=0.0))
+    t = now + 3 * REFUSED_BACKOFF + 2
+    plan = schedule(mig.adjust(snap, t), t)
+    asyncio.run(mig.send(plan.relayouts, t))
+    assert sent[-1]["min_interval"] == 0.0
+    # applied this time: the backoff is forgotten
+    mig.registered("n1", {"name": "n1", "gpus": [{"index": 0, "slices": [{"profile": "1g.10gb", "start": 6}]}]}, t)
+    assert ("n1", 0) not in mig.refused

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpud.sched.core import schedule
 from gpud.sched.quota import QuotaBook
 
@@ -106,3 +108,73 @@ def test_quotas_off_means_nothing_borrows():
     snap = snapshot(nodes(1), [pending(1, 8)])
     plan = schedule(snap, 0.0)
     assert plan.starts and not plan.starts[0].borrowed
+
+
+def _shared_node():
+    """One A100-80GB node: GPU 0 MPS, GPU 1 dynamic MIG, GPUs 2-3 whole."""
+    from gpud.sched.snapshot import GpuView, NodeView
+    gpus = (GpuView(0, "GPU-0", "A100-80GB", 81920, mode="mps"),
+            GpuView(1, "GPU-1", "A100-80GB", 81920, mode="mig", dynamic=True),
+            GpuView(2, "GPU-2", "A100-80GB", 81920), GpuView(3, "GPU-3", "A100-80GB", 81920))
+    return NodeView("n001", 64, 512 * 1024, gpus)
+
+
+def _share(job_id: int, mem: int, account: str = "a", user: str = "alice"):
+    from gpud.sched.snapshot import Device
+    return running(job_id, "n001", (), account=account, user=user,
+                   devices=(Device(0, "mps", "GPU-0", None, mem),))
+
+
+def test_fractions_count_against_gpu_limit_so_an_account_at_it_gets_no_more_slices_or_shares():
+    cfg = config(accounts={"a": {"gpu_limit": 1, "users": ["*"]}})
+    # two 40 GiB shares of an 80 GiB GPU: the account holds exactly its one GPU
+    run = [_share(1, 40960), _share(2, 40960)]
+    pend = [pending(3, 1, account="a", gpu_mem_mb=10240), pending(4, 1, account="a", mig_profile="1g.10gb"),
+            pending(5, 1, account="a")]
+    plan = schedule(snapshot([_shared_node()], pend, run, cfg=cfg), 0.0)
+    assert plan.starts == [] and not plan.relayouts
+    assert [plan.reasons[j] for j in (3, 4, 5)] == ["AccountLimit"] * 3
+    # at half a GPU, a quarter share starts and then the limit holds again
+    run = [_share(1, 40960)]
+    pend = [pending(3, 1, account="a", gpu_mem_mb=20480), pending(4, 1, account="a", gpu_mem_mb=20480),
+            pending(6, 1, account="a", gpu_mem_mb=20480)]
+    plan = schedule(snapshot([_shared_node()], pend, run, cfg=cfg), 0.0)
+    assert [s.job_id for s in plan.starts] == [3, 4]
+    assert plan.reasons[6] == "AccountLimit"
+
+
+def test_fractions_count_against_a_qos_cap_per_user():
+    cfg = config(qos={"normal": {"max_gpus_per_user": 1}})
+    run = [_share(1, 61440, account="default")]          # 3/4 of a GPU
+    pend = [pending(2, 1, gpu_mem_mb=40960), pending(3, 1, gpu_mem_mb=20480), pending(4, 1, user="bob")]
+    plan = schedule(snapshot([_shared_node()], pend, run, cfg=cfg), 0.0)
+    assert plan.reasons[2] == "QOSMaxGRESPerUser"
+    assert sorted(s.job_id for s in plan.starts) == [3, 4]
+
+
+def test_quota_reclaim_preempts_borrowing_fractional_jobs():
+    from gpud.gpu import mig
+    from gpud.sched.snapshot import Device, GpuView, NodeView, SliceView
+    cfg = config(accounts={"a": {"gpu_quota": 1, "users": ["alice"]}, "b": {"users": ["bob"]}})
+    # an MPS GPU full of bob's borrowed shares: one user at a time, so both must go for alice
+    run = [replace(_share(k, 40960, account="b", user="bob"), borrowed=True, start_time=-7200.0) for k in (1, 2)]
+    mps_node = replace(_shared_node(), gpus=_shared_node().gpus[:1])
+    plan = schedule(snapshot([mps_node], [pending(3, 1, account="a", gpu_mem_mb=20480)], run, cfg=cfg), 0.0)
+    assert sorted(p.job_id for p in plan.preemptions) == [1, 2]
+    assert all(p.for_job == 3 and "quota reclaim" in p.reason for p in plan.preemptions)
+    assert plan.reasons[3] == "Resources" and not plan.starts
+    # a MIG slice of the profile alice asks for, held by a borrowed job of bob's
+    layout = mig.named_layout("A100-80GB", "all-1g.10gb")
+    cat = mig.catalog("A100-80GB")
+    gpu = GpuView(0, "GPU-0", "A100-80GB", 81920, mode="mig", slices=tuple(
+        SliceView(s.profile, s.start, f"MIG-{s.start}", cat[s.profile].memory_mb) for s in layout))
+    node = NodeView("n001", 64, 512 * 1024, (gpu,))
+    run = [running(10 + s.start, "n001", (), account="b", user="bob", borrowed=True, start_time=-7200.0,
+                   devices=(Device(0, "mig", f"MIG-{s.start}", s.start, 9728, s.profile),)) for s in layout]
+    run[0] = replace(run[0], borrowed=False, account="a", user="alice")   # alice's own: never a victim
+    plan = schedule(snapshot([node], [pending(3, 1, account="a", mig_profile="1g.10gb")], run, cfg=cfg), 0.0)
+    (p,) = plan.preemptions
+    assert p.job_id != run[0].job_id and p.for_job == 3
+    # within quota only: a borrower gets no reclaim for itself
+    plan = schedule(snapshot([node], [pending(4, 1, account="b", user="bob", mig_profile="1g.10gb")], run, cfg=cfg), 0.0)
+    assert not plan.preemptions

@@ -70,7 +70,7 @@ def test_config_file_is_read(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--trace", "t.csv"], "Missing option '--cluster'"),
+    (["--trace", "t.csv"], "--cluster SPEC or --nodes CSV"),
     (["--cluster", "2x8xH100", "--trace", "t.csv"], "invalid GPU model"),
     (["--cluster", "1x1xH100-80GB", "--trace", "absent.csv"], "no such trace file"),
     (["--cluster", "1x1xH100-80GB", "--trace", "t.csv", "--until", "soon"], "invalid --until"),

@@ -139,3 +139,20 @@ def test_fractions_hold_a_whole_gpu_without_shared_gpus():
     report = Simulation(parse_cluster("1x1xV100-32GB"), jobs).run()
     assert report["gpu_allocation"] == 1.0 and report["makespan_s"] == 200.0
     assert report["accounts"]["default"]["gpu_seconds"] == pytest.approx(50.0)
+
+
+def test_mps_dynamic_gpus_take_whole_jobs_and_shares_in_the_simulator(caplog):
+    """An mps:dynamic node serves whole-GPU jobs and shares (never both on one GPU at once):
+    every start the core plans is one the engine's re-check accepts."""
+    from gpud.sim.cluster import apply_gpu_modes, parse_cluster
+    from gpud.sim.engine import Simulation
+    from gpud.sim.trace import TraceJob
+    from gpud.sched.config import SchedConfig
+
+    nodes = apply_gpu_modes(parse_cluster("1x2xV100-32GB"), "mps:dynamic")
+    rows = [TraceJob(seq=k, trace_id=str(k), submit_s=float(k), gpus=1, share=share, duration_s=100.0,
+                     user="u", account=None, gpu_type=None, status=None)
+            for k, share in enumerate([0.5, 1.0, 0.4, 1.0, 0.3], start=1)]
+    report = Simulation(nodes, iter(rows), SchedConfig()).run()
+    assert report["jobs"]["started"] == 5 and report["jobs"]["completed"] == 5
+    assert "does not fit" not in caplog.text

@@ -200,3 +200,54 @@ async def wait_for(pred, timeout: float = WAIT) -> None:
 
 async def wait_file(path) -> None:
     await wait_for(path.exists)
+
+
+async def test_an_mps_dynamic_gpu_runs_a_whole_job_or_shares_never_both(tmp_path):
+    async with sharing_rig(tmp_path, modes={"0": "whole", "1": "mps:dynamic"}) as r:
+        (gpu,) = [g for g in gpus_of(r.seen("register")[0]) if g["index"] == 1]
+        assert gpu["mode"] == "mps" and gpu["dynamic"]
+        stub = r.worker.gpus.mps.runner
+        whole = {"index": 1, "uuid": gpu["uuid"], "kind": "gpu"}
+        share = {"index": 1, "uuid": gpu["uuid"], "kind": "mps", "mem_mb": 20480}
+        # empty: it takes a whole job, and then no share (no MPS daemon either)
+        await r.command("launch", job_body(tmp_path, 1, [whole], WAIT_FOR_STOP))
+        await r.wait("started", lambda b: b["job"] == 1)
+        await r.command("launch", job_body(tmp_path, 2, [share]))
+        (msg,) = await r.wait("finished", lambda b: b["job"] == 2)
+        assert msg.body["reason"] == "launch_failed" and "held whole by job 1" in msg.body["message"]
+        assert stub.events == []
+        (tmp_path / "stop").touch()
+        await r.wait("finished", lambda b: b["job"] == 1)
+        os.unlink(tmp_path / "stop")
+        # empty again: shares start its MPS daemon, and a whole job is refused beside them
+        await wait_for(lambda: 1 not in r.worker.gpus._whole)
+        await r.command("launch", job_body(tmp_path, 3, [share], WAIT_FOR_STOP))
+        await r.wait("started", lambda b: b["job"] == 3)
+        assert stub.events == [("start", 1, ME)]
+        await r.command("launch", job_body(tmp_path, 4, [whole]))
+        (msg,) = await r.wait("finished", lambda b: b["job"] == 4)
+        assert msg.body["reason"] == "launch_failed" and "serves MPS shares now" in msg.body["message"]
+        # the shares end: the daemon stops, and the GPU takes a whole job again
+        (tmp_path / "stop").touch()
+        await r.wait("finished", lambda b: b["job"] == 3)
+        await wait_for(lambda: stub.events[-1:] == [("stop", 1, ME)])
+        await r.command("launch", job_body(tmp_path, 5, [whole]))
+        (msg,) = await r.wait("finished", lambda b: b["job"] == 5)
+        assert msg.body.get("reason") != "launch_failed", msg.body
+
+
+async def test_the_heads_interval_comes_with_the_relayout_and_beats_the_workers_own(tmp_path):
+    # The worker's config says 10 minutes between re-layouts that destroy slices; the head,
+    # reconfigured to 0, sends its interval with the command, and that is the one applied.
+    async with sharing_rig(tmp_path) as r:
+        cut = {"gpu": 0, "destroy": [], "create": [{"profile": "3g.40gb", "start": 0}]}
+        gpus = await relay(r, cut)
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["3g.40gb"]
+        swap = {"gpu": 0, "destroy": [0], "create": [{"profile": "7g.80gb", "start": 0}]}
+        gpus = await relay(r, {**cut, "destroy": [0], "create": [{"profile": "4g.40gb", "start": 0}],
+                               "min_interval": 0})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["4g.40gb"]       # re-laid at once
+        gpus = await relay(r, {**swap, "min_interval": 600})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["4g.40gb"]       # refused: 600 s
+        gpus = await relay(r, {**swap, "min_interval": 0})
+        assert [s["profile"] for s in gpus[0]["slices"]] == ["7g.80gb"]       # the head's, again

@@ -490,7 +490,7 @@ class Head:
             name=node, info=info.to_dict(), state=state, reason=old.reason if old and state != UP else None,
             last_seen=now, registered=old.registered if old else now,
         ))
-        self.mig.registered(node)
+        self.mig.registered(node, info.to_dict(), now)
         self.kick()
 
     async def _on_heartbeat(self, node: str, body: dict) -> None:

@@ -21,7 +21,11 @@ node and remembers it as *in flight* until the worker re-registers (it does afte
 command, applied or refused) or ``REPLY_TIMEOUT`` passes.  While in flight the GPU is
 shown to the core as ``reconfiguring`` (no starts, no second re-layout), and the time of
 the last command that destroyed slices counts as the GPU's ``relaid_at`` even before the
-worker reports it, so the minimum interval holds across a lost reply.
+worker reports it, so the minimum interval holds across a lost reply.  The command carries
+the head's ``mig_min_interval`` (the one the worker applies).  A worker that re-registers
+with the GPU's slices as they were refused it: the core is told (``relayout_after``) to
+plan no re-layout there for ``REFUSED_BACKOFF`` seconds, twice that after a second refusal
+in a row, up to ``REFUSED_BACKOFF_MAX``; its jobs wait as ``MigReconfig`` meanwhile.
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpud.sharing")
 
 REPLY_TIMEOUT = 60.0      # seconds a re-layout stays in flight without the worker re-registering
+REFUSED_BACKOFF = 10.0    # a refused re-layout is not planned again for this long, doubling
+REFUSED_BACKOFF_MAX = 600.0   # per refusal in a row, up to this
+
+
+def _layout(info: dict | None, gpu: int) -> tuple | None:
+    """A GPU's slices as a node record's info lists them (to see whether a command changed them)."""
+    for g in (info or {}).get("gpus") or ():
+        if isinstance(g, dict) and g.get("index") == gpu:
+            return tuple(sorted((str(x.get("profile")), x.get("start")) for x in g.get("slices") or ()
+                                if isinstance(x, dict)))
+    return None
 
 
 def gpu_view(g: GpuInfo) -> GpuView:
@@ -90,13 +105,19 @@ class SharedUse:
     def __init__(self, jobs: Iterable["JobRecord"]) -> None:
         self.slices: set[tuple[str, int, int]] = set()                      # (node, gpu, start)
         self.clients: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)   # (user, mem)
+        self.whole: set[tuple[str, int]] = set()          # (node, gpu) held whole: mps:dynamic checks it
         for j in jobs:
             if j.state.active and j.node is not None:
-                self.add(j.node, j.user, job_devices(j))
+                devices = job_devices(j)
+                self.add(j.node, j.user, devices)
+                if not devices:
+                    self.whole.update((j.node, i) for i in j.gpu_indices)
 
     def add(self, node: str, user: str, devices: Iterable[Device]) -> None:
         for d in devices:
-            if d.kind == "mig" and d.slice_start is not None:
+            if d.kind == "gpu":
+                self.whole.add((node, d.index))
+            elif d.kind == "mig" and d.slice_start is not None:
                 self.slices.add((node, d.index, d.slice_start))
             elif d.kind in ("mps", "timeslice"):
                 self.clients[(node, d.index)].append((user, d.mem_mb or 0))
@@ -109,9 +130,14 @@ class SharedUse:
             if g is None:
                 return f"no GPU {d.index}"
             if d.kind == "gpu":
-                if g.mode != "whole":
+                if g.mode == "mps" and g.dynamic:      # whole or shares, never both at once
+                    if self.clients.get((info.name, d.index)):
+                        return f"GPU {d.index} serves MPS shares now"
+                elif g.mode != "whole":
                     return f"GPU {d.index} is in {g.mode} mode now"
                 continue
+            if d.kind == "mps" and g.dynamic and (info.name, d.index) in self.whole:
+                return f"GPU {d.index} is held whole now"
             if g.mode != d.kind:
                 return f"GPU {d.index} is in {g.mode} mode now, not {d.kind}"
             if d.kind == "mig":
@@ -173,6 +199,8 @@ class MigCommands:
         self.head = head
         self.in_flight: dict[tuple[str, int], float] = {}     # (node, gpu) -> sent at
         self.destroyed_at: dict[tuple[str, int], float] = {}  # last command that destroyed slices
+        self.asked: dict[tuple[str, int], tuple | None] = {}  # the layout a command in flight found
+        self.refused: dict[tuple[str, int], tuple[float, int]] = {}   # -> (no re-layout before, refusals)
 
     def adjust(self, snap: Snapshot, now: float) -> Snapshot:
         """The snapshot with in-flight GPUs marked ``reconfiguring``."""
@@ -181,7 +209,7 @@ class MigCommands:
                 log.warning("no answer from %s to the re-layout of GPU %d in %.0fs; planning again",
                             key[0], key[1], now - sent)
                 del self.in_flight[key]
-        if not self.in_flight and not self.destroyed_at:
+        if not self.in_flight and not self.destroyed_at and not self.refused:
             return snap
         nodes = tuple(self._node(n) for n in snap.nodes)
         return dataclasses.replace(snap, nodes=nodes)
@@ -190,10 +218,12 @@ class MigCommands:
         gpus = []
         for g in n.gpus:
             key = (n.name, g.index)
-            if key in self.in_flight or key in self.destroyed_at:
+            if key in self.in_flight or key in self.destroyed_at or key in self.refused:
                 last = self.destroyed_at.get(key)
                 relaid = g.relaid_at if last is None else max(last, g.relaid_at or last)
-                g = dataclasses.replace(g, reconfiguring=key in self.in_flight, relaid_at=relaid)
+                after = self.refused.get(key, (None, 0))[0]
+                g = dataclasses.replace(g, reconfiguring=key in self.in_flight, relaid_at=relaid,
+                                        relayout_after=after)
             gpus.append(g)
         return dataclasses.replace(n, gpus=tuple(gpus))
 
@@ -201,15 +231,31 @@ class MigCommands:
         for r in relayouts:
             key = (r.node, r.gpu)
             self.in_flight[key] = now
+            rec = self.head.store.nodes.get(r.node)
+            self.asked[key] = _layout(rec.info if rec is not None else None, r.gpu)
             if r.destroy:
                 self.destroyed_at[key] = now
             log.info("re-laying MIG GPU %s:%d: destroy slots %s, create %s (%s)", r.node, r.gpu,
                      list(r.destroy) or "none", ", ".join(str(s) for s in r.create) or "none", r.reason)
+            # the head's interval goes with the command: one source of truth, reconfigurable
             await self.head.bus.publish(node_cmd(r.node), "mig", {
                 "gpu": r.gpu, "destroy": list(r.destroy), "create": [s.to_dict() for s in r.create],
-                "reason": r.reason})
+                "reason": r.reason, "min_interval": self.head.cfg.sched.mig_min_interval})
 
-    def registered(self, node: str) -> None:
-        """The worker reported its GPUs: whatever it had been asked is now visible."""
+    def registered(self, node: str, info: dict | None = None, now: float | None = None) -> None:
+        """The worker reported its GPUs: whatever it had been asked is now visible.  A GPU whose
+        layout the command left as it was was refused: no re-layout is planned on it for
+        ``REFUSED_BACKOFF`` seconds, doubling with each refusal in a row."""
         for key in [k for k in self.in_flight if k[0] == node]:
             del self.in_flight[key]
+            before = self.asked.pop(key, None)
+            if info is None or now is None:
+                continue
+            if before is not None and _layout(info, key[1]) == before:
+                _, count = self.refused.get(key, (0.0, 0))
+                wait = min(REFUSED_BACKOFF_MAX, REFUSED_BACKOFF * 2 ** count)
+                self.refused[key] = (now + wait, count + 1)
+                log.warning("%s refused the re-layout of GPU %d; none planned there for %.0fs",
+                            key[0], key[1], wait)
+            else:
+                self.refused.pop(key, None)

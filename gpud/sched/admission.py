@@ -20,7 +20,7 @@ the partition has fewer nodes than asked, a named node is not in it, no node has
 features, or fewer than N matching nodes could hold the per-node share (``gpus // nodes``
 GPUs, ``cpus`` and ``mem_mb`` on each).
 
-Whole GPUs (``--gpus N``) count only GPUs in ``whole`` mode.  A MIG request is refused
+Whole GPUs (``--gpus N``) count only GPUs in ``whole`` mode and ``mps:dynamic`` ones.  A MIG request is refused
 when no GPU of the partition offers its profile (a dynamic MIG GPU whose model has it, or
 a fixed layout holding it) or no node could hold that many slices; a ``--gpu-mem``
 request when no slice, share or GPU of the partition is that large.
@@ -137,7 +137,7 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
 
     most = view.most_whole(gpu_type)
     if gpu_type is not None and not most:
-        models = sorted({g.model for n in members for g in n.gpus if _mode(g) == "whole"})
+        models = sorted({g.model for n in members for g in n.gpus if _takes_whole(g)})
         return (f"no node in partition {part.name} has GPUs of type {gpu_type!r}: use one of "
                 f"{', '.join(models) or '(none: this partition has no GPUs)'} with --gpu-type")
     if gpus > most:
@@ -157,7 +157,7 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
 
 def _whole(n: Any, gpu_type: str | None) -> int:
     """Node ``n``'s GPUs in whole mode (of ``gpu_type``, when given)."""
-    return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
+    return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _takes_whole(g))
 
 
 class _Members:
@@ -240,7 +240,7 @@ def _gang_refusal(part: str, members: list[Any], count: int, per_node: int, cpus
                     f"its nodes offer {', '.join(offered) or 'no features'}")
 
     def have(n: Any) -> int:
-        return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _mode(g) == "whole")
+        return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _takes_whole(g))
 
     most = max(have(n) for n in members)
     if per_node > most:
@@ -263,6 +263,12 @@ def _labels(n: Any) -> dict[str, str]:
 
 def _mode(g: Any) -> str:
     return getattr(g, "mode", "whole") or "whole"
+
+
+def _takes_whole(g: Any) -> bool:
+    """A ``whole`` GPU, or an ``mps:dynamic`` one (whole while no share holds it)."""
+    mode = _mode(g)
+    return mode == "whole" or (mode == "mps" and bool(getattr(g, "dynamic", False)))
 
 
 def _slices_on(g: Any, profile: str) -> int:

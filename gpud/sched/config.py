@@ -28,7 +28,7 @@ from typing import Any
 
 from ..units import UnitError, parse_duration, parse_size_mb
 
-PLACEMENTS = ("binpack", "spread")
+PLACEMENTS = ("binpack", "spread", "shapes")
 PREEMPT_MODES = ("requeue", "cancel")
 IDLE_ACTIONS = ("none", "requeue", "cancel")   # what the head does to a job flagged GPU-idle
 WEIGHT_NAMES = ("age", "fairshare", "job_size", "qos", "partition")

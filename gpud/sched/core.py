@@ -34,8 +34,9 @@ It reads as numbered steps:
 
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
    ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
-   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else a claim on the GPU
-   where it starts earliest.  It neither preempts nor counts against GPU quotas.
+   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota,
+   reclaim of borrowed slices or shares on one GPU, else a claim on the GPU where it
+   starts earliest.  It counts against limits and quotas by its fraction of a GPU.
 
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are
@@ -50,6 +51,7 @@ tests/test_sched_fastpath.py holds them to the plain computation.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Container
 
 from .backfill import Timeline
@@ -59,8 +61,10 @@ from .plan import Plan, Preemption, Start
 from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
+from .shapes import Demand, ShapeIndex
 from .sharing import Sharing
-from .snapshot import Part, PendingJob, Snapshot
+from .gpustate import device_fraction
+from .snapshot import Device, GpuView, Part, PendingJob, RunningJob, Snapshot
 
 INF = float("inf")
 
@@ -103,9 +107,11 @@ class _Pass:
         self.plan = Plan()
         self.cluster = Cluster(snap.nodes, snap.running, self.cfg)
         self.timeline = Timeline(self.cluster, snap.running, now)
-        self.book = QuotaBook(self.cfg, snap.running)
+        self._views: dict[str, dict[int, GpuView]] | None = None
+        self.book = QuotaBook(self.cfg, snap.running, self.share_of)
         self._sharing: Sharing | None = None     # built for the first fractional request
         self._gangs: Gangs | None = None
+        self._shapes: ShapeIndex | None = None   # built for the first search under placement "shapes"
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
         max_gpus = {p: self.cluster.max_gpus(p) for p in self.cfg.partitions}
         self.prio = PriorityModel(self.cfg, snap.usage, members, max_gpus, now)
@@ -150,6 +156,26 @@ class _Pass:
             self._sharing = Sharing(self.snap, self.cluster, self.now)
             self._sharing.expect(self.queue)
         return self._sharing
+
+    def share_of(self, r: RunningJob) -> float:
+        """The GPUs a running job on slices or shares counts: its fraction, as billed."""
+        return self.fraction(r.node, r.devices) if any(d.kind != "gpu" for d in r.devices) else float(len(r.gpu_indices))
+
+    def fraction(self, node: str, devices: tuple[Device, ...]) -> float:
+        if self._views is None:
+            self._views = {n.name: {g.index: g for g in n.gpus} for n in self.snap.nodes}
+        views = self._views.get(node, {})
+        return sum(device_fraction(d, views.get(d.index)) for d in devices)
+
+    def shape_index(self) -> ShapeIndex:
+        """Nodes grouped by state, scored by the fragmentation a start leaves (shapes.py)."""
+        if self._shapes is None:
+            mps = [g.memory_mb for n in self.snap.nodes for g in n.gpus if g.mode == "mps"]
+            shared = self.sharing().on_node if any(g.mode != "whole" for n in self.snap.nodes for g in n.gpus) else {}
+            demand = Demand.of(self.snap.pending, self.snap.running, self.now, max(mps, default=1))
+            self._shapes = ShapeIndex(self.cluster, shared, demand)
+            self.cluster.watch = self._shapes.touch
+        return self._shapes
 
     def consider_all(self, jobs: list[PendingJob], may_borrow: bool) -> list[PendingJob]:
         """``consider`` for each job, in order; the jobs that would borrow when it is not allowed.
@@ -272,6 +298,10 @@ class _Pass:
         def delays_reservation(i: int) -> bool:
             return not tl.no_delay(i, c.pick(i, gpus, model), cpus, mem, end)
 
+        policy = self.cfg.placement_for(partition)
+        if policy == "shapes":
+            return self.shape_index().finder(c.members.get(partition, ()), gpus, cpus, mem, model, tl.reserved,
+                                             delays_reservation)
         # vetoes remembered per node until it changes: a busy queue asks often
         return c.finder(partition, gpus, cpus, mem, model, self.cfg.placement_for(partition), tl.reserved,
                         delays_reservation, tl.versions)
@@ -298,27 +328,78 @@ class _Pass:
             return
         c, tl, end = self.cluster, self.timeline, self.end_of(job)
         sharing = self.sharing()
+        book = self.book
+        if book.any_limits:      # its fraction counts, at least the least any GPU here would give
+            limit = book.limit_reason(job.qos, job.user, job.account, sharing.least_fraction(job))
+            if limit:
+                self.reasons[job.job_id] = limit
+                return
         members = sharing.members(job.partition)
 
         def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
             return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
                     and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
 
+        sharing.scorer = self.shape_index() if self.cfg.placement_for(job.partition) == "shapes" else None
         d = sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
         self.plan.relayouts.extend(d.relayouts)
         if d.node is not None:
             i = d.node
             c.allocate(i, d.gpu_indices, job.cpus, job.mem_mb)
             tl.add_start(i, d.gpu_indices, job.cpus, job.mem_mb, end, job.job_id)
-            self.book.on_start(job.account, job.qos, job.user, len(d.gpu_indices))
+            if book.counting:
+                book.on_start(job.account, job.qos, job.user, self.fraction(c.nodes[i].name, d.devices))
+            borrowed = book.enabled and not book.within(job.account, sharing.least_fraction(job))
             self.plan.starts.append(Start(job.job_id, c.nodes[i].name, d.gpu_indices, job.cpus, job.mem_mb,
-                                          devices=d.devices))
+                                          borrowed=borrowed, devices=d.devices))
             return
         self.reasons[job.job_id] = d.reason or "Resources"
+        if (book.enabled and not d.relayouts and (job.mig_profile is None or job.gpus <= 1)
+                and book.within(job.account, sharing.least_fraction(job)) and self.reclaim_fraction(job)):
+            return                # f. quota reclaim: borrowed slices or shares make way
         if d.expected is not None and d.expected_node is not None:
             self.depth_left -= 1
             self.plan.expected_starts[job.job_id] = d.expected
             self.plan.reserved_nodes[job.job_id] = c.nodes[d.expected_node].name
+
+    def reclaim_fraction(self, job: PendingJob) -> bool:
+        """Step f for a within-quota fraction: preempt the fewest borrowed jobs of other pools
+        on one GPU whose exit leaves the job its share (an MPS GPU) or slice (a MIG GPU)."""
+        pre = self.preemptor()
+        if not pre.fractional or pre.budget <= 0:
+            return False
+        c, sharing, pool = self.cluster, self.sharing(), self.book.pool(job.account)
+        kind = "mig" if job.mig_profile else "mps"
+        usable = sharing._candidate_set(job, (kind,))
+        want = job.gpu_mem_mb or 0
+        best: tuple[tuple, int, tuple[RunningJob, ...]] | None = None
+        for (i, gi), _ in sorted(pre.fractional.items()):
+            g = next((h for h in sharing.on_node.get(i, ()) if h.index == gi), None)
+            if g is None or g not in usable or g.busy:
+                continue
+
+            def room(chosen: list[RunningJob], g=g, i=i) -> bool:
+                if c.cpus[i] + sum(v.cpus for v in chosen) < job.cpus or \
+                        c.mem[i] + sum(v.mem_mb for v in chosen) < job.mem_mb:
+                    return False
+                mine = [d for v in chosen for d in v.devices if d.index == g.index]
+                if kind == "mig":
+                    return any(d.kind == "mig" and g.slices.get(d.slice_start) is not None
+                               and g.slices[d.slice_start].profile == job.mig_profile for d in mine)
+                users = Counter(u for _, u, _ in g.clients)
+                users.subtract(v.user for v in chosen)
+                left = sum(m for _, _, m in g.clients) - sum(d.mem_mb or 0 for d in mine)
+                return (len(g.clients) - len(chosen) < g.view.mps_max_clients and left + want <= g.view.memory_mb
+                        and all(u == job.user for u, n in users.items() if n > 0))
+            victims = pre.reclaim_fraction(i, gi, pool, room, self.share_of)
+            if victims is not None and (best is None or (len(victims), i, gi) < best[0]):
+                best = ((len(victims), i, gi), i, victims)
+        if best is None:
+            return False
+        _, i, victims = best
+        self.preempt(job, Choice(i, victims, ()), frozenset(), pool, [self.share_of(v) for v in victims])
+        self.reasons[job.job_id] = "Resources"
+        return True
 
     # -- gangs and node filters (gang.py) -------------------------------------------------------------
     def gangs(self) -> Gangs:
@@ -488,8 +569,9 @@ class _Pass:
                                         self.prio.of_running, self.snap.recent_preemptions, self.now)
         return self._preemptor
 
-    def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None) -> None:
-        self.preemptor().commit(choice)
+    def preempt(self, job: PendingJob, choice: Choice, targets: frozenset[str], pool: str | None,
+                amounts: list[float] | None = None) -> None:
+        self.preemptor().commit(choice, amounts)
         for v in choice.victims:
             vq = self.cfg.qos.get(v.qos)
             mode = vq.preempt_mode if vq is not None else "requeue"

@@ -64,6 +64,12 @@ def device_fraction(dev: Device, gpu: GpuView | None) -> float:
     return 1.0
 
 
+def serves_whole(g: GpuView) -> bool:
+    """Whether ``g`` can be given whole to a ``--gpus N`` job: a ``whole`` GPU, or an
+    ``mps:dynamic`` one while no share is on it (the core checks that; see sharing.py)."""
+    return g.mode == "whole" or (g.mode == "mps" and g.dynamic)
+
+
 def is_shared(devices: Iterable[Device]) -> bool:
     return any(d.kind != "gpu" for d in devices)
 

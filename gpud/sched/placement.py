@@ -77,8 +77,10 @@ class Cluster:
         self.nodes = sorted(nodes, key=lambda n: n.name)
         self.pos = {n.name: i for i, n in enumerate(self.nodes)}
         self.up = [n.schedulable for n in self.nodes]
-        # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by sharing.py
-        self.model_of = [{g.index: g.model for g in n.gpus if g.mode == "whole"} for n in self.nodes]
+        # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by sharing.py, except
+        # that an mps:dynamic GPU is also a whole GPU here while no share holds it
+        self.model_of = [{g.index: g.model for g in n.gpus   # gpustate.serves_whole, inlined
+                          if g.mode == "whole" or (g.dynamic and g.mode == "mps")} for n in self.nodes]
         self.model_set = [frozenset(m.values()) for m in self.model_of]
         self.mixed = [len(ms) > 1 for ms in self.model_set]
         self.total_cpus = [n.cpus for n in self.nodes]
@@ -97,6 +99,8 @@ class Cluster:
             i = pos.get(r.node)
             if i is not None:
                 taken[i].update(r.gpu_indices)
+                if r.devices:          # an MPS share on an mps:dynamic GPU keeps it from whole jobs
+                    taken[i].update(d.index for d in r.devices if d.kind == "mps")
                 free_cpus[i] -= r.cpus
                 free_mem[i] -= r.mem_mb
             if not r.parts:
@@ -136,6 +140,7 @@ class Cluster:
         self.node_indexes: list[list[FreeIndex]] = [[] for _ in self.nodes]
         self._indexes: dict[tuple[str, str | None], FreeIndex] = {}
         self._shapes: dict[str, list[Shape]] = {}
+        self.watch: Callable[[int], None] | None = None    # told of every node that changes
 
     def held(self, r: RunningJob) -> list[Holding]:
         """What running job ``r`` holds on each node it spans (nodes not in the snapshot left out)."""
@@ -311,6 +316,8 @@ class Cluster:
                 del idx.buckets[old][i]
                 idx.buckets[k][i] = None
                 idx.where[i] = k
+        if self.watch is not None:
+            self.watch(i)
         return taken
 
     def allocate(self, i: int, gpu_indices: tuple[int, ...], cpus: int, mem: int) -> None:
@@ -323,3 +330,5 @@ class Cluster:
         self.mem[i] -= mem
         for idx in self.node_indexes[i]:
             idx.move(i, len(left) if idx.model is None else self.free_count(i, idx.model))
+        if self.watch is not None:
+            self.watch(i)

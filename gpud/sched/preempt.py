@@ -75,6 +75,8 @@ class Preemptor:
         bounds, prio = self.bounds, self.priority
         # GPUs free now or on their way back, per node: with all candidates, an upper bound
         self.soon = soon = [len(f) for f in cluster.free]
+        # borrowed jobs on slices and shares, per (node, GPU): quota reclaim for a fraction
+        self.fractional: dict[tuple[int, int], list[RunningJob]] = {}
         for r in running:
             if r.stopping:
                 for i, gpus, _, _ in cluster.held(r):
@@ -89,7 +91,10 @@ class Preemptor:
             if i is None or not up[i]:
                 continue
             if r.devices and not r.gpu_indices:
-                continue          # holds a slice or share: stopping it frees no whole GPU
+                if r.borrowed and reclaim:     # holds a slice or share: only a fraction's reclaim frees it
+                    for d in r.devices:
+                        self.fractional.setdefault((i, d.index), []).append(r)
+                continue          # stopping it frees no whole GPU
             if r.parts:
                 continue          # a gang job is never a victim: stopping one node would not free the rest
             p = prio[r.job_id] = priority(r)
@@ -223,9 +228,34 @@ class Preemptor:
                 max(self.priority[v.job_id] for v in victims), lost, len(victims), i)
         return Choice(i, victims, cost)
 
-    def commit(self, choice: Choice) -> None:
-        for v in choice.victims:
+    def commit(self, choice: Choice, amounts: Sequence[float] | None = None) -> None:
+        """Stop ``choice``'s victims (``amounts``: the GPUs each counts, when not whole ones)."""
+        for k, v in enumerate(choice.victims):
             self.taken.add(v.job_id)
             self.timeline.stop(v.job_id)
-            self.book.on_victim(v)
+            self.book.on_victim(v, None if amounts is None else amounts[k])
         self.budget -= len(choice.victims)
+
+    def reclaim_fraction(self, i: int, gpu: int, for_pool: Pool, room: Callable[[list[RunningJob]], bool],
+                         amount: Callable[[RunningJob], float]) -> tuple[RunningJob, ...] | None:
+        """The fewest borrowed jobs of other pools on GPU ``gpu`` of node ``i`` whose exit
+        leaves ``room`` (lowest priority, then youngest, first), within every pool's excess
+        and the rate budget; None when there is no such set."""
+        cands = [r for r in self.fractional.get((i, gpu), ()) if r.job_id not in self.taken
+                 and self.book.pool(r.account) != for_pool]
+        cands.sort(key=lambda r: (-r.start_time, r.job_id))
+        chosen: list[RunningJob] = []
+        excess: dict[Pool, float] = {}
+        for r in cands:
+            if len(chosen) >= self.budget:
+                break
+            p = self.book.pool(r.account)
+            left = excess.get(p, self.book.excess(p))
+            g = amount(r)
+            if left + 1e-9 < g:
+                continue
+            excess[p] = left - g
+            chosen.append(r)
+            if room(chosen):
+                return tuple(chosen)
+        return None

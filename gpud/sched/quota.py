@@ -18,29 +18,41 @@ pool's use counts its running jobs that are not already stopping, jobs started i
 and jobs waiting in this pass for victims to exit.
 
 *Reclaim.*  A pending job within quota that cannot start may preempt borrowed jobs of
-other pools, whatever their priority.  A borrowed job is reclaimable while its pool uses
+other pools, whatever their priority; a slice or share job, the fewest borrowed slice or
+share jobs on one GPU whose exit leaves it room (core.reclaim_fraction).  A borrowed job is reclaimable while its pool uses
 more than its size by at least that job's GPUs, so reclaim never cuts into anyone's own
 guarantee.
 
 *Limits.*  ``gpu_limit`` caps the GPUs held by an account's whole subtree, borrowed or not,
 stopping jobs included (they still hold their GPUs); it is never exceeded.  Every count is
-of a job's total GPUs: a gang of 4 nodes x 8 GPUs counts 32.  A QOS's
-``max_gpus_per_user`` caps one user's GPUs under that QOS.
+of a job's total GPUs: a gang of 4 nodes x 8 GPUs counts 32, and a job on MIG slices or
+MPS or time-slice shares counts its fraction of their GPUs, as billing does
+(``gpustate.device_fraction``: a ``3g.40gb`` of an A100 3/7, a 20 GiB share of an 80 GiB
+GPU 1/4), so fractions cannot escape a limit.  A QOS's ``max_gpus_per_user`` caps one
+user's GPUs under that QOS.  Counts are floats; a comparison allows for rounding
+(``EPS``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .config import SchedConfig
 from .snapshot import RunningJob
 
 Pool = str | None
+EPS = 1e-9
+
+
+def whole_gpus(r: RunningJob) -> float:
+    return float(r.gpus if r.parts else len(r.gpu_indices))
 
 
 class QuotaBook:
-    def __init__(self, cfg: SchedConfig, running: Iterable[RunningJob]) -> None:
+    def __init__(self, cfg: SchedConfig, running: Iterable[RunningJob],
+                 share_of: Callable[[RunningJob], float] = whole_gpus) -> None:
+        """``share_of``: the GPUs a running job counts (its fraction for slices and shares)."""
         self.cfg = cfg
         self.enabled = any(a.gpu_quota for a in cfg.accounts.values())
         self.pool_of: dict[str, Pool] = {}
@@ -62,13 +74,13 @@ class QuotaBook:
         self.qos_caps = {n: q.max_gpus_per_user for n, q in cfg.qos.items() if q.max_gpus_per_user is not None}
         # False when no QOS cap and no account limit is configured: limit_reason is then None
         self.any_limits = bool(self.qos_caps) or any(self.limits.values())
-        self.used: dict[Pool, int] = defaultdict(int)            # pool -> GPUs in use (not stopping)
-        self.held: dict[str, int] = defaultdict(int)             # account subtree -> GPUs held
-        self.per_user: dict[tuple[str, str], int] = defaultdict(int)   # (qos, user) -> GPUs held
+        self.used: dict[Pool, float] = defaultdict(float)          # pool -> GPUs in use (not stopping)
+        self.held: dict[str, float] = defaultdict(float)           # account subtree -> GPUs held
+        self.per_user: dict[tuple[str, str], float] = defaultdict(float)   # (qos, user) -> GPUs held
         # With no quota and no limit nothing ever reads the counters: they are not kept
         self.counting = self.enabled or self.any_limits
         for r in running if self.counting else ():
-            g = r.gpus if r.parts else len(r.gpu_indices)    # a gang's total over all its nodes
+            g = r.gpus if r.parts else (share_of(r) if r.devices else len(r.gpu_indices))   # a gang: all its nodes
             if not r.stopping:
                 self.used[self.pool(r.account)] += g
             self._hold(r.account, r.qos, r.user, g)
@@ -77,7 +89,7 @@ class QuotaBook:
         parent = self.cfg.accounts[account].parent
         return self.pool_of.get(parent) if parent else None
 
-    def _hold(self, account: str, qos: str, user: str, gpus: int) -> None:
+    def _hold(self, account: str, qos: str, user: str, gpus: float) -> None:
         chain = self._chains.get(account)
         if chain is None:
             chain = self._chains[account] = self.cfg.account_chain(account)
@@ -90,45 +102,45 @@ class QuotaBook:
 
     # -- questions -------------------------------------------------------------------------------
 
-    def within(self, account: str, gpus: int) -> bool:
+    def within(self, account: str, gpus: float) -> bool:
         """Whether a job of ``gpus`` GPUs would start within its account's guarantee."""
         if not self.enabled or gpus == 0:
             return True
         p = self.pool(account)
-        return p is not None and self.used[p] + gpus <= self.size[p]
+        return p is not None and self.used[p] + gpus <= self.size[p] + EPS
 
-    def limit_ok(self, account: str, gpus: int) -> bool:
-        return all(self.held[a] + gpus <= lim for a, lim in self.limits.get(account, ()))
+    def limit_ok(self, account: str, gpus: float) -> bool:
+        return all(self.held[a] + gpus <= lim + EPS for a, lim in self.limits.get(account, ()))
 
-    def limit_reason(self, qos: str, user: str, account: str, gpus: int) -> str | None:
+    def limit_reason(self, qos: str, user: str, account: str, gpus: float) -> str | None:
         """The limit a job of ``gpus`` GPUs would break: Slurm's reason name, else None."""
         cap = self.qos_caps.get(qos)
-        if cap is not None and self.per_user[(qos, user)] + gpus > cap:
+        if cap is not None and self.per_user[(qos, user)] + gpus > cap + EPS:
             return "QOSMaxGRESPerUser"
         limits = self.limits.get(account)
-        if limits and not all(self.held[a] + gpus <= lim for a, lim in limits):
+        if limits and not all(self.held[a] + gpus <= lim + EPS for a, lim in limits):
             return "AccountLimit"
         return None
 
-    def qos_ok(self, qos: str, user: str, gpus: int) -> bool:
+    def qos_ok(self, qos: str, user: str, gpus: float) -> bool:
         q = self.cfg.qos.get(qos)
         cap = q.max_gpus_per_user if q is not None else None
-        return cap is None or self.per_user[(qos, user)] + gpus <= cap
+        return cap is None or self.per_user[(qos, user)] + gpus <= cap + EPS
 
-    def excess(self, pool: Pool) -> int:
+    def excess(self, pool: Pool) -> float:
         return self.used[pool] - self.size.get(pool, 0)
 
     def reclaimable(self, victim: RunningJob, for_pool: Pool) -> bool:
         p = self.pool(victim.account)
         return (self.enabled and victim.borrowed and not victim.stopping and p != for_pool
-                and self.excess(p) >= victim.gpus)
+                and self.excess(p) + EPS >= victim.gpus)
 
     def any_reclaimable(self, for_pool: Pool) -> bool:
         return self.enabled and any(self.excess(p) > 0 for p in list(self.used) if p != for_pool)
 
     # -- bookkeeping as the pass decides -----------------------------------------------------------
 
-    def on_start(self, account: str, qos: str, user: str, gpus: int) -> None:
+    def on_start(self, account: str, qos: str, user: str, gpus: float) -> None:
         if not self.counting:
             return
         self.used[self.pool(account)] += gpus
@@ -138,5 +150,6 @@ class QuotaBook:
         """A job waits for victims to exit; the GPUs it will get count for its pool now."""
         self.used[self.pool(account)] += gpus
 
-    def on_victim(self, victim: RunningJob) -> None:
-        self.used[self.pool(victim.account)] -= victim.gpus
+    def on_victim(self, victim: RunningJob, gpus: float | None = None) -> None:
+        """A victim stops: its GPUs (``gpus``: its fraction, for slices and shares) leave its pool."""
+        self.used[self.pool(victim.account)] -= victim.gpus if gpus is None else gpus

@@ -53,6 +53,7 @@ from .gpustate import (SHARED_MODES, Claim, GpuState, catalog, has_profile, load
                        profile_for_memory, slice_capacity_mb, slice_mem, type_ok)
 from .placement import Cluster
 from .plan import Relayout
+from .shapes import ShapeIndex
 from .snapshot import Device, PendingJob, Snapshot
 
 INF = math.inf
@@ -128,6 +129,8 @@ class Sharing:
         self._cut: list[GpuState] = []             # GPUs re-laid in this pass
         self._slices_by_memory: list[tuple] | None = None
         self._whole_by_memory: list[tuple] | None = None
+        self._no_room: dict[tuple[str, ...], set[GpuState]] = {}   # profiles -> GPUs with no unused slots for them
+        self.scorer: ShapeIndex | None = None     # placement "shapes": where a share goes (shapes.py)
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -190,6 +193,34 @@ class Sharing:
                 return 1
         node = self.cluster.nodes[i]
         return int(any(v.mode == "whole" and v.memory_mb >= want and type_ok(job, v) for v in node.gpus))
+
+    def least_fraction(self, job: PendingJob) -> float:
+        """The smallest fraction of a GPU the request could take here (a limit's lower bound
+        before it is placed): its slices' on the partition's MIG GPUs, else the least a share,
+        replica, slice or whole GPU with room for its memory stands for."""
+        key = ("least", job.partition, job.gpu_type, job.mig_profile, job.gpus, job.gpu_mem_mb)
+        hit = self._misfits.get(key)
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        fracs = []
+        if job.mig_profile:
+            for g in self._candidates(job, ("mig",)):
+                fracs.append(catalog(g.model)[job.mig_profile].fraction * max(1, job.gpus))
+        else:
+            want = job.gpu_mem_mb or 0
+            for g in self._candidates(job, SHARED_MODES):
+                v = g.view
+                if v.mode == "mps":
+                    fracs.append(min(1.0, want / v.memory_mb) if v.memory_mb > 0 else 1.0)
+                elif v.mode == "timeslice":
+                    fracs.append(1.0 / max(1, v.replicas))
+                else:
+                    q = profile_for_memory(g.model, want) if g.layout_ok else None
+                    if q is not None:
+                        fracs.append(catalog(g.model)[q].fraction)
+        least = min(fracs, default=1.0)
+        self._misfits[key] = least  # type: ignore[assignment]
+        return least
 
     # -- one job --------------------------------------------------------------------------------
 
@@ -279,6 +310,8 @@ class Sharing:
         in ``keep`` (free slices the job itself will take)."""
         if g.busy or not g.view.dynamic or not g.layout_ok or not g.allowed(job_id, INF):
             return None
+        if g.view.relayout_after is not None and g.view.relayout_after > self.now:
+            return None           # the worker refused the last one: backing off
         key = ("option", tuple(profiles), destroying, keep, len(g.used))
         if key not in g.memo:
             g.memo[key] = self._option_now(g, profiles, destroying, keep)
@@ -289,6 +322,8 @@ class Sharing:
         existing = list(g.slices.values())
         if not destroying:
             new = place(g.model, profiles, existing)
+            if new is None:       # a GPU's slices stay as they are for the pass: no room stays none
+                self._no_room.setdefault(tuple(profiles), set()).add(g)
             return None if new is None else _Option(g, (), tuple(new))
         if not self._interval_over(g):
             return None
@@ -311,8 +346,9 @@ class Sharing:
 
     def _interval_end(self, g: GpuState) -> float:
         """When a re-layout that destroys slices is next allowed on ``g``."""
-        last = g.view.relaid_at
-        return -INF if last is None else last + self.cfg.mig_min_interval
+        last, after = g.view.relaid_at, g.view.relayout_after
+        end = -INF if last is None else last + self.cfg.mig_min_interval
+        return end if after is None else max(end, after)
 
     def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
         if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
@@ -360,7 +396,10 @@ class Sharing:
         order = sorted((g for g in gs if g.view.dynamic and not g.busy and g not in full
                         and self._node_ok_later(g.node, job)),
                        key=lambda g: (-g.used_compute(), g.node, g.index))
+        no_room = self._no_room.get((p,), ())
         for g in order:
+            if g in no_room:
+                continue
             o = self._option(g, [p], job.job_id, False)
             if o is not None:
                 return o
@@ -498,6 +537,8 @@ class Sharing:
                 if new is not None:
                     if step or place(g.model, [p] * k, list(g.slices.values())) is None:
                         t = max(t, self._interval_end(g))      # free slices must go first
+                    elif g.view.relayout_after is not None:
+                        t = max(t, g.view.relayout_after)      # a refused re-layout backs off
                     if t < best:
                         best, mask = t, 0
                         for s in new:
@@ -540,12 +581,21 @@ class Sharing:
                     break
             if stale > 64:                         # taken slices stay taken: drop them
                 self._slices_by_memory = [e for e in slices if not e[4].busy and e[5].start not in e[4].used]
-            for g in self._candidates(job, ("mps", "timeslice")):
+            scored = None
+            if self.scorer is not None:
+                shareable = self._candidate_set(job, ("mps", "timeslice"))
+                scored = self.scorer.gpu_for_share(
+                    want, job.cpus, job.mem_mb, job.gpu_type,
+                    lambda g: (g in shareable and not g.busy and self._share_fits(g, job, end)
+                               and node_ok(g.node, ())))
+                if scored is not None:
+                    offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), _start_share(scored, job, end, c))
+            for g in (() if scored is not None else self._candidates(job, ("mps", "timeslice"))):
                 v = g.view
                 if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
                     continue
                 waste = 0 if v.mode == "mps" else max(0, v.memory_mb // max(1, v.replicas) - want)
-                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end))
+                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end, c))
                 if v.mode == "mps":
                     break          # waste 0 at MPS's rank: nothing later can do better
             for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
@@ -556,8 +606,12 @@ class Sharing:
                     break
         immediate = best is not None
         # slices being cut in this pass, else a new one on a dynamic GPU
+        mig_ok = self._candidate_set(job, ("mig",)) if self._cut else frozenset()
+        fits: dict[str, str | None] = {}           # model -> the profile for ``want``
         for g in self._cut:
-            q = profile_for_memory(g.model, want) if g in self._candidates(job, ("mig",)) else None
+            if g not in mig_ok:
+                continue
+            q = fits[g.model] if g.model in fits else fits.setdefault(g.model, profile_for_memory(g.model, want))
             if q is not None and g.incoming.get(q, 0) > 0 and self._node_ok_later(g.node, job):
                 offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
                       _take_incoming(g, q))
@@ -628,6 +682,8 @@ class Sharing:
         v, want = g.view, job.gpu_mem_mb or 0
         if not g.allowed(job.job_id, end):
             return False
+        if v.dynamic and not g.clients and v.index not in self.cluster.free[g.node]:
+            return False           # an mps:dynamic GPU a whole-GPU job holds
         if v.mode == "mps":
             return (len(g.clients) < v.mps_max_clients and g.users() <= {job.user}
                     and g.mem_used() + want <= v.memory_mb)
@@ -636,6 +692,14 @@ class Sharing:
     def _wait_for_memory(self, job: PendingJob, want: int, may_claim: bool) -> Decision:
         best: tuple[float, int, int, GpuState] | None = None
         reconfiguring = False
+        if not may_claim:              # the reason only: whether a GPU it could use is being re-laid
+            key = ("reconf", job.partition, job.gpu_type, want, job.cpus, job.mem_mb)
+            hit = self._misfits.get(key)
+            if hit is None:
+                hit = self._misfits[key] = "MigReconfig" if any(
+                    g.view.reconfiguring for g in self._candidates(job, SHARED_MODES)
+                    if self._node_fits(g.node, job) and most_memory(g) >= want) else "Resources"
+            return Decision(reason=hit)
         for g in self._candidates(job, SHARED_MODES):
             if not self._node_fits(g.node, job) or most_memory(g) < want:
                 continue
@@ -659,6 +723,8 @@ class Sharing:
 
     def _earliest_share_now(self, g: GpuState, job: PendingJob, want: int) -> float:
         v = g.view
+        if v.dynamic and v.mode == "mps" and not g.clients and v.index not in self.cluster.free[g.node]:
+            return INF             # held whole: when it comes back is the timeline's to say
         if v.mode == "mig":
             ends = sorted(g.used.get(s.start, self.now) for s in g.slices.values()
                           if slice_capacity_mb(s.profile, slice_mem(v, s.start)) >= want)
@@ -685,9 +751,11 @@ def _start_slice(g: GpuState, s: mig.Slice, sv, end: float) -> Callable[[], Deci
     return act
 
 
-def _start_share(g: GpuState, job: PendingJob, end: float) -> Callable[[], Decision]:
+def _start_share(g: GpuState, job: PendingJob, end: float, cluster: Cluster) -> Callable[[], Decision]:
     def act() -> Decision:
         want = job.gpu_mem_mb or 0
+        if g.view.dynamic and not g.clients:     # an idle mps:dynamic GPU turns to shares
+            cluster.allocate(g.node, (g.index,), 0, 0)
         g.clients.append((end, job.user, want))
         return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
     return act

@@ -43,6 +43,7 @@ class GpuView:
     replicas: int = 1                  # timeslice: jobs that may share it
     relaid_at: float | None = None     # last re-layout, for [scheduler] mig_min_interval
     reconfiguring: bool = False        # a re-layout is on its way to the worker: hands off
+    relayout_after: float | None = None  # a re-layout was refused: none planned before this time
     numa_node: int | None = None
     nvlink_peers: tuple[int, ...] = ()
 

@@ -174,7 +174,7 @@ def _with_mode(node: str, g: GpuView, mode, item: str) -> GpuView:
     if mode.kind == "whole":
         return replace(g, mode="whole")
     if mode.kind == "mps":
-        return replace(g, mode="mps", mps_max_clients=mode.max_clients,
+        return replace(g, mode="mps", dynamic=mode.dynamic, mps_max_clients=mode.max_clients,
                        mps_thread_percentage=mode.thread_percentage)
     if mode.kind == "timeslice":
         return replace(g, mode="timeslice", replicas=mode.replicas)

@@ -11,16 +11,19 @@ import json
 import sys
 import tomllib
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any, Iterator
 
 import click
 
-from ..sched.config import SchedConfig
+from ..sched.config import PLACEMENTS, SchedConfig
 from ..units import UnitError, parse_duration
 from .background import (DEFAULT_BACKGROUND_QOS, merge_streams, valid_qos_name, with_qos,
                          with_stream_qos)
 from .cluster import ClusterSpecError, apply_gpu_modes, parse_cluster, unmatched_partitions
 from .compare import format_compare
+from .fill import fill, fill_config, format_fill
+from .openb import GPU_MEMORY_MB, OpenbError, is_pod_list, read_nodes, read_pods
 from .engine import Simulation
 from .estimates import MODES, Estimates
 from .policies import DEFAULT_POLICY, POLICIES, policy_config
@@ -96,19 +99,30 @@ PLOT_POINTS = 400      # samples per series when plotting
 @click.command("simulate", cls=_Command)
 @click.option("--config", "config_path", metavar="TOML",
               help="gpud.toml whose [sched] policy to simulate (default: built-in defaults).")
-@click.option("--cluster", "cluster_spec", required=True, metavar="SPEC",
+@click.option("--cluster", "cluster_spec", metavar="SPEC",
               help="Virtual cluster, NODESxGPUSxMODEL[,...], e.g. 16x8xH100-80GB.")
+@click.option("--nodes", "nodes_path", metavar="CSV",
+              help="Or the cluster as an openb node list: sn,cpu_milli,memory_mib,gpu,model "
+                   "(CPUs counted in thousandths).")
+@click.option("--fill-to", "fill_to", type=click.FloatRange(min=0.01, max=10.0), metavar="F",
+              help="The fill experiment: the --trace pod list shuffled with --seed, drawn with "
+                   "replacement until it asks for F times the GPU capacity, placed in order, "
+                   "what does not fit dropped, nothing departing; reports allocation and "
+                   "fragmentation by arrived percent.")
+@click.option("--placement", type=click.Choice(PLACEMENTS),
+              help="Node placement, instead of the config's [scheduler] placement.")
 @click.option("--gpu-modes", "gpu_modes", metavar="SPEC",
               help="How GPUs are shared, as a worker's gpu_modes: MODE for every GPU, or "
                    "[NODES:]GPUS=MODE;... e.g. 'n0001:*=mps' or '0-3=mig:dynamic' (default: whole).")
 @click.option("--trace", "trace_path", metavar="CSV",
-              help="Job trace: job_id,submit_s,gpus,duration_s,user,group,gpu_type,status.")
+              help="Job trace: job_id,submit_s,gpus,duration_s,user,group,gpu_type,status, "
+                   "or an openb pod list (cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...).")
 @click.option("--synthetic", type=click.Choice(KINDS), metavar="KIND",
               help=f"Generate the jobs instead of reading a trace: {', '.join(KINDS)}.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1, 10_000_000), default=10_000,
               show_default=True, help="With --synthetic: how many jobs.")
 @click.option("--seed", type=int, default=1, show_default=True,
-              help="With --synthetic: the random seed (same seed, same jobs).")
+              help="With --synthetic or --fill-to: the random seed (same seed, same jobs).")
 @click.option("--load", type=click.FloatRange(min=0.01, max=100), metavar="F",
               help="With --synthetic: offered GPU-time over the cluster's "
                    "(default 0.9 mixed, 2.0 saturating).")
@@ -158,7 +172,8 @@ PLOT_POINTS = 400      # samples per series when plotting
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", metavar="PNG",
               help="Draw utilization, queue length and account shares over time (needs matplotlib).")
-def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, trace_path: str | None,
+def simulate(config_path: str | None, cluster_spec: str | None, nodes_path: str | None,
+             fill_to: float | None, placement: str | None, gpu_modes: str | None, trace_path: str | None,
              synthetic: str | None, n_jobs: int, seed: int, load: float | None, n_accounts: int,
              background_path: str | None, background_qos: str | None, main_qos: str | None,
              save_trace: str | None, policy: str, compare: bool, until: str | None,
@@ -167,6 +182,14 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
     """Replay a job trace (or synthetic jobs) on a virtual cluster with the real scheduler;
     report waits, GPU allocation, fairness, preemptions and fragmentation, for one policy or
     (--compare) fifo, priority and full side by side."""
+    if (cluster_spec is None) == (nodes_path is None):
+        raise _OneLineError("give the cluster with --cluster SPEC or --nodes CSV (one of them)")
+    if fill_to is not None:
+        _fill(cluster_spec, nodes_path, gpu_modes, trace_path, config_path, placement, fill_to, seed,
+              as_json, conflicts=[o for o, v in (("--synthetic", synthetic), ("--compare", compare or None),
+                                                 ("--background", background_path), ("--until", until),
+                                                 ("--plot", plot_path)) if v is not None])
+        return
     if (trace_path is None) == (synthetic is None):
         raise _OneLineError("give a job trace with --trace CSV or generate one with "
                             "--synthetic KIND")
@@ -200,13 +223,15 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
         except PlotError as e:
             raise _OneLineError(str(e)) from None
     try:
-        nodes = apply_gpu_modes(parse_cluster(cluster_spec), gpu_modes)
+        nodes = apply_gpu_modes(_nodes(cluster_spec, nodes_path), gpu_modes)
         config = with_stream_qos(load_sched_config(config_path), bg_qos, main_qos)
         unmatched = unmatched_partitions(config.partitions, nodes)
         if unmatched:
             raise ClusterSpecError(unmatched)
-    except (ClusterSpecError, SimConfigError) as e:
+    except (ClusterSpecError, SimConfigError, OpenbError) as e:
         raise _OneLineError(str(e)) from None
+    if placement is not None:
+        config = replace(config, placement=placement)
     estimates = Estimates("exact" if exact_limits else limits, overestimate)
 
     jobs: list[TraceJob] | None = None
@@ -261,6 +286,38 @@ def simulate(config_path: str | None, cluster_spec: str, gpu_modes: str | None, 
         click.echo(format_compare(reports))
     else:
         click.echo(format_text(reports[policy]))
+
+
+def _nodes(cluster_spec: str | None, nodes_path: str | None):
+    return read_nodes(nodes_path) if nodes_path is not None else parse_cluster(cluster_spec or "")
+
+
+def _fill(cluster_spec: str | None, nodes_path: str | None, gpu_modes: str | None, trace_path: str | None,
+          config_path: str | None, placement: str | None, fill_to: float, seed: int, as_json: bool,
+          conflicts: list[str]) -> None:
+    """``--fill-to``: the fill experiment (gpud/sim/fill.py) instead of a replay in time."""
+    if conflicts:
+        raise _OneLineError(f"--fill-to places a pod list once, in order: it does not take {conflicts[0]}")
+    if trace_path is None:
+        raise _OneLineError("--fill-to needs the pods: give an openb pod list with --trace CSV")
+    try:
+        nodes = _nodes(cluster_spec, nodes_path)
+        if nodes_path is None:     # the pods' unit: thousandths of a CPU, 32 MiB of GPU a milli-GPU
+            nodes = tuple(replace(n, cpus=n.cpus * 1000, gpus=tuple(replace(g, memory_mb=GPU_MEMORY_MB)
+                                                                      for g in n.gpus)) for n in nodes)
+        nodes = apply_gpu_modes(nodes, gpu_modes)
+        config = fill_config(load_sched_config(config_path), placement)
+        if not is_pod_list(trace_path):
+            read_pods(trace_path)  # a missing file or a missing column says which
+            raise OpenbError(f"{trace_path}: --fill-to needs an openb pod list "
+                             "(cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+        pods = read_pods(trace_path)
+        report = {"cluster": {"nodes": len(nodes), "gpus": sum(len(n.gpus) for n in nodes)},
+                  "pods": {"rows": pods.rows, "read": len(pods.pods), "skipped": dict(pods.skipped)},
+                  "fill": fill(nodes, pods.pods, config, fill_to, seed)}
+    except (ClusterSpecError, SimConfigError, OpenbError, ValueError) as e:
+        raise _OneLineError(str(e).splitlines()[0] if str(e) else "invalid input") from None
+    click.echo(json.dumps(report, indent=2) if as_json else format_fill(report))
 
 
 class _Source:

@@ -70,7 +70,7 @@ from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
 from ..sched.fragmentation import DEFAULT_SIZE
 from ..sched.plan import Plan, Preemption, Start
-from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, live_claims
+from ..sched.snapshot import Device, NodeView, PendingJob, RunningJob, Snapshot, live_claims
 from . import sharing as _sharing
 from .estimates import Estimates
 from .report import Tally, size_bucket
@@ -192,7 +192,11 @@ class Simulation:
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
         # whole GPUs free per node; shared GPUs are the core's to count (their jobs' devices)
-        self._free = {n.name: {g.index for g in n.gpus if g.mode == "whole"} for n in self.nodes}
+        # (an mps:dynamic GPU is whole while no share holds it: ``_dynamic`` counts its shares)
+        self._free = {n.name: {g.index for g in n.gpus if g.mode == "whole" or (g.mode == "mps" and g.dynamic)}
+                      for n in self.nodes}
+        self._dynamic: dict[tuple[str, int], int] = {(n.name, g.index): 0 for n in self.nodes for g in n.gpus
+                                                     if g.mode == "mps" and g.dynamic}
         self._free_cpus = {n.name: n.cpus for n in self.nodes}
         self._free_mem = {n.name: n.mem_mb for n in self.nodes}
         self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
@@ -211,7 +215,7 @@ class Simulation:
         # whole GPUs of a model (None: any) per node, most first: which gangs could ever run
         self._node_gpus: dict[str | None, list[int]] = {None: []}
         for n in self.nodes:
-            whole = [g for g in n.gpus if g.mode == "whole"]
+            whole = [g for g in n.gpus if g.mode == "whole" or (g.mode == "mps" and g.dynamic)]
             self._node_gpus[None].append(len(whole))
             for model in {g.model for g in n.gpus}:
                 self._node_gpus.setdefault(model, []).append(sum(1 for g in whole if g.model == model))
@@ -501,6 +505,8 @@ class Simulation:
         for node, gpus, cpus, mem in _pieces(run):      # a gang's nodes all free together
             before = self._free_counts(node)
             self._free[node].update(gpus)
+            if self._dynamic:
+                self._free[node].update(self._shares_end(node, run.devices))
             self._refile(node, before)
             self._free_cpus[node] += cpus
             self._free_mem[node] += mem
@@ -582,7 +588,7 @@ class Simulation:
         pend = self.pending[s.job_id]
         shared = any(d.kind != "gpu" for d in s.devices)    # slices and shares: the core's to count
         pieces = _pieces(s)
-        if not self._fits(pend, pieces, shared):
+        if not self._fits(pend, pieces, shared, s.devices):
             log.warning("plan start of job %d on %s does not fit; skipped", s.job_id,
                         ",".join(p[0] for p in pieces))
             return
@@ -595,6 +601,11 @@ class Simulation:
         for node, gpus, cpus, mem in pieces:        # a gang takes all its nodes at once
             before = self._free_counts(node)
             self._free[node].difference_update(gpus)
+            if self._dynamic:
+                for d in s.devices:
+                    if d.kind == "mps" and (node, d.index) in self._dynamic:
+                        self._dynamic[(node, d.index)] += 1
+                        self._free[node].discard(d.index)
             self._refile(node, before)
             self._free_cpus[node] -= cpus
             self._free_mem[node] -= mem
@@ -627,7 +638,7 @@ class Simulation:
         self._push(t + run_for, _END, s.job_id, job.attempt)
 
     def _fits(self, pend: PendingJob, pieces: tuple[tuple[str, tuple[int, ...], int, int], ...],
-              shared: bool) -> bool:
+              shared: bool, devices: tuple[Device, ...] = ()) -> bool:
         """Whether every part of a start is free now: the head's re-check of a plan."""
         if len(pieces) != pend.nodes or len({p[0] for p in pieces}) != len(pieces):
             return False
@@ -639,10 +650,25 @@ class Simulation:
             want = set(gpus)
             if not shared and (len(want) != len(gpus) or not want <= free or len(want) != per_node):
                 return False
+            if shared and self._dynamic and any(
+                    d.kind == "mps" and self._dynamic.get((node, d.index)) == 0 and d.index not in free
+                    for d in devices):
+                return False               # an mps:dynamic GPU a whole-GPU job holds
             models = self._models[node]
             if pend.gpu_type is not None and any(models.get(i) != pend.gpu_type for i in want):
                 return False
         return True
+
+    def _shares_end(self, node: str, devices: Iterable[Device]) -> list[int]:
+        """The mps:dynamic GPUs of ``node`` left without shares once ``devices`` end."""
+        idle = []
+        for d in devices:
+            key = (node, d.index)
+            if d.kind == "mps" and key in self._dynamic:
+                self._dynamic[key] -= 1
+                if self._dynamic[key] == 0:
+                    idle.append(d.index)
+        return idle
 
     def _gpu_views(self, node: str) -> dict[int, Any]:
         return {g.index: g for g in self._node_by_name[node].gpus}

@@ -106,6 +106,8 @@ def iter_trace(lines: TextIO | Iterator[str], stats: TraceStats | None = None,
     stats = stats if stats is not None else TraceStats()
     reader = csv.reader(_without_nul(lines))
     header = _read_header(reader, name)
+    if "submit_s" not in header and all(c in header for c in _POD_COLUMNS):
+        reader, header = _pod_rows(reader, header), list(_AS_JOBS)
     index = {col: i for i, col in reversed(list(enumerate(header)))}
     missing = [c for c in REQUIRED_COLUMNS if c not in index]
     if missing:
@@ -127,6 +129,38 @@ def iter_trace(lines: TextIO | Iterator[str], stats: TraceStats | None = None,
         if job is not None:
             stats.accepted += 1
             yield job
+
+
+_POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
+_AS_JOBS = ("job_id", "submit_s", "gpus", "duration_s", "status", "gpu_type")
+
+
+def _pod_rows(reader, header: list[str]) -> Iterator[list[str]]:
+    """An openb pod list's rows as jobs.csv rows (gpud/sim/openb.py): created at
+    ``creation_time``, running from ``scheduled_time`` (else creation) to ``deletion_time``,
+    ``gpu_milli`` / 1000 of one GPU for a share, else ``num_gpu``; a ``gpu_spec`` of one
+    model is its ``gpu_type`` (of several: none, any model).  Its ``qos`` (LS, BE, ...) names
+    no gpud QOS and is left out (``--qos`` sets one).  CPU and memory requests are for
+    ``--fill-to``; a replay in time counts GPUs, as for jobs.csv."""
+    col = {c: i for i, c in reversed(list(enumerate(header)))}
+
+    def get(row: list[str], c: str) -> str:
+        i = col.get(c)
+        return row[i].strip() if i is not None and i < len(row) else ""
+    for row in reader:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            yield row
+            continue
+        num, milli = _number(get(row, "num_gpu")), _number(get(row, "gpu_milli"))
+        created, deleted = _number(get(row, "creation_time")), _number(get(row, "deletion_time"))
+        began = _number(get(row, "scheduled_time"))
+        began = created if began is None else began
+        gpus = "" if num is None or milli is None else (
+            str(milli / 1000) if num == 1 and 0 < milli < 1000 else str(num))
+        duration = "" if deleted is None or began is None else str(deleted - began)
+        spec = [x for x in get(row, "gpu_spec").split("|") if x.strip()]
+        yield [get(row, "name"), get(row, "creation_time"), gpus, duration, get(row, "pod_phase"),
+               spec[0].strip() if len(spec) == 1 else ""]
 
 
 def _without_nul(lines: TextIO | Iterator[str]) -> Iterator[str]:

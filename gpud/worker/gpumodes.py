@@ -27,11 +27,12 @@ when they end (``converge``, called after every job end).  A GPU that loses MIG 
 reboot (H100, H200) therefore gets it back here; a dynamic GPU gets back the slices its
 surviving jobs hold (the sim forgets them with the worker).
 
-Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reason} is
-applied to a dynamic GPU when the end state is a valid layout that keeps every slice in
-use; a command whose end state already holds does nothing (messages come at least once).
-A command that destroys slices sooner than ``[scheduler] mig_min_interval`` after the
-last one is refused; ``relaid_at`` is the time of the last command that destroyed any,
+Head commands.  ``mig`` {gpu, destroy: [start], create: [{profile, start}], reason,
+min_interval} is applied to a dynamic GPU when the end state is a valid layout that keeps
+every slice in use; a command whose end state already holds does nothing (messages come
+at least once).  A command that destroys slices sooner than its ``min_interval`` (the
+head's ``[scheduler] mig_min_interval``, so ``scontrol reconfigure`` reaches it; the
+worker's own only for a command without one) after the last one is refused; ``relaid_at`` is the time of the last command that destroyed any,
 kept in the state directory so that a worker restart does not reset it.
 The worker re-registers after every command, applied or refused, so the head sees what
 is there, new ``MIG-...`` UUIDs included.
@@ -80,7 +81,7 @@ class GpuMode:
 
     kind: str = "whole"                 # "whole" | "mig" | "mps" | "timeslice"
     layout: str | None = None           # mig: a named static layout; None when dynamic
-    dynamic: bool = False               # mig: the scheduler lays slices out
+    dynamic: bool = False               # mig: the scheduler lays slices out; mps: whole or shares, by demand
     max_clients: int = MPS_MAX_CLIENTS  # mps
     thread_percentage: int | None = None  # mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for every job
     replicas: int = 1                   # timeslice
@@ -105,6 +106,8 @@ def parse_mode(text: Any) -> GpuMode:
         _check_layout_name(arg)
         return GpuMode("mig", layout=arg.lower())
     if kind == "mps":
+        if arg.lower() == "dynamic":
+            return GpuMode("mps", dynamic=True)
         return _parse_mps(arg)
     if kind == "timeslice":
         if not arg.isdigit() or not 1 <= int(arg) <= MAX_REPLICAS:
@@ -112,7 +115,7 @@ def parse_mode(text: Any) -> GpuMode:
                              f"as in \"timeslice:4\", not {text!r}")
         return GpuMode("timeslice", replicas=int(arg))
     raise ValueError(f"unknown GPU mode {text!r}: use whole, mig:LAYOUT, mig:dynamic, "
-                     "mps[:max_clients=N,thread_percentage=P] or timeslice:N")
+                     "mps[:max_clients=N,thread_percentage=P], mps:dynamic or timeslice:N")
 
 
 def _check_layout_name(name: str) -> None:
@@ -253,6 +256,7 @@ class GpuModes:
         self.base = {g.index: g for g in backend.discover()}
         self.modes = {i: modes.get(i, UNMANAGED) for i in self.base}
         self.mps = mps
+        self._whole: dict[int, Any] = {}     # mps:dynamic GPU -> the whole-GPU launch holding it
         self.min_interval = min_interval
         self.clock = clock
         self._state: dict[int, tuple[bool, tuple[SliceInfo, ...]]] = {i: (False, ()) for i in self.base}
@@ -410,14 +414,15 @@ class GpuModes:
             try:
                 self.backend.note_in_use(busy)
                 self._refresh(index)
-                return self._relayout(index, destroy, create, {s for g, s in busy if g == index})
+                return self._relayout(index, destroy, create, {s for g, s in busy if g == index},
+                                      _interval(body, self.min_interval))
             except GpuError as e:
                 return MigResult(True, True, f"GPU {index}: re-layout stopped half-way: {e}")
             finally:
                 self._safe_refresh(index)
 
     def _relayout(self, i: int, destroy: list[int], create: list[mig.Slice],
-                  used: set[int | None]) -> MigResult:
+                  used: set[int | None], min_interval: float) -> MigResult:
         on, slices = self._state[i]
         if not on:
             return MigResult(False, True, f"GPU {i}: MIG mode is off (waiting for a reset?)")
@@ -433,9 +438,9 @@ class GpuModes:
                                           f"{', '.join(map(str, held))}: running jobs use them")
         now = self.clock()
         last = self._relaid_at.get(i)
-        if gone and last is not None and now < last + self.min_interval - INTERVAL_SLACK:
+        if gone and last is not None and now < last + min_interval - INTERVAL_SLACK:
             return MigResult(False, True, f"GPU {i}: re-laid {now - last:.0f}s ago, under the "
-                                          f"minimum interval of {self.min_interval:.0f}s")
+                                          f"minimum interval of {min_interval:.0f}s")
         result = [mig.Slice(s.profile, s.start) for s in slices if s.start not in gone] + new
         try:
             mig.validate_layout(self.base[i].model, result)
@@ -494,7 +499,7 @@ class GpuModes:
             return replace(g, mode="mig", dynamic=mode.dynamic and on and mode.kind == "mig",
                            slices=ready if on else (), relaid_at=self._relaid_at.get(i))
         if mode.kind == "mps":
-            return replace(g, mode="mps", mps_max_clients=mode.max_clients,
+            return replace(g, mode="mps", dynamic=mode.dynamic, mps_max_clients=mode.max_clients,
                            mps_thread_percentage=mode.thread_percentage)
         if mode.kind == "timeslice":
             return replace(g, mode="timeslice", replicas=mode.replicas)
@@ -517,6 +522,16 @@ class GpuModes:
                 kind = getattr(dev, "kind", "gpu")
                 if kind == "gpu" and info.mode == "mig":
                     raise LaunchRefused(f"GPU {dev.index} is in MIG mode here; it has no whole GPU to give")
+                if info.mode == "mps" and info.dynamic:   # whole or shares, never both at once
+                    holder = self._whole.get(dev.index)
+                    if kind == "gpu":
+                        if self.mps is not None and self.mps.clients(dev.index):
+                            raise LaunchRefused(f"GPU {dev.index} serves MPS shares now; a whole-GPU "
+                                                "job waits until they end")
+                        self._whole[dev.index] = (launch.job_id, launch.attempt)
+                    elif holder is not None and holder != (launch.job_id, launch.attempt):
+                        raise LaunchRefused(f"GPU {dev.index} is held whole by job {holder[0]}; its MPS "
+                                            "shares wait until it ends")
                 if kind == "mig":
                     found = next((s for s in info.slices if s.start == dev.slice_start), None)
                     if found is None or found.uuid != dev.uuid:
@@ -546,7 +561,14 @@ class GpuModes:
             self._lock.release()
 
     def adopt_launches(self, launches: Iterable[Any]) -> None:
-        """At start: the MPS clients of jobs that outlived the last worker."""
+        """At start: the MPS clients of jobs that outlived the last worker (and the whole-GPU
+        jobs holding mps:dynamic GPUs)."""
+        launches = list(launches)
+        for launch in launches:
+            for dev in launch.gpus:
+                info = self.gpu(dev.index)
+                if getattr(dev, "kind", "gpu") == "gpu" and info is not None and info.mode == "mps" and info.dynamic:
+                    self._whole[dev.index] = (launch.job_id, launch.attempt)
         if self.mps is None:
             return
         for launch in launches:
@@ -558,9 +580,11 @@ class GpuModes:
 
     def sync_mps(self, launches: Iterable[Any]) -> None:
         """Stop the MPS daemons of GPUs whose jobs have all ended."""
+        active = [(launch.job_id, launch.attempt) for launch in launches]
+        for index in [i for i, holder in self._whole.items() if holder not in active]:
+            del self._whole[index]      # its whole-GPU job ended: shares may come
         if self.mps is None:
             return
-        active = [(launch.job_id, launch.attempt) for launch in launches]
         mps_gpus = [self._info(i) for i, m in self.modes.items() if m.kind == "mps"]
         self.mps.sync(active, mps_gpus)
 
@@ -578,6 +602,15 @@ def from_config(cfg: Any, backend: GpuBackend, node: str, state_dir: str, *,
     return GpuModes(backend, modes, mps=mps, clock=clock,
                     min_interval=float(getattr(cfg.sched, "mig_min_interval", 0.0) or 0.0),
                     relaid_file=os.path.join(state_dir, "mig-relaid.json"))
+
+
+def _interval(body: Mapping[str, Any], own: float) -> float:
+    """The minimum interval a command carries (the head's, the one source of truth), else
+    the worker's own from its config (a head from before the field)."""
+    v = body.get("min_interval")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 10 ** 9:
+        return own
+    return float(v)
 
 
 def devices_in_use(launches: Iterable[Any]) -> set[DeviceUse]:
