@@ -191,8 +191,8 @@ def gpu_spec(v: Any) -> str:
 
 
 def gpu_modes(v: Any) -> Any:
-    """``[worker] gpu_modes``: GPU selectors -> sharing modes (gpud.worker.gpumodes)."""
-    from .worker.gpumodes import parse_gpu_modes
+    """``[worker] gpu_modes``: GPU selectors -> sharing modes (gpud.gpu.modes)."""
+    from .gpu.modes import parse_gpu_modes
 
     return parse_gpu_modes(v)
 

@@ -15,9 +15,8 @@ from gpud.gpu import mig
 from gpud.gpu.mps import MpsDaemons, MpsError, StubRunner
 from gpud.gpu.nvml import NvmlBackend
 from gpud.gpu.sim import SimBackend
-from gpud.worker.gpumodes import (UNMANAGED, WHOLE, GpuMode, GpuModes, LaunchRefused, SliceNeed,
-                                  devices_in_use, modes_for, parse_gpu_modes, parse_mode,
-                                  parse_selector, slices_needed)
+from gpud.gpu.modes import UNMANAGED, WHOLE, GpuMode, modes_for, parse_gpu_modes, parse_mode, parse_selector
+from gpud.worker.gpumodes import GpuModes, LaunchRefused, SliceNeed, devices_in_use, slices_needed
 from gpud.worker.launch import Launch
 from tests.fake_pynvml import FakeNvml
 

@@ -136,7 +136,7 @@ def apply_gpu_modes(nodes: tuple[NodeView, ...], spec: str | None) -> tuple[Node
     """``nodes`` with their GPUs set up as ``spec`` says; ClusterSpecError with one line."""
     if spec is None or not spec.strip():
         return nodes
-    from ..worker.gpumodes import parse_mode, parse_selector   # the worker's own syntax
+    from ..gpu.modes import parse_mode, parse_selector
 
     entries: list[tuple[int, str | None, frozenset[int] | None, object, str]] = []
     for item in filter(None, (w.strip() for w in spec.split(";"))):

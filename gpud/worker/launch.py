@@ -12,7 +12,6 @@ signal; exit_code is None only when there is no exit at all ("launch_failed", "l
 from __future__ import annotations
 
 import math
-import os
 import re
 import signal as signals
 from dataclasses import dataclass, field
