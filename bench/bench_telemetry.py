@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpud.bus.base import HEAD_EVENTS  # noqa: E402
 from gpud.bus.memory import MemoryBroker, MemoryBus  # noqa: E402
-from gpud.head.api import Caller  # noqa: E402
+from gpud.ctlsocket import Caller  # noqa: E402
 from gpud.head.daemon import Head  # noqa: E402
 from gpud.head.ops_telemetry import op_report  # noqa: E402
 from gpud.head.store import JobRecord, NodeRecord, Store, Txn  # noqa: E402

@@ -46,7 +46,7 @@ TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
 })
 _CHUNK = 1 << 20        # bytes asked of the socket at a time
-_MAX_WINDOW = 1024      # the head reads no further ahead on one connection (gpud.head.api)
+_MAX_WINDOW = 1024      # the head reads no further ahead on one connection (gpud.ctlsocket)
 _READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes", "show", "scrontab_get", "report", "seff", "sstat", "telemetry"})
 
 

@@ -272,7 +272,7 @@ class HeadConfig:
     slurm_compat_env: bool = setting(False, flag, live=True)  # jobs also get SLURM_* variables
     mail_command: str | None = setting(None, text, live=True)  # sends --mail-type notices; None: no mail
     cron_tick: float = setting(60.0, duration(positive=True), live=True)  # s per scrontab minute (tests)
-    # One user's share of a socket (the head's, or a relay's): gpud.head.api.Limits.
+    # One user's share of a socket (the head's, or a relay's): gpud.ctlsocket.Limits.
     max_connections_per_user: int = setting(256, count(1))
     max_requests_per_user: int = setting(128, count(1))      # being answered at once
     client_timeout: float = setting(30.0, duration(positive=True))  # to finish a request line, read an answer

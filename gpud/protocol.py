@@ -6,7 +6,7 @@ with ``gpud.jsoncodec`` (json's C accelerator without the ``json`` package's imp
 Framing: one JSON object per line (UTF-8, ``\\n``-terminated), at most ``MAX_LINE`` bytes for a request
 and ``MAX_RESPONSE`` for an answer; a head or relay takes 1 MiB for a request line but one that
 carries a script (submit, scrontab_set, step_launch), and lists and objects nested at most
-``MAX_DEPTH`` deep (gpud.head.api has the per-user limits).
+``MAX_DEPTH`` deep (gpud.ctlsocket has the per-user limits).
 A connection may carry many requests; each gets exactly one response line, in order.
 
 Request:  ``{"v": 1, "op": "<op>", "args": {...}}``

@@ -7,7 +7,7 @@ talks to (``/run/gpud/gpud.sock`` by default) and forwards each request line to 
 over MQTT, in a signed envelope, together with the uid, gid and pid the kernel reported
 for the caller (SO_PEERCRED), the way munge vouches for Slurm's clients.  The head trusts
 that identity because only holders of the cluster key can sign, and only from senders
-named ``relay:<name>`` or ``worker:<name>`` (``gpud.head.relay``).  The identity is never
+named ``relay:<name>`` or ``worker:<name>`` (``gpud.head.relayed``).  The identity is never
 read from the request, so a caller cannot claim anyone else's.
 
 Wire format (topics under ``gpud/<cluster>/``):
@@ -48,7 +48,7 @@ from . import protocol, sdnotify
 from .bus.base import HEAD_REQUESTS, HEAD_STATUS, Bus, Message, relay_replies
 from .bus.envelope import new_id
 from .config import Config
-from .head.api import Caller, Limits, SocketServer
+from .ctlsocket import Caller, Limits, SocketServer
 
 log = logging.getLogger("gpud.relay")
 

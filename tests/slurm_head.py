@@ -17,7 +17,7 @@ from typing import Any
 
 from gpud.bus.memory import MemoryBroker, MemoryBus
 from gpud.config import Config
-from gpud.head.api import Caller, RequestError
+from gpud.ctlsocket import Caller, RequestError
 from gpud.head.daemon import Head
 from gpud.head.store import NodeRecord, Store
 

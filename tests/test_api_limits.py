@@ -1,4 +1,4 @@
-"""gpud.head.api's per-user limits, on a real Unix socket with tiny limits."""
+"""gpud.ctlsocket's per-user limits, on a real Unix socket with tiny limits."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from gpud import protocol
-from gpud.head import api
-from gpud.head.api import Limits, RateLimitedLog, SocketServer
+from gpud import ctlsocket as api
+from gpud.ctlsocket import Limits, RateLimitedLog, SocketServer
 
 
 async def echo(caller, args):

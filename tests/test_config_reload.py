@@ -19,7 +19,7 @@ from gpud import config
 from gpud.bus.memory import MemoryBroker, MemoryBus
 from gpud.config import ConfigError
 from gpud.head import ops_admin
-from gpud.head.api import Caller, RequestError
+from gpud.ctlsocket import Caller, RequestError
 from gpud.head.daemon import Head
 from gpud.head.store import Store
 from gpud.protocol import RemoteError

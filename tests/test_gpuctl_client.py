@@ -194,13 +194,13 @@ def test_submit_many_pipelines_and_keeps_order():
 # -- pipelining against the head's own socket server --------------------------------------------
 
 class _ServerThread:
-    """gpud.head.api.SocketServer on its own event loop in a thread, with the given handlers."""
+    """gpud.ctlsocket.SocketServer on its own event loop in a thread, with the given handlers."""
 
     def __init__(self, path: str, handlers: dict) -> None:
         import asyncio
         import threading
 
-        from gpud.head.api import SocketServer
+        from gpud.ctlsocket import SocketServer
 
         self.loop = asyncio.new_event_loop()
         self.server = SocketServer(path, handlers)

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import pytest
 
 from gpud import protocol
-from gpud.head.api import USER_BUFFER, Caller
+from gpud.ctlsocket import USER_BUFFER, Caller
 from gpud.head.store import NodeRecord
 from gpuctl import Client
 from tests.test_relay import running

@@ -7,7 +7,7 @@ import pytest
 
 from gpud import jsoncodec, protocol
 from gpud.head import arrays
-from gpud.head.api import Caller, RequestError
+from gpud.ctlsocket import Caller, RequestError
 from gpud.head.ops_jobs import OPS, op_jobs
 from gpud.head.store import JobRecord, Txn
 from gpud.model import JobSpec, JobState

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpud.head.api import Caller
+from gpud.ctlsocket import Caller
 from gpud.head.ops_telemetry import op_report, op_seff
 from gpud.head.reports import Allocation, JobShares, compute
 from gpud.sched.config import AccountConfig, SchedConfig
@@ -110,7 +110,7 @@ async def test_report_totals_match_the_numbers_computed_by_hand(tmp_path):
     ({"since": "yesterday"}, "since must be a time"),
 ])
 async def test_report_refuses_bad_arguments_with_one_line(tmp_path, args, message):
-    from gpud.head.api import RequestError
+    from gpud.ctlsocket import RequestError
 
     async with rig(tmp_path) as r:
         with pytest.raises(RequestError, match=message):

@@ -11,7 +11,7 @@ import pytest
 from gpud.head.ops_slurm import expand_hostlist
 from gpud.head.mail import mail_event
 from gpud.head.slurm import resolve_gpu_type
-from gpud.head.api import RequestError
+from gpud.ctlsocket import RequestError
 from gpud.model import JobState
 from tests.slurm_head import ALICE, BOB, ROOT, HeadKit, T0, spec
 

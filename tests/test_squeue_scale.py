@@ -20,7 +20,7 @@ from gpuctl import columns as cols
 from gpuctl import format as fmt
 from gpuctl.commands import squeue
 from gpuctl.main import cli
-from gpud.head.api import Caller
+from gpud.ctlsocket import Caller
 from gpud.head.ops_jobs import fold_arrays, fold_rows, op_jobs
 from gpud.protocol import ProtocolError
 from gpud.head.store import JobRecord

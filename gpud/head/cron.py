@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import JobSpec, JobState, SpecError
 from ..syntax import CronSchedule, SyntaxProblem, parse_crontab
 from . import admission
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .jobcaps import SubmitCaps, launch_refusal
 from .store import JobRecord
 from .store_cron import CronRepository

@@ -51,7 +51,7 @@ from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo
 from . import gang
-from .api import Limits, RequestError, SocketServer
+from ..ctlsocket import Limits, RequestError, SocketServer
 from .jobcaps import SubmitCaps
 from .jobs import requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
@@ -64,8 +64,8 @@ from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
 from .interactive import OPS as ALLOC_OPS, Allocations
-from .relay import RelayedRequests
-from .endreports import WorkerReports
+from .relayed import RelayedRequests
+from .outcomes import WorkerReports
 from ..sched.plan import Plan
 from ..sched.snapshot import live_claims
 from .scheduling import (DOWN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,

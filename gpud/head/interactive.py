@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..model import JobState
 from . import gang
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
 from .store import Txn
 

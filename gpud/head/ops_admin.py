@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import config as config_mod
 from ..config import ConfigError
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .ops_jobs import is_admin
 
 if TYPE_CHECKING:

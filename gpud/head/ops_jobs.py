@@ -20,7 +20,7 @@ from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import format_indices
 from . import admission, gang, slurm
 from .jobcaps import launch_refusal
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
 from .scheduling import UP, node_info

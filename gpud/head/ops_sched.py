@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..model import JobState
 from ..sched.priority import fairshare_table
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 
 if TYPE_CHECKING:
     from .daemon import Head

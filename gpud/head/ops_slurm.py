@@ -29,7 +29,7 @@ from ..model import JobState
 from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify, requeue_changes
 from .metrics import cluster_fragmentation, fragmentation_fields
 from .scheduling import DOWN, DRAIN, UP

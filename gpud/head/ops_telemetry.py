@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .ops_jobs import op_nodes
 from .reports import GROUPINGS, JobShares, allocation_fields, build_report
 from .telemetry import JobUsage

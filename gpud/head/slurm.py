@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import JobState
 from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
 from . import arrays, deps, mail
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .cron import Cron
 from .jobcaps import SubmitCaps
 from .scheduling import build_snapshot, run_core

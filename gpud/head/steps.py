@@ -67,7 +67,7 @@ from ..bus.base import node_cmd
 from ..model import JobState
 from ..protocol import is_int
 from . import gang
-from .api import Caller, RequestError
+from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
 from .store import Txn
 

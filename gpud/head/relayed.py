@@ -38,12 +38,12 @@ from .. import protocol
 from ..bus.base import Message, relay_replies
 from ..relay import (CHUNK_CHARS, BadRelayMessage, Identity, Part, Parts, parse_identity, parse_part,
                      split_line, valid_name)
-from .api import Caller, RateLimitedLog, user_name
+from ..ctlsocket import Caller, RateLimitedLog, user_name
 
 if TYPE_CHECKING:
     from .daemon import Head
 
-log = logging.getLogger("gpud.head.relay")
+log = logging.getLogger("gpud.head.relayed")
 
 SENDER_ROLES = ("relay:", "worker:")
 MAX_IN_FLIGHT = 512               # relayed requests being answered at once

@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .. import protocol
+from . import protocol
 
 log = logging.getLogger("gpud.api")
 
