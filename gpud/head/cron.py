@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import JobSpec, JobState, SpecError
 from ..syntax import CronSchedule, SyntaxProblem, parse_crontab
-from . import admission
+from ..sched import admission
 from ..ctlsocket import Caller, RequestError
 from .jobcaps import SubmitCaps, launch_refusal
 from .store import JobRecord

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__, jsoncodec, protocol
 from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import format_indices
-from . import admission, gang, slurm
+from ..sched import admission
+from . import gang, slurm
 from .jobcaps import launch_refusal
 from ..ctlsocket import Caller, RequestError
 from .gpusharing import gpu_usage

@@ -331,3 +331,17 @@ def _shared_refusal(req: Any, part: str, members: list[Any], cpus: int, mem: int
         return (f"Requested node configuration is not available: no node in partition {part} has {what}, "
                 f"{cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
     return None
+
+
+class Refused(Exception):
+    """A request that can never run; the message is for the user."""
+
+
+def resolve(spec: Any, user: str, cfg: SchedConfig, nodes: Sequence[Any]) -> Resolved:
+    """``resolve_job``, then ``refusal``: the submit-time check of the head (and of scrontab
+    firing a job), raising Refused with the reason."""
+    resolved = resolve_job(spec, user, cfg, nodes)
+    why = refusal(spec, resolved, user, cfg, nodes)
+    if why is not None:
+        raise Refused(why)
+    return resolved
