@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, jsoncodec, protocol
-from ..model import JobSpec, JobState, NodeInfo, SpecError
+from ..model import JobSpec, JobState, NodeInfo, SpecError, StopReason
 from ..syntax import format_indices
 from . import admission, gang, slurm
 from .api import Caller, RequestError
@@ -288,7 +288,7 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
                                detail=f"by {caller.user}", end_time=now, reason=None)
             elif job.state is JobState.RUNNING:
                 stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
-                                            detail=f"by {caller.user}", stop_reason="cancelled", stop_time=now))
+                                            detail=f"by {caller.user}", stop_reason=StopReason.CANCELLED.value, stop_time=now))
             cancelled.append(job.job_id)
         await head.store.commit(txn)
     for job in stops:

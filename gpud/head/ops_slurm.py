@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import hostlist
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
@@ -120,7 +120,7 @@ async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
         if job.state is not JobState.RUNNING:
             return "Job is already stopping"
         stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
-                                    detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
+                                    detail=f"by {caller.user}", stop_reason=StopReason.REQUEUE.value, stop_time=now))
         return None
 
     done, errors = await _for_each_job(head, caller, args, requeue)
@@ -348,15 +348,17 @@ async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
             if rec is None:
                 errors.append(f"node {name}: no such node")
                 continue
+            txn = Txn(head.store)
             if state == "DRAIN":
-                rec.state, rec.reason = DRAIN, f"{reason} [{caller.user}]"
+                rec = txn.node_transition(rec, DRAIN, reason=f"{reason} [{caller.user}]", now=head.clock(),
+                                          event="drained")
             elif rec.state in (DRAIN, DOWN):
-                rec.state, rec.reason = UP, None
-                rec.last_seen = head.clock()   # a DOWN node gets a full timeout to prove itself
+                rec = txn.node_transition(rec, UP, reason=None, now=head.clock(), event=f"resumed by {caller.user}")
+                head.heard[name] = head.mono()   # a DOWN node gets a full timeout to prove itself
             else:
                 errors.append(f"node {name}: not drained or down; nothing to resume")
                 continue
-            await head.store.upsert_node(rec)
+            await head.store.commit(txn)
             log.info("node %s %s by %s%s", name, rec.state, caller.user, f": {reason}" if reason else "")
             done.append(name)
     if done:

@@ -143,6 +143,7 @@ class Executor:
         self._on_started = on_started
         self._on_finished = on_finished
         self._clock = clock
+        self.lease_file: str | None = None   # the worker's lease (gpud.worker.lease): wrappers kill at its end
         self._shell = shell
         self._poll = poll_interval
         self._use_pidfd = hasattr(os, "pidfd_open")
@@ -375,7 +376,8 @@ class Executor:
         spec = {"user": user, "uid": launch.uid, "gid": launch.gid, "groups": groups,
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
-                "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus)}
+                "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus),
+                "lease_file": self.lease_file}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())
@@ -594,7 +596,8 @@ class Executor:
     def _outcome_from(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
         if status is not None and isinstance(status.get("error"), str):
             return self._outcome(job, None, None, "launch_failed", status["error"])
-        reason = job.stop_reason or "exited"
+        reason = job.stop_reason or ("lease_expired" if status is not None and status.get("lease_expired")
+                                     else "exited")
         if status is not None and isinstance(status.get("exit_code"), int):
             sig = status.get("signal") if isinstance(status.get("signal"), int) else None
             return self._outcome(job, status["exit_code"], sig, reason, core=status.get("core") is True)
