@@ -53,6 +53,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import sqlite3
 import sys
 import time
@@ -82,7 +83,8 @@ from ..sched.snapshot import live_claims
 from .scheduling import (DOWN, DRAIN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
                          plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
-from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, storage_problem
+from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_mb, storage_problem
+from .submitkeys import SubmitKeys
 from .telemetry import Telemetry
 from .usage import UsageLedger
 
@@ -143,6 +145,10 @@ class Head:
         self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.reports = WorkerReports(self)    # started/finished reports: group commits
+        self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
+        self._disk_checked = float("-inf")   # mono time of the last free-space check
+        self._changes_seen, self._idle_since = -1, float("inf")   # for the WAL's truncation when idle
+        self._free_mb: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -150,11 +156,12 @@ class Head:
         # Nodes get a full timeout from our start to report in: the head being down is not
         # the nodes' fault.  And any of them may hold a lease granted just before a crash:
         # their jobs are replaced no earlier than a whole lease from now.
-        mono = self.mono()
+        now, mono = self.clock(), self.mono()
         for name in self.store.nodes:
             self.heard[name] = self.granted[name] = mono
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         await self.usage.load(self.store, now)
+        await self.submit_keys.load(self.store, now)
         if self.cfg.head.metrics_listen:   # first: a bad address stops the head before it serves
             await self.metrics.start(self.cfg.head.metrics_listen)
         await self.server.start()
@@ -191,6 +198,20 @@ class Head:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def check_disk_space(self) -> None:
+        """Refuse a submission while the database's filesystem is below [head] min_free_disk
+        (checked at most once a second); taken again by itself once space returns."""
+        mono = self.mono()
+        if mono - self._disk_checked >= 1.0:
+            self._disk_checked, self._free_mb = mono, free_mb(self.store.path)
+        need = self.cfg.head.min_free_disk
+        if self._free_mb is not None and self._free_mb < need:
+            where = os.path.dirname(os.path.abspath(self.store.path))
+            raise RequestError(
+                f"Batch job submission failed: the head's disk has only {self._free_mb:.0f} MB free, below "
+                f"[head] min_free_disk = {need} MB; nothing was submitted.  Free space under {where}: "
+                "the head takes submissions again by itself once there is room")
 
     def kick(self) -> None:
         self._kick.set()
@@ -551,21 +572,24 @@ class Head:
     # -- liveness --------------------------------------------------------------------------
 
     async def _liveness(self) -> None:
-        idle_since = self.mono()
-        changes = self.store.changes
         while True:  # node_timeout may change on reload
             await asyncio.sleep(max(0.05, min(1.0, self.cfg.head.node_timeout / 4)))
-            try:
-                await self.check_nodes()
-            except Exception as e:  # a full disk, say: the next tick tries again; never fatal
-                log.error("liveness: could not record node changes (will retry): %s", e,
-                          exc_info=not isinstance(e, (sqlite3.Error, OSError)))
-            if self.store.changes != changes:
-                changes, idle_since = self.store.changes, self.mono()
-            try:
-                await self.checkpoint(idle=self.mono() - idle_since > CHECKPOINT_IDLE_AFTER)
-            except Exception as e:
-                log.warning("could not checkpoint the database's WAL: %s", e)
+            await self.liveness_tick()
+
+    async def liveness_tick(self) -> None:
+        """Judge the nodes and keep the WAL small; a failure (a full disk, say) is logged and
+        the next tick tries again: never fatal."""
+        try:
+            await self.check_nodes()
+        except Exception as e:
+            log.error("liveness: could not record node changes (will retry): %s", e,
+                      exc_info=not isinstance(e, (sqlite3.Error, OSError)))
+        if self.store.changes != self._changes_seen:
+            self._changes_seen, self._idle_since = self.store.changes, self.mono()
+        try:
+            await self.checkpoint(idle=self.mono() - self._idle_since > CHECKPOINT_IDLE_AFTER)
+        except Exception as e:
+            log.warning("could not checkpoint the database's WAL: %s", e)
 
     async def checkpoint(self, *, idle: bool) -> None:
         """Keep the WAL small: passive once it grows past WAL_CHECKPOINT_BYTES, truncated to

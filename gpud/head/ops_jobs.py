@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__, jsoncodec, protocol
 from ..model import JobSpec, JobState, NodeInfo, SpecError, StopReason
 from ..syntax import format_indices
-from . import admission, gang, slurm
+from . import admission, gang, slurm, submitkeys
 from .api import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
@@ -45,6 +45,14 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
         spec = JobSpec.from_request(args.get("spec"))
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
+    key = submitkeys.check_key(args.get("key"))
+    if spec.test_only:
+        key = None          # nothing is created, nothing to repeat
+    return await head.submit_keys.once(caller.uid, key, lambda: _submit(head, caller, spec, key))
+
+
+async def _submit(head: "Head", caller: Caller, spec: JobSpec, key: str | None) -> dict:
+    head.check_disk_space()
     now = head.clock()
     infos, models = registered(head)
     if spec.gpu_type is not None:   # the only field this may change: no copy of the spec otherwise
@@ -62,7 +70,7 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
         state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
         mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
         reason=slurm.HELD_REASONS[hold] if hold else None, dependency=spec.dependency,
-        begin_time=spec.begin_time, deadline=spec.deadline, hold_kind=hold,
+        begin_time=spec.begin_time, deadline=spec.deadline, hold_kind=hold, submit_key=key,
     )
     # arrays, dependencies, --skip-if-active, --test-only; the group commit as before
     return await slurm.submit(head, caller, job)
