@@ -86,8 +86,9 @@ class Cluster:
             assert self.head.poll() is None, self.log("head")
         return self.head
 
-    def start_worker(self, name: str, sim: str = "4xH100-80GB", wait: bool = True) -> subprocess.Popen:
-        p = self._spawn(["worker", "--name", name, "--sim", sim], f"worker-{name}")
+    def start_worker(self, name: str, sim: str = "4xH100-80GB", wait: bool = True,
+                     args: tuple[str, ...] = ()) -> subprocess.Popen:
+        p = self._spawn(["worker", "--name", name, "--sim", sim, *args], f"worker-{name}")
         self.workers[name] = p
         if wait:
             wait_for(lambda: self.node_state(name) not in (None, "DOWN", "UNKNOWN") or self._dead(p),
