@@ -79,6 +79,11 @@ def test_a_stopped_worker_daemon_never_runs_its_job_beside_the_replacement(clust
     assert_never_overlapped(d)
     wait_for(lambda: cluster.node_state("w1") in ("IDLE", "MIXED"), 30, "w1 to come back")
     assert "lease" in cluster.log("worker-w1")
+    # why, as scontrol tells it: the job's requeue and the node's history
+    shown = cluster.gpuctl("scontrol", "show", "job", str(job)).stdout
+    assert "Restarts=1" in shown and "LastRequeue=node w1 DOWN" in shown and "lease ended" in shown
+    node = cluster.gpuctl("scontrol", "show", "node", "w1").stdout
+    assert "UP->DOWN node_down: no heartbeat" in node and "DOWN->UP returned" in node
 
 
 def test_a_worker_cut_from_the_broker_longer_than_its_lease(cluster, proxy, tmp_path):

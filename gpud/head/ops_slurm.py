@@ -326,6 +326,9 @@ def expand_hostlist(text: str) -> list[str]:
         raise RequestError(f"invalid node list: {e}") from None
 
 
+SHOW_EVENTS_FOR = 64     # scontrol show: history read for at most this many jobs or nodes
+
+
 async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
     """{"nodes": "gpu[01-02]", "state": "DRAIN"|"RESUME", "reason": str?} -> {"done", "errors"}."""
     if not is_admin(head, caller):
@@ -383,7 +386,14 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
                 raise RequestError(f"Invalid job id specified: {', '.join(ref_text(j, t) for j, t in refs)}")
         else:
             wanted = sorted(head.store.active.values(), key=lambda j: j.job_id)
-        return {"jobs": [job_details(j) for j in wanted]}
+        out = [job_details(j) for j in wanted]
+        if refs and len(out) <= SHOW_EVENTS_FOR:   # why it was requeued (a node's failure, ...)
+            for d, j in zip(out, wanted):
+                if j.requeue_count:
+                    requeues = [e for e in await head.store.job_events(j.job_id)
+                                if e["event"] in ("node_fail", "requeued") and e["state"] == "PENDING"]
+                    d["last_requeue"] = requeues[-1]["detail"] if requeues else None
+        return {"jobs": out}
     if kind == "node":
         from .ops_jobs import op_nodes
 
@@ -397,6 +407,9 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
         parts = partitions(head)
         for n in nodes:
             n["partitions"] = [p["name"] for p in parts if n["name"] in p["node_names"]]
+        if len(nodes) <= SHOW_EVENTS_FOR:   # the node's last state changes and why
+            for n in nodes:
+                n["events"] = await head.store.node_events(n["name"], 5)
         return {"nodes": nodes}
     if kind == "partition":
         parts = partitions(head)
