@@ -180,3 +180,77 @@ def test_answers_dropped_after_the_commit_still_give_one_job_each(cluster, tmp_p
         assert len(jobs) == 100 and sorted(jobs) == sorted(printed) and len(set(printed)) == 100
     finally:
         proxy.close()
+
+
+# -- a full filesystem under the head's database -----------------------------------------------
+
+@pytest.fixture
+def small_fs(tmp_path):
+    import subprocess
+
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path, leave_kb: int) -> Path:
+    """Take the filesystem's space, leaving about ``leave_kb``."""
+    import os
+
+    st = os.statvfs(mnt)
+    free = st.f_bavail * st.f_frsize
+    filler = mnt / f"filler{len(list(mnt.glob('filler*')))}"
+    with open(filler, "wb") as f:
+        try:
+            f.write(b"\0" * max(0, free - leave_kb * 1024))
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_is_reported_survived_and_recovered_from(tmp_path, mosquitto, small_fs):  # noqa: F811
+    c = Cluster(tmp_path / "c", mosquitto.url, node_timeout=2.0, heartbeat=0.3, lease=LEASE)
+    c.config.write_text(c.config.read_text().replace(
+        "[head]\n", f'[head]\ndatabase = "{small_fs}/head.db"\nmin_free_disk = "1M"\n'))
+    try:
+        c.start_head()
+        w1 = c.start_worker("w1", "1xH100-80GB")
+        accepted = [c.sbatch("--hold", "-o", "/dev/null", "--wrap", "true") for _ in range(5)]
+        fillers = [fill(small_fs, 1500)]
+        big = tmp_path / "big.sh"
+        big.write_text("#!/bin/bash\n#" + "x" * 3_000_000 + "\ntrue\n")
+        r = c.gpuctl("sbatch", str(big), check=False)
+        assert r.returncode != 0 and "the head's disk is full" in r.stderr, r.stderr
+        assert "no transaction is active" not in r.stderr
+        fillers.append(fill(small_fs, 0))
+
+        def refused() -> str | None:   # the head looks at the free space at most once a second
+            r = c.gpuctl("sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true", check=False)
+            if r.returncode == 0:
+                accepted.append(int(r.stdout.strip()))
+                return None
+            return r.stderr
+        message = wait_for(refused, 30, "submissions to be refused")
+        assert "the head's disk has only" in message or "disk is full" in message, message
+        # a node goes DOWN while the disk is full: the head lives on (and retries)
+        c.stop(w1, signal.SIGKILL)
+        wait_for(lambda: "could not record node changes" in c.log("head") or c.node_state("w1") == "DOWN", 30,
+                 "the head to try to mark w1 DOWN")
+        assert c.head.poll() is None and c.gpuctl("squeue", check=False).returncode == 0
+        for f in fillers:                              # space returns
+            f.unlink()
+        wait_for(lambda: c.node_state("w1") == "DOWN", 30, "w1 DOWN once space returned")
+        c.start_worker("w1", "1xH100-80GB")
+        wait_for(lambda: c.gpuctl("sbatch", "--hold", "-o", "/dev/null", "--wrap", "true",
+                                  check=False).returncode == 0, 30, "submissions to be taken again")
+        jobs = c.jobs()
+        assert all(j in jobs for j in accepted)       # nothing accepted was lost
+        assert c.head.poll() is None
+        wal = small_fs / "head.db-wal"
+        wait_for(lambda: not wal.exists() or wal.stat().st_size == 0, 60, "the WAL to be truncated when idle")
+    finally:
+        c.close()

@@ -93,7 +93,7 @@ log = logging.getLogger("gpud.head")
 HEAD_SENDER = "head"
 LEASE_MARGIN = 1.0              # seconds, plus LEASE_MARGIN_SHARE of the lease: see lease_margin
 LEASE_MARGIN_SHARE = 0.005      # monotonic clocks may run this much apart (NTP slews 0.05% at most)
-CHECKPOINT_IDLE_AFTER = 10.0    # seconds without a change before the WAL is truncated
+CHECKPOINT_IDLE_AFTER = 10.0    # seconds between truncations of the WAL (at quiet moments)
 LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
@@ -147,7 +147,7 @@ class Head:
         self.reports = WorkerReports(self)    # started/finished reports: group commits
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
-        self._changes_seen, self._idle_since = -1, float("inf")   # for the WAL's truncation when idle
+        self._truncated = float("-inf")      # mono time of the WAL's last truncation
         self._free_mb: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -584,20 +584,21 @@ class Head:
         except Exception as e:
             log.error("liveness: could not record node changes (will retry): %s", e,
                       exc_info=not isinstance(e, (sqlite3.Error, OSError)))
-        if self.store.changes != self._changes_seen:
-            self._changes_seen, self._idle_since = self.store.changes, self.mono()
         try:
-            await self.checkpoint(idle=self.mono() - self._idle_since > CHECKPOINT_IDLE_AFTER)
+            await self.checkpoint()
         except Exception as e:
             log.warning("could not checkpoint the database's WAL: %s", e)
 
-    async def checkpoint(self, *, idle: bool) -> None:
-        """Keep the WAL small: passive once it grows past WAL_CHECKPOINT_BYTES, truncated to
-        nothing when the head is idle (a small disk never fills with an old WAL)."""
+    async def checkpoint(self) -> None:
+        """Keep the WAL small: passive once it grows past WAL_CHECKPOINT_BYTES; truncated to
+        nothing every CHECKPOINT_IDLE_AFTER seconds at a quiet moment (no write for a
+        second), so a small disk never fills with an old WAL."""
         size = self.store.wal_bytes()
         if size > WAL_CHECKPOINT_BYTES:
             await self.store.checkpoint("PASSIVE")
-        elif idle and size > 0:
+        elif size > 0 and self.mono() - self._truncated >= CHECKPOINT_IDLE_AFTER and \
+                time.monotonic() - self.store.last_write >= 1.0:
+            self._truncated = self.mono()
             await self.store.checkpoint("TRUNCATE")
 
     def lease_ends(self, node: str) -> float:

@@ -24,7 +24,7 @@ Storage faults: when SQLite fails a statement (a full disk, an I/O error) the tr
 rolled back if SQLite has not already done so, and the original error is raised, never the
 ROLLBACK's own "no transaction is active"; ``storage_problem`` words it for users.  The WAL
 is checkpointed by the head's liveness loop (``checkpoint``): passively once it grows past
-``WAL_CHECKPOINT_BYTES``, truncated when the head has been idle.
+``WAL_CHECKPOINT_BYTES``, and truncated to nothing every few seconds at a quiet moment.
 
 Schema changes are numbered migrations in ``MIGRATIONS`` (schema.py); ``PRAGMA user_version`` records
 how many have run.
@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator
@@ -364,6 +365,7 @@ class Store:
         # transaction").  Every write method below holds it; code that opens its own
         # transaction on ``db`` must too.
         self.write_lock = asyncio.Lock()
+        self.last_write = float("-inf")   # monotonic time of the last transaction (WAL upkeep)
 
     async def transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``work(conn)`` on the database thread inside one IMMEDIATE transaction, in one
@@ -372,7 +374,10 @@ class Store:
         a lone submission's time at the head.  ``Connection._execute`` is how aiosqlite's
         own ``execute_fetchall`` runs a function on that thread.  Callers hold ``write_lock``."""
         assert self.db is not None
-        return await self.db._execute(_in_transaction, self.db._conn, work)
+        try:
+            return await self.db._execute(_in_transaction, self.db._conn, work)
+        finally:
+            self.last_write = time.monotonic()
 
     async def open(self) -> "Store":
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
