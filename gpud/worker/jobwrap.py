@@ -27,6 +27,12 @@ anything else; the caught signals stay blocked from that check until the child h
 handlers, so none is swallowed on the way.  Only SIGKILL ends the wrapper early, and then the
 worker knows why.
 
+The wrapper also enforces the worker's lease (gpud/worker/lease.py) on its own: when
+``exec.json`` names a lease file it waits for bash in ``sigtimedwait`` until just before the
+lease's end, reads the file again, and SIGKILLs the job at the end if no renewal came
+(status ``lease_expired``).  So a worker daemon that is stopped, hung or cut off cannot leave
+a job running past its lease, which is what lets the head start the job elsewhere.
+
 Started as ``jobwrap.py --serve`` (what the executor does), it is a fork server instead:
 a small process, in a session of its own, that reads job directories from a Unix socket on
 its stdin and forks one wrapper per directory.  Each child starts its own session, points
