@@ -14,7 +14,6 @@ from gpud.head.store import Store, Txn, storage_problem
 from gpud.model import IllegalTransition, NodeState
 from tests.slurm_head import ALICE, BOB, Clock, HeadKit, spec
 
-pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
@@ -237,3 +236,12 @@ async def test_below_the_free_space_floor_submissions_wait_for_room(kit, monkeyp
     kit.head.cfg = replace(kit.head.cfg, head=replace(kit.head.cfg.head, min_free_disk=1))
     kit.mono.advance(1.0)
     assert (await kit.call("submit", ALICE, spec=spec("true")))["job_id"] > 0
+
+
+def test_a_lease_shorter_than_three_heartbeats_is_refused():
+    from gpud.config import ConfigError, from_text
+
+    with pytest.raises(ConfigError) as err:
+        from_text('[head]\nlease = "10s"\n[worker]\nheartbeat_interval = "5s"\n')
+    assert "head.lease: 10s is less than three heartbeats" in str(err.value.lines)
+    assert from_text('[head]\nlease = "15s"\n[worker]\nheartbeat_interval = "5s"\n').head.lease == 15.0
