@@ -14,8 +14,15 @@ Failures come in two kinds and stay apart all the way up to the exit code:
   timed out, the head hung up).  After such a failure the connection is dropped; the next
   request opens a fresh one.  A read-only request that fails on a *reused* connection
   before any answer arrived is retried once on a new one, because a head restart between
-  two calls of a long-lived client is normal.  Submissions and cancellations are never
-  retried: a lost answer does not mean a lost request.
+  two calls of a long-lived client is normal.  Cancellations are never retried: a lost
+  answer does not mean a lost request.
+
+Submissions carry a key made here, one per submission (``gpud.head.submitkeys``): the head
+answers a repeat with the job it already made.  So a submission whose answer was lost (the
+head died after its commit, the connection was cut) is sent again with the same key, on a
+new connection, until the head answers or ``submit_retry`` seconds have passed: the caller
+gets the job id, or an error that says whether anything may have been created.  One that
+could not even connect created nothing, and the error says so.
 
 Stdlib only (plus ``gpud.protocol``): gpuctl starts on every call.  The connection is
 ``_socket``'s plain socket, read through a buffer of our own: the ``socket`` module's enum
@@ -32,6 +39,7 @@ Not thread-safe: use one Client per thread.
 from __future__ import annotations
 
 import _socket
+import os
 import time
 
 from gpud.protocol import MAX_RESPONSE, ProtocolError, RemoteError, decode_response, find_socket, request
@@ -51,7 +59,18 @@ _READ_ONLY_OPS = frozenset({"ping", "jobs", "nodes", "show", "scrontab_get", "re
 
 
 class HeadUnavailable(ConnectionError):
-    """No answer from the head; the message is one line naming the socket."""
+    """No answer from the head; the message is one line naming the socket.  ``sent``: the
+    request may have reached the head (False: it surely did not)."""
+
+    sent = True
+
+
+SUBMIT_RETRY = 60.0     # seconds a submission whose answer was lost is sent again (same key)
+
+
+def submission_key() -> str:
+    """A fresh key for one submission: 128 random bits."""
+    return os.urandom(16).hex()
 
 
 class _NoAnswer(Exception):
@@ -62,9 +81,10 @@ class Client:
     """Talks to the head.  ``socket_path`` None: ``gpud.protocol.find_socket()``."""
 
     def __init__(self, socket_path: str | None = None, timeout: float = 30, *,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, submit_retry: float | None = None) -> None:
         self.socket_path = find_socket(socket_path, config_path)
         self.timeout = timeout
+        self.submit_retry = SUBMIT_RETRY if submit_retry is None else submit_retry
         self._sock: _socket.socket | None = None
         self._buf = bytearray()   # what the head sent that is not yet read as answers
         self._scanned = 0         # bytes of _buf known to hold no newline
@@ -96,15 +116,43 @@ class Client:
             s.connect(self.socket_path)
         except OSError as e:
             s.close()
-            raise HeadUnavailable(
+            err = HeadUnavailable(
                 f"cannot connect to gpud head at {self.socket_path}: {_reason(e)} "
-                "(is gpud running? set GPUD_SOCKET or --socket)"
-            ) from None
+                "(is gpud running? set GPUD_SOCKET or --socket)")
+            err.sent = False
+            raise err from None
         self._sock, self._used = s, False
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
-        """Send one request; its result dict, or RemoteError / HeadUnavailable / ProtocolError."""
+        """Send one request; its result dict, or RemoteError / HeadUnavailable / ProtocolError.
+        A ``submit`` with a ``key`` is sent again while its answer is lost (see above)."""
         line = request(op, **args)
+        if op == "submit" and args.get("key"):
+            return self._submit_line(line)
+        return self._call(line, op)
+
+    def _submit_line(self, line: bytes, *, sent: bool = False) -> dict[str, Any]:
+        """``sent``: the line may have reached the head already (an answer lost before)."""
+        try:
+            return self._call(line, "submit")
+        except HeadUnavailable as e:
+            if not (e.sent or sent):
+                raise HeadUnavailable(f"{e}; nothing was submitted") from None
+            first = e
+        end = time.monotonic() + self.submit_retry
+        pause = 0.05
+        while time.monotonic() < end:
+            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+            pause = min(2 * pause, 1.0)
+            try:
+                return self._call(line, "submit")
+            except HeadUnavailable:
+                continue
+        raise HeadUnavailable(
+            f"{first}; sent again for {self.submit_retry:g}s without an answer, so the job may or may "
+            "not have been submitted: check with squeue --me before submitting it again") from None
+
+    def _call(self, line: bytes, op: str) -> dict[str, Any]:
         for attempt in (1, 2):
             if self._sock is None:
                 self._connect()
@@ -184,7 +232,7 @@ class Client:
 
         For an array, the array's id; with ``skip_if_active``, the active job's id when the
         head submitted nothing."""
-        return int(self.call("submit", spec=spec)["job_id"])
+        return int(self.call("submit", spec=spec, key=submission_key())["job_id"])
 
     def submit_many(self, specs: Iterable[dict[str, Any]], *, window: int = 256) -> list[int]:
         """Submit many ready specs over this one connection, pipelined: up to ``window``
@@ -194,7 +242,7 @@ class Client:
         window = max(1, min(window, _MAX_WINDOW))
         if self._sock is None:
             self._connect()
-        lines = [request("submit", spec=spec) for spec in specs]
+        lines = [request("submit", spec=spec, key=submission_key()) for spec in specs]
         ids: list[int] = []
         try:
             sent = 0
@@ -209,7 +257,14 @@ class Client:
                 ids.append(int(decode_response(answer)["job_id"]))
                 while len(ids) < sent and self._answer_waiting():
                     ids.append(int(decode_response(self._read_line())["job_id"]))
-        except (OSError, ProtocolError, RemoteError):
+        except (OSError, ProtocolError):
+            # The answers in flight are lost, not the submissions: each of the rest goes again
+            # under its key, which returns the job of one the head had already committed.
+            self.close()
+            for line in lines[len(ids):]:
+                ids.append(int(self._submit_line(line, sent=True)["job_id"]))
+            return ids
+        except RemoteError:
             self.close()  # answers still in flight would be out of step
             raise
         self._used = True
@@ -218,7 +273,7 @@ class Client:
     def submit_request(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit and return the head's whole answer: {"job_id", "warnings", "skipped"?,
         "tasks"?}, or for ``test_only`` {"start_time", "node", "partition", "reason", ...}."""
-        return self.call("submit", spec=spec)
+        return self.call("submit", spec=spec, key=submission_key())
 
     def submit(self, script: str | None = None, *, wrap: str | None = None,
                args: Iterable[str] = (), **options: Any) -> int:

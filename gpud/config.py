@@ -262,6 +262,10 @@ class HeadConfig:
     database: str | None = setting(None, text)               # default: <state_dir>/head.db
     admins: tuple[str, ...] = setting((), name_list, live=True)  # besides root: may act on any job
     node_timeout: float = setting(30.0, duration(positive=True), live=True)   # no heartbeat -> DOWN
+    # how long a worker may run jobs without hearing the head; a DOWN node's jobs are
+    # started elsewhere only after it (plus a margin)
+    lease: float = setting(300.0, duration(positive=True))
+    min_free_disk: int = setting(100, size_mb, live=True)   # MB free under the database, or no submissions
     schedule_interval: float = setting(5.0, duration(positive=True), live=True)  # a pass this often
     schedule_debounce: float = setting(0.005, duration(), live=True)  # gather events before a pass
     schedule_max_share: float = setting(0.5, share, live=True)  # of the head's time, passes back to back
@@ -485,6 +489,11 @@ def _cross_checks(cfg: Config, data: dict[str, Any], problems: _Problems) -> Non
                        f"head.node_timeout: {cfg.head.node_timeout:g}s is less than two heartbeats "
                        f"(worker.heartbeat_interval = {cfg.worker.heartbeat_interval:g}s), so healthy "
                        "nodes would go DOWN; make it at least three heartbeats")
+    if cfg.head.lease < 3 * cfg.worker.heartbeat_interval:
+        problems.error(("head", "lease"),
+                       f"head.lease: {cfg.head.lease:g}s is less than three heartbeats "
+                       f"(worker.heartbeat_interval = {cfg.worker.heartbeat_interval:g}s), so a late "
+                       "answer or two would make workers kill their jobs; make it at least three heartbeats")
     broker = data.get("broker") if isinstance(data.get("broker"), dict) else {}
     if cfg.broker.url.startswith("mqtts:") and broker.get("tls") is False:
         problems.error(("broker", "tls"), "broker.tls: false contradicts the mqtts:// url; remove it "

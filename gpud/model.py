@@ -80,12 +80,69 @@ def check_job_transition(job_id: int, old: JobState, new: JobState) -> None:
 
 
 class NodeState(str, enum.Enum):
-    IDLE = "IDLE"            # up, nothing allocated
-    MIXED = "MIXED"          # up, some resources allocated
-    ALLOCATED = "ALLOCATED"  # up, every GPU allocated
+    """A node's state as the head stores it (squeue's IDLE/MIXED/ALLOCATED are derived from
+    UP and what runs there)."""
+
+    UP = "UP"                # heard from within node_timeout; takes jobs
     DRAIN = "DRAIN"          # up, takes no new jobs (admin)
-    DOWN = "DOWN"            # not heard from within the heartbeat timeout
-    UNKNOWN = "UNKNOWN"      # registered in the database, not heard from since the head started
+    DOWN = "DOWN"            # not heard from within node_timeout; takes no jobs
+    UNKNOWN = "UNKNOWN"      # in the database, not heard from since the head started
+
+
+# None: a node the head has never seen (its first registration).  A move to the same state
+# (a new drain reason, fresh resources) is always allowed and logged only when the reason changes.
+NODE_TRANSITIONS: dict[NodeState | None, frozenset[NodeState]] = {
+    None: frozenset({NodeState.UP}),
+    NodeState.UP: frozenset({NodeState.DRAIN, NodeState.DOWN}),
+    NodeState.DRAIN: frozenset({NodeState.UP, NodeState.DOWN}),
+    NodeState.DOWN: frozenset({NodeState.UP, NodeState.DRAIN}),
+    NodeState.UNKNOWN: frozenset({NodeState.UP, NodeState.DOWN, NodeState.DRAIN}),
+}
+
+
+def check_node_transition(node: str, old: NodeState | None, new: NodeState) -> None:
+    if new != old and new not in NODE_TRANSITIONS[old]:
+        raise IllegalTransition(f"node {node}: illegal transition {old.value if old else 'new'} -> {new.value}")
+
+
+class StopReason(str, enum.Enum):
+    """Why the head asked a running job to stop (``JobRecord.stop_reason``): the value is
+    stored as is, and the part before ``:`` is the kind of stop, the part after what follows."""
+
+    CANCELLED = "cancelled"                  # scancel
+    REQUEUE = "requeue"                      # scontrol requeue
+    TIMEOUT = "timeout"                      # time limit lowered below what it has run
+    PREEMPTED_REQUEUE = "preempted:requeue"  # preempted; back to the queue
+    PREEMPTED_CANCEL = "preempted:cancel"    # preempted; ends PREEMPTED
+    IDLE_REQUEUE = "idle:requeue"            # its GPUs idle ([partition] idle_action)
+    IDLE_CANCEL = "idle:cancel"
+    RELEASED = "released"                    # an interactive allocation given back (salloc's end)
+
+    @property
+    def kind(self) -> str:
+        """"cancelled", "requeue", "timeout", "preempted", "idle" or "released"."""
+        return self.value.split(":")[0]
+
+    @property
+    def then(self) -> str | None:
+        """What follows the stop, for preemptions and idle GPUs: "requeue" or "cancel"."""
+        return self.value.split(":")[1] if ":" in self.value else None
+
+    @classmethod
+    def of(cls, text: str | None) -> "StopReason | None":
+        """The stored text as a StopReason; None for none (or one this version does not know)."""
+        try:
+            return None if text is None else cls(text)
+        except ValueError:
+            return None
+
+    @classmethod
+    def preempted(cls, mode: str) -> "StopReason":
+        return cls(f"preempted:{mode}")
+
+    @classmethod
+    def idle(cls, action: str) -> "StopReason":
+        return cls(f"idle:{action}")
 
 
 class SpecError(ValueError):

@@ -20,8 +20,11 @@ signed message; gpuctl cannot tell the difference.
 Operations (args -> result):
 
 ``ping``     {} -> {"cluster": str, "version": str, "uid": int, "user": str, "admin": bool}
-``submit``   {"spec": JobSpec fields} -> {"job_id": int, "warnings": [str], "tasks": int?,
-             "skipped": bool?}   For an array, job_id is the array's id (its first task's).
+``submit``   {"spec": JobSpec fields, "key": str?} -> {"job_id": int, "warnings": [str], "tasks": int?,
+             "skipped": bool?, "repeat": bool?}   For an array, job_id is the array's id (its
+             first task's).  ``key`` (8-128 of [A-Za-z0-9._:-], one per submission): a repeat
+             with the same key from the same uid within 24 h returns the job already made,
+             with "repeat": true (gpud.head.submitkeys).
              With spec.skip_if_active and a pending or running job of the caller with the
              same name: that job's id and "skipped": true, nothing inserted.  With
              spec.test_only: {"test_only": true, "start_time": float|null, "node", "partition",

@@ -42,7 +42,8 @@ class Cluster:
     """Head + workers on one machine, configured through one gpud.toml in ``root``."""
 
     def __init__(self, root: Path, broker_url: str, *, cluster: str = "test", node_timeout: float = 3.0,
-                 heartbeat: float = 0.3, kill_grace: float = 2.0, extra_toml: str = "") -> None:
+                 heartbeat: float = 0.3, kill_grace: float = 2.0, extra_toml: str = "",
+                 lease: float = 10.0) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.broker_url = broker_url
@@ -56,7 +57,7 @@ class Cluster:
             f'key_file = "{self.key_file}"\n'
             f'log_level = "info"\n'
             f'[broker]\nurl = "{broker_url}"\n'
-            f'[head]\nsocket = "{self.socket}"\nnode_timeout = "{node_timeout}s"\n'
+            f'[head]\nsocket = "{self.socket}"\nnode_timeout = "{node_timeout}s"\nlease = "{lease}s"\n'
             f'schedule_interval = "1s"\nkill_grace = "{kill_grace}s"\n'
             f'[worker]\nheartbeat_interval = "{heartbeat}s"\n' + extra_toml
         )
@@ -85,8 +86,9 @@ class Cluster:
             assert self.head.poll() is None, self.log("head")
         return self.head
 
-    def start_worker(self, name: str, sim: str = "4xH100-80GB", wait: bool = True) -> subprocess.Popen:
-        p = self._spawn(["worker", "--name", name, "--sim", sim], f"worker-{name}")
+    def start_worker(self, name: str, sim: str = "4xH100-80GB", wait: bool = True,
+                     args: tuple[str, ...] = ()) -> subprocess.Popen:
+        p = self._spawn(["worker", "--name", name, "--sim", sim, *args], f"worker-{name}")
         self.workers[name] = p
         if wait:
             wait_for(lambda: self.node_state(name) not in (None, "DOWN", "UNKNOWN") or self._dead(p),

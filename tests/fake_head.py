@@ -73,6 +73,7 @@ class FakeHead:
         self.path = path or os.path.join(self._dir, "head.sock")
         self.cluster = cluster
         self.requests: list[tuple[str, dict[str, Any], int]] = []   # (op, args, uid)
+        self.submit_keys: list[str] = []                            # of the submissions, in order
         self.jobs: dict[int, dict[str, Any]] = {}
         self.nodes: list[dict[str, Any]] = []
         self.admins: set[int] = {0}
@@ -180,6 +181,10 @@ class FakeHead:
                 wfile.flush()
                 continue
             with self._cond:
+                # The submission key is random: kept apart, so tests compare requests as before.
+                key = args.pop("key", None) if op == "submit" else None
+                if key is not None:
+                    self.submit_keys.append(key)
                 self.requests.append((op, args, uid))
                 self._cond.notify_all()
                 try:

@@ -59,7 +59,7 @@ class HeadKit:
         self.store = await Store(self.db).open()
         self.bus = MemoryBus(self.broker, "test", "head", KEY, clock=self.clock)
         await self.bus.__aenter__()
-        self.head = Head(self.cfg, self.bus, self.store, clock=self.clock)
+        self.head = Head(self.cfg, self.bus, self.store, clock=self.clock, mono=self.clock)
         self._tasks.append(asyncio.create_task(self.head._submitter()))
         return self
 
@@ -77,6 +77,7 @@ class HeadKit:
                 "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "model": model, "memory_mb": 81559}
                          for i in range(gpus)]}
         self.store.nodes[name] = NodeRecord(name, info, "UP", None, self.clock(), self.clock())
+        self.head.heard[name] = self.head.granted[name] = self.clock()   # as a heartbeat would
 
     def label_nodes(self, **labels: str) -> None:
         """Give every node ``labels`` plus an ``addr`` (10.0.0.<its number>), as gang jobs need."""

@@ -115,5 +115,5 @@ async def rig(tmp_path: Path, cfg: Config | None = None) -> AsyncIterator[Rig]:
     async with Store(str(tmp_path / "head.db")) as store, \
             MemoryBus(broker, "test", "head", KEY, subscriptions=[HEAD_EVENTS]) as bus, \
             MemoryBus(broker, "test", "worker:watch", KEY, subscriptions=[node_cmd("+")]) as worker_bus:
-        head = Head(cfg, bus, store, clock=clock, socket_path=str(tmp_path / "gpud.sock"))
+        head = Head(cfg, bus, store, clock=clock, mono=clock, socket_path=str(tmp_path / "gpud.sock"))
         yield Rig(head, clock, worker_bus)

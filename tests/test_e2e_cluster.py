@@ -114,7 +114,7 @@ def test_head_kill9_during_submissions_loses_nothing(cluster, tmp_path):
     assert jobs[long_id]["attempt"] == 1
 
 
-def test_worker_cut_off_is_fenced_when_it_returns(cluster, tmp_path):
+def test_worker_cut_off_is_fenced_before_its_job_runs_elsewhere(cluster, tmp_path):
     cluster.start_head()
     w1 = cluster.start_worker("w1", "2xH100-80GB")
     log = tmp_path / "runs.log"
@@ -124,22 +124,24 @@ def test_worker_cut_off_is_fenced_when_it_returns(cluster, tmp_path):
     norq = cluster.sbatch("--gpus", "1", "--no-requeue", "-o", "/dev/null", "--wrap", "sleep 30")
     wait_for(lambda: marker.exists(), 30, "first attempt to start")
     cluster.wait_job_state(norq, "RUNNING")
-    w1.send_signal(signal.SIGSTOP)  # cut off: no heartbeats, its jobs keep running
+    first_pid = int(marker.read_text().split()[1])
+    w1.send_signal(signal.SIGSTOP)  # cut off: no heartbeats, its jobs keep running until the lease ends
     try:
         wait_for(lambda: cluster.node_state("w1") == "DOWN", 30, "w1 to be declared DOWN")
-        assert cluster.job(norq)["state"] == "NODE_FAIL"
-        assert cluster.job(job)["state"] == "PENDING"
         cluster.start_worker("w2", "2xH100-80GB")
-        cluster.wait_job_state(job, {"RUNNING", "COMPLETED"}, 30)
-        first_pid = int(marker.read_text().split()[1])
-        assert _alive(first_pid)
+        # only once w1's lease has ended (its wrapper killed the job) is it requeued
+        cluster.wait_job_state(norq, "NODE_FAIL", 60)
+        cluster.wait_job_state(job, {"RUNNING", "COMPLETED"}, 60)
+        assert cluster.job(job)["attempt"] == 2
+        assert not _alive(first_pid)
     finally:
         w1.send_signal(signal.SIGCONT)
-    wait_for(lambda: not _alive(first_pid), 30, "the stale attempt to be killed on w1")
     done = cluster.wait_job_state(job, TERMINAL, 60)
     assert done["state"] == "COMPLETED" and done["node"] == "w2" and done["attempt"] == 2
-    records = read_records(log)
-    assert [r[:2] for r in records] == [(job, 2)]
+    records = {r[1]: r for r in read_records(log)}
+    assert set(records) <= {1, 2} and 2 in records
+    if 1 in records:   # the cut-off copy may have ended within its lease: then before the other began
+        assert records[1][4] <= records[2][3]
     wait_for(lambda: cluster.node_state("w1") in ("IDLE", "MIXED"), 30, "w1 to come back")
 
 

@@ -86,6 +86,8 @@ class Harness:
 
     def executor(self, **kw) -> Executor:
         kw.setdefault("poll_interval", 0.05)
+        if "clock" in kw:       # time limits run on the monotonic clock: the test's drives both
+            kw.setdefault("mono", kw["clock"])
 
         async def on_finished(outcome: Outcome) -> None:  # async: both kinds are supported
             self.finished.append(outcome)

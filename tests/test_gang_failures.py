@@ -162,11 +162,17 @@ async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_o
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "60"])
     kit.sent.clear()
     kit.clock.advance(kit.cfg.head.node_timeout + 1)
-    for name in NODES:       # every node but the lost one keeps its heartbeats
+    for name in NODES:       # every node but the lost one keeps its heartbeats (and leases)
         if name != lost:
-            kit.store.nodes[name].last_seen = kit.clock()
+            kit.head.heard[name] = kit.head.granted[name] = kit.clock()
     await kit.head.check_nodes()
     assert kit.store.nodes[lost].state == "DOWN"
+    assert kit.job(job.job_id).state.value == "RUNNING"   # until the lost node's lease has ended
+    kit.clock.advance(kit.cfg.head.lease + 10)
+    for name in NODES:
+        if name != lost:
+            kit.head.heard[name] = kit.head.granted[name] = kit.clock()
+    await kit.head.check_nodes()
     requeued = kit.job(job.job_id)
     assert requeued.state.value == "PENDING" and requeued.parts == () and requeued.requeue_count == 1
     assert [n for n, _ in kit.sent_to("kill")] == [rank0]
@@ -200,7 +206,8 @@ async def test_a_lost_parts_node_ends_a_no_requeue_job_node_fail(kit):
     job = await kit.start_gang(nodes=3, gpus=12, requeue=False)
     lost = job.parts[1]["node"]
     kit.sent.clear()
-    await kit.head._node_down(kit.store.nodes[lost], kit.clock(), "no heartbeat for 99s")
+    await kit.head._node_down(kit.store.nodes[lost], "no heartbeat for 99s")
+    await kit.head._node_failed(kit.store.nodes[lost])
     done = await kit.record(job.job_id)
     assert done.state.value == "NODE_FAIL"
     assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != lost)

@@ -101,13 +101,35 @@ def test_socket_from_environment_then_config(tmp_path, monkeypatch):
     assert Client("/given.sock").socket_path == "/given.sock"
 
 
-def test_head_hanging_up_on_a_submit_is_not_retried(head):
-    head.raw("submit", b"")
+def test_a_submit_whose_answer_is_lost_is_sent_again_under_its_key(head):
+    answers = iter([b"", b"", {"job_id": 7}])   # two hang-ups after the (pretend) commit
+    head.handle("submit", lambda args, uid: next(answers))
     with Client(head.path) as c:
         c.ping()
-        with pytest.raises(HeadUnavailable, match="closed the connection without answering"):
+        assert c.submit_spec({"script": "#!/bin/sh\n"}) == 7
+    assert head.ops() == ["ping", "submit", "submit", "submit"]
+    assert len(head.submit_keys) == 3 and len(set(head.submit_keys)) == 1   # one key, so one job
+
+
+def test_a_submit_never_answered_says_it_may_exist(head):
+    head.raw("submit", b"")
+    with Client(head.path, submit_retry=0.3) as c:
+        with pytest.raises(HeadUnavailable, match="may or may not have been submitted: check with squeue"):
             c.submit_spec({"script": "#!/bin/sh\n"})
-    assert head.ops() == ["ping", "submit"]
+    assert len(set(head.submit_keys)) == 1 and len(head.submit_keys) >= 2
+
+
+def test_a_submit_that_cannot_connect_says_nothing_was_submitted(tmp_path):
+    with Client(str(tmp_path / "none.sock")) as c:
+        with pytest.raises(HeadUnavailable, match="nothing was submitted"):
+            c.submit_spec({"script": "#!/bin/sh\n"})
+
+
+def test_every_submission_has_its_own_key(head):
+    with Client(head.path) as c:
+        c.submit_spec({"script": "#!/bin/sh\n"})
+        c.submit_many([{"script": "#!/bin/sh\n"}] * 3)
+    assert len(set(head.submit_keys)) == 4
 
 
 def test_read_only_request_is_retried_once_on_a_fresh_connection(head):

@@ -215,6 +215,7 @@ def both_ways(head, capsys, monkeypatch, argv: list[str], stdin: object = None) 
 
 @pytest.mark.parametrize("args, stdin, how", LINES, ids=[" ".join(a) or repr(s)[:20] for a, s, _ in LINES])
 def test_fast_path_does_what_click_does(head, capsys, monkeypatch, args, stdin, how):
+    monkeypatch.setattr("gpuctl.client.SUBMIT_RETRY", 0.3)   # "hang-up": sent again this long
     answer(head, how)
     fast, slow = both_ways(head, capsys, monkeypatch, ["--socket", head.path, "sbatch", *args], stdin)
     assert fast[0] is not None, "the fast path left this line to click"

@@ -108,6 +108,25 @@ class Rig:
     runner: asyncio.Task | None = None
     inbox: list[Message] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # As the head does: every heartbeat is answered with a lease naming the allocations the
+    # test launched (None: the test answers, or not, itself).
+    lease_period: float | None = 3600.0
+    launched: set[tuple[int, int]] = field(default_factory=set)
+
+    async def received(self, m: Message) -> None:
+        async with self.changed:
+            self.inbox.append(m)
+            self.changed.notify_all()
+        if m.kind == "heartbeat" and self.lease_period is not None and "seq" in m.body:
+            await self.command("lease", {"seq": m.body["seq"], "period": self.lease_period,
+                                         "allocs": [list(k) for k in sorted(self.launched)]})
+
+    async def leased(self) -> None:
+        """Returns once the worker holds a lease and no longer holds launches back."""
+        async def held():
+            while self.worker._hold_from is not None or not self.worker.lease.held(self.worker.mono()):
+                await asyncio.sleep(0.005)
+        await asyncio.wait_for(held(), WAIT)
 
     def seen(self, kind: str, pred: Callable[[dict], bool] = lambda b: True) -> list[Message]:
         return [m for m in self.inbox if m.kind == kind and pred(m.body)]
@@ -124,6 +143,9 @@ class Rig:
         return found()
 
     async def command(self, kind: str, body: dict) -> None:
+        if kind == "launch" and isinstance(body, dict) and \
+                all(type(body.get(k)) is int for k in ("job_id", "attempt")):
+            self.launched.add((body["job_id"], body["attempt"]))
         await self.head.publish(node_cmd(NODE), kind, body)
 
     async def barrier(self) -> None:
@@ -137,6 +159,12 @@ def make_cfg(tmp_path, heartbeat: float = SLOW) -> Config:
     return Config(cluster=CLUSTER, state_dir=str(tmp_path), key_file=str(tmp_path / "cluster.key"),
                   worker=WorkerConfig(name=NODE, sim="2xH100-80GB", heartbeat_interval=heartbeat,
                                       cpus=8, mem_mb=64000))
+
+
+async def answer_heartbeat(head: Any, m: Message, allocs: list[list[int]], period: float = 3600.0) -> None:
+    """What the head does with a heartbeat: answer it with a lease."""
+    if m.kind == "heartbeat" and "seq" in m.body:
+        await head.publish(node_cmd(NODE), "lease", {"seq": m.body["seq"], "period": period, "allocs": allocs})
 
 
 def worker_bus(broker: MemoryBroker, name: str = NODE) -> MemoryBus:
@@ -169,9 +197,7 @@ async def rig(tmp_path, heartbeat):
 
         async def collect():
             async for m in head.messages():
-                async with r.changed:
-                    r.inbox.append(m)
-                    r.changed.notify_all()
+                await r.received(m)
 
         collector = asyncio.create_task(collect())
         r.worker = Worker(make_cfg(tmp_path, heartbeat), wbus, SimBackend("2xH100-80GB", NODE),
@@ -180,6 +206,7 @@ async def rig(tmp_path, heartbeat):
         await asyncio.wait_for(r.worker.ready.wait(), WAIT)
         r.executor = executors[0]
         await r.wait("heartbeat")  # announced
+        await r.leased()
         try:
             yield r
         finally:
@@ -353,7 +380,7 @@ async def test_heartbeat_reports_running_and_unacked_allocations(rig):
     mark = len(rig.inbox)
     await rig.worker.heartbeat()
     hb = (await rig.wait("heartbeat", after=mark))[0]
-    assert hb.body == {"running": [[2, 1]], "done": [[1, 1]]}
+    assert {k: v for k, v in hb.body.items() if k != "seq"} == {"running": [[2, 1]], "done": [[1, 1]]}
 
 
 async def test_finished_is_published_when_the_job_ends(rig):
@@ -490,6 +517,7 @@ async def test_run_worker_over_a_real_mosquitto(tmp_path, mosquitto):
         async def next_of(kind: str, pred: Callable[[dict], bool] = lambda b: True) -> Message:
             while True:
                 m = await asyncio.wait_for(anext(messages), WAIT)
+                await answer_heartbeat(head, m, [[11, 1]])
                 if m.kind == kind and pred(m.body):
                     return m
 
@@ -499,6 +527,7 @@ async def test_run_worker_over_a_real_mosquitto(tmp_path, mosquitto):
         register = await next_of("register")
         assert register.sender == worker_sender(NODE)
         assert len(register.body["node"]["gpus"]) == 2
+        await next_of("heartbeat")                   # answered: the worker holds a lease
         await head.publish(node_cmd(NODE), "launch", launch_body(11))
         started = await next_of("started")
         assert started.body["job"] == 11
@@ -523,9 +552,11 @@ async def test_a_real_job_with_the_real_executor(tmp_path):
         async def next_of(kind: str) -> Message:
             while True:
                 m = await asyncio.wait_for(anext(inbox), WAIT)
+                await answer_heartbeat(head, m, [[21, 1]])
                 if m.kind == kind:
                     return m
 
+        await next_of("heartbeat")                   # answered: the worker holds a lease
         body = launch_body(21) | {"user": me.pw_name, "uid": me.pw_uid, "gid": me.pw_gid,
                                   "script": "#!/bin/sh\nexit 3\n", "work_dir": str(tmp_path)}
         await head.publish(node_cmd(NODE), "launch", body)

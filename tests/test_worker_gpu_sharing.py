@@ -34,9 +34,7 @@ async def sharing_rig(tmp_path, modes=MODES, spec=SPEC):
 
         async def collect():
             async for m in head.messages():
-                async with r.changed:
-                    r.inbox.append(m)
-                    r.changed.notify_all()
+                await r.received(m)
 
         collector = asyncio.create_task(collect())
         r.worker = Worker(cfg, wbus, SimBackend(spec, NODE), clock=lambda: CLOCK)
@@ -44,6 +42,7 @@ async def sharing_rig(tmp_path, modes=MODES, spec=SPEC):
         await asyncio.wait_for(r.worker.ready.wait(), WAIT)
         r.executor = r.worker.executor
         await r.wait("heartbeat")
+        await r.leased()
         try:
             yield r
         finally:

@@ -205,6 +205,7 @@ def job_record(j: dict[str, Any]) -> list[str]:
         f"JobState={state} Reason={j.get('reason') or 'None'} Dependency={_v(j.get('dependency'))}",
         f"Requeue={1 if j.get('requeue', True) else 0} Restarts={j.get('requeue_count', 0)} BatchFlag=1 "
         f"ExitCode={fmt.exit_code(j)}",
+        *([f"LastRequeue={j['last_requeue']}"] if j.get("last_requeue") else []),
         f"RunTime={format_duration(runtime)} TimeLimit={format_duration(j.get('time_limit'))}",
         f"SubmitTime={_t(j.get('submit_time'))} EligibleTime={_t(j.get('begin_time') or j.get('submit_time'))}",
         f"StartTime={_t(j.get('start_time') or j.get('expected_start'))} EndTime={_t(j.get('end_time'))} "
@@ -246,6 +247,8 @@ def node_record(n: dict[str, Any]) -> list[str]:
         *topology.node_lines(n),
         f"LastSeen={_t(n.get('last_seen'))} Reason={_v(n.get('reason'))}",
         f"Confinement={(n.get('labels') or {}).get('confinement') or 'none'}",
+        *(f"Event={_t(e.get('time'))} {e.get('old_state') or 'NEW'}->{e.get('state')} {e.get('event')}"
+          + (f": {e['reason']}" if e.get("reason") else "") for e in n.get("events") or []),
     ]
 
 

@@ -6,7 +6,7 @@ Topics live under ``gpud/<cluster>/``; code passes only the suffix.
 suffix                direction   kinds (body)
 ====================  ==========  ===========================================================
 ``head/events``       worker→head ``register`` {node: NodeInfo dict}
-                                  ``heartbeat`` {running: [[job, attempt]], done: [[job, attempt]]}
+                                  ``heartbeat`` {seq, running: [[job, attempt]], done: [[job, attempt]]}
                                   ``started`` {job, attempt, pid, time}
                                   ``finished`` {job, attempt, exit_code, signal, reason,
                                   time, message}
@@ -26,7 +26,9 @@ suffix                direction   kinds (body)
                                   gpud.relay)
 ``relay/<n>/replies`` head→relay  ``reply`` {id, part, parts, data}  (the response line)
 ``node/<n>/status``   worker→all  ``node_status`` {state: "online"|"offline"} (retained, will)
-``node/<n>/cmd``      head→worker ``launch`` {job, attempt, ...see worker.executor.Launch}
+``node/<n>/cmd``      head→worker ``launch`` {job, attempt, lease: {seq}, ...see worker.executor.Launch}
+                                  ``lease`` {seq, period, allocs: [[job, attempt]]}  (the
+                                  answer to heartbeat ``seq``: see gpud.worker.lease)
                                   ``signal`` {job, attempt, signal, grace, reason}
                                   ``kill`` {allocs: [[job, attempt]], reason}  (fencing)
                                   ``ack`` {done: [[job, attempt]]}  (head recorded these)

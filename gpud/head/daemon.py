@@ -16,9 +16,21 @@ Four tasks in one TaskGroup:
                out the rest of ``schedule_debounce``, or of as long as the pass took
                (``schedule_max_share``), so a burst makes one pass and passes over a long
                queue leave the head time to answer between them.
-``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat; their jobs are
-               requeued (or NODE_FAIL with --no-requeue).  Time while the head itself is cut
-               off from the broker does not count against the nodes.
+``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat (nothing new is
+               scheduled there); their jobs are requeued (or NODE_FAIL with --no-requeue)
+               only once the node's lease has surely ended.  Time while the head itself is
+               cut off from the broker does not count against the nodes.  It also keeps
+               the database's WAL checkpointed.
+
+Leases (no job runs twice at once): a worker runs allocations only while it holds a lease,
+renewed by the head's ``lease`` answer to each heartbeat.  The worker times the lease from
+when it *sent* that heartbeat, the head from when it *answered* it, each on its own
+monotonic clock, so the worker's lease always ends before the head's idea of it; the head
+starts a lost job's replacement only ``lease + lease_margin(lease)`` after its last answer
+to the node, or as soon as the worker reports the attempt ended.  A launch carries the
+heartbeat it was granted on (``lease.seq``): a worker never starts one whose lease lapsed.
+Every liveness judgement, lease, resend pacing and time limit here reads ``self.mono``;
+``self.clock`` (the wall clock) only stamps what is stored or shown as a date.
 
 Reload (SIGHUP or the ``reconfigure`` op): ``reconfigure`` swaps in the new scheduling
 policy, admins, timeouts and log level between two passes; running jobs are not touched and
@@ -41,6 +53,8 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
+import sqlite3
 import sys
 import time
 from typing import Any, Callable
@@ -49,7 +63,7 @@ from .. import __version__
 from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, node_cmd
 from .. import config as config_mod
 from ..config import Config, ConfigError
-from ..model import JobState, NodeInfo
+from ..model import JobState, NodeInfo, NodeState, StopReason
 from . import gang
 from ..ctlsocket import Limits, RequestError, SocketServer
 from .jobcaps import SubmitCaps
@@ -68,16 +82,20 @@ from .relayed import RelayedRequests
 from .outcomes import WorkerReports
 from ..sched.plan import Plan
 from ..sched.snapshot import live_claims
-from .scheduling import (DOWN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
+from .scheduling import (DOWN, DRAIN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
                          plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
-from .store import JobRecord, NodeRecord, Store, Txn
+from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_mb, storage_problem
+from .submitkeys import SubmitKeys
 from .telemetry import Telemetry
 from .usage import UsageLedger
 
 log = logging.getLogger("gpud.head")
 
 HEAD_SENDER = "head"
+LEASE_MARGIN = 1.0              # seconds, plus LEASE_MARGIN_SHARE of the lease: see lease_margin
+LEASE_MARGIN_SHARE = 0.005      # monotonic clocks may run this much apart (NTP slews 0.05% at most)
+CHECKPOINT_IDLE_AFTER = 10.0    # seconds between truncations of the WAL (at quiet moments)
 LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
 STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
@@ -88,8 +106,10 @@ CORE_SWITCH_INTERVAL = 0.001    # seconds: the GIL hand-over while the core's th
 
 class Head:
     def __init__(self, cfg: Config, bus: Bus, store: Store, *, clock: Callable[[], float] = time.time,
-                 socket_path: str | None = None, loader: Callable[[], Config] | None = None) -> None:
+                 socket_path: str | None = None, loader: Callable[[], Config] | None = None,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
+        self.mono = mono                      # every timeout, liveness judgement and lease
         self.loader = loader or (lambda: config_mod.load(cfg.path))
         self.bus = bus
         self.store = store
@@ -113,7 +133,12 @@ class Head:
         # (the jobs of one submission: one, or an array's tasks; its future)
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
         self.lock = asyncio.Lock()          # one writer of job state at a time
-        self._stop_sent: dict[tuple[int, int], float] = {}
+        self._stop_sent: dict[tuple[int, int], float] = {}   # mono time of the last stop sent
+        self._launch_sent: dict[tuple[int, int], float] = {}  # mono time of the last launch sent
+        self.heard: dict[str, float] = {}     # node -> mono time of its last heartbeat or register
+        self.granted: dict[str, float] = {}   # node -> mono time of the last lease granted to it
+        self.lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
+        self.run_since: dict[tuple[int, int], float] = {}   # allocation -> mono time it started
         self.usage = UsageLedger()           # fair-share usage, decayed, persisted
         self.last_plan: Plan | None = None   # factors and reasons for sprio
         self.ready = asyncio.Event()         # set once the socket accepts requests
@@ -126,17 +151,23 @@ class Head:
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
+        self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
+        self._disk_checked = float("-inf")   # mono time of the last free-space check
+        self._truncated = float("-inf")      # mono time of the WAL's last truncation
+        self._free_mb: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        now = self.clock()
         # Nodes get a full timeout from our start to report in: the head being down is not
-        # the nodes' fault.
-        for rec in self.store.nodes.values():
-            rec.last_seen = now
+        # the nodes' fault.  And any of them may hold a lease granted just before a crash:
+        # their jobs are replaced no earlier than a whole lease from now.
+        now, mono = self.clock(), self.mono()
+        for name in self.store.nodes:
+            self.heard[name] = self.granted[name] = mono
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         await self.usage.load(self.store, now)
+        await self.submit_keys.load(self.store, now)
         if self.cfg.head.metrics_listen:   # first: a bad address stops the head before it serves
             await self.metrics.start(self.cfg.head.metrics_listen)
         await self.server.start()
@@ -175,6 +206,20 @@ class Head:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def check_disk_space(self) -> None:
+        """Refuse a submission while the database's filesystem is below [head] min_free_disk
+        (checked at most once a second); taken again by itself once space returns."""
+        mono = self.mono()
+        if mono - self._disk_checked >= 1.0:
+            self._disk_checked, self._free_mb = mono, free_mb(self.store.path)
+        need = self.cfg.head.min_free_disk
+        if self._free_mb is not None and self._free_mb < need:
+            where = os.path.dirname(os.path.abspath(self.store.path))
+            raise RequestError(
+                f"Batch job submission failed: the head's disk has only {self._free_mb:.0f} MB free, below "
+                f"[head] min_free_disk = {need} MB; nothing was submitted.  Free space under {where}: "
+                "the head takes submissions again by itself once there is room")
 
     def kick(self) -> None:
         self._kick.set()
@@ -216,10 +261,11 @@ class Head:
                                        {"state": "online", "version": __version__, "refresh": True}, retain=True)
 
     async def _on_bus_connect(self) -> None:
-        # Reconnected: whatever time we were away does not count against the nodes.
-        now = self.clock()
-        for rec in self.store.nodes.values():
-            rec.last_seen = now
+        # Reconnected: whatever time we were away does not count against the nodes (their
+        # leases went on ending meanwhile: ``granted`` stays as it was).
+        mono = self.mono()
+        for name in self.store.nodes:
+            self.heard[name] = mono
         await self.bus.publish(HEAD_STATUS, "head_status", {"state": "online", "version": __version__}, retain=True)
 
     # -- socket operations ------------------------------------------------------------------
@@ -246,10 +292,12 @@ class Head:
                         continue
                     saved = await self.store.insert_jobs([j for js, _ in batch for j in js], self.clock())
             except Exception as e:  # the disk said no: every caller hears it, nothing half-done
-                log.exception("could not record %d submissions", len(batch))
+                log.error("could not record %d submissions: %s", len(batch), e,
+                          exc_info=not isinstance(e, (sqlite3.Error, OSError)))
+                problem = storage_problem(e, self.store.path)
                 for _, fut in batch:
                     if not fut.done():
-                        fut.set_exception(RequestError(f"Batch job submission failed: database error: {e}"))
+                        fut.set_exception(RequestError(f"Batch job submission failed: {problem}"))
                 continue
             at = 0
             for jobs, fut in batch:
@@ -311,7 +359,9 @@ class Head:
             self.passes += 1
             await self.usage.maybe_save(self.store, now)
         self.metrics.observe_pass(time.perf_counter() - started)
+        started_mono = self.mono()
         for job in applied.launches:
+            self.run_since[(job.job_id, job.attempt)] = started_mono
             log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user,
                      job.nodelist, list(job.gpu_indices) + [i for p in job.parts for i in p.get("gpu_indices", ())],
                      job.attempt)
@@ -355,8 +405,11 @@ class Head:
         assert job.node is not None
         body = self.launch_body(job)
         slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
+        self._launch_sent[(job.job_id, job.attempt)] = self.mono()
         for where, b in gang.launches(body, job, gang.master_addr(self.store, job), slurm=slurm_env):
             if node is None or where == node:
+                # the lease it is granted under: the worker never starts it once that lapsed
+                b["lease"] = {"seq": self.lease_seq.get(where)}
                 try:
                     await self.bus.publish(node_cmd(where), "launch", b)
                 except (ValueError, TypeError) as e:   # the bus cannot carry it (too large)
@@ -373,12 +426,21 @@ class Head:
             "reason": "launch_failed", "time": self.clock(),
             "message": f"the head could not send the launch to {node}: {why}"[:300]})])
 
+    def ran_for(self, job: JobRecord) -> float:
+        """Seconds the job's allocation has run, on the monotonic clock.  An allocation from
+        before this head started is dated once from its (wall-clock) start time."""
+        key = (job.job_id, job.attempt)
+        since = self.run_since.get(key)
+        if since is None:
+            since = self.run_since[key] = self.mono() - max(0.0, self.clock() - (job.start_time or self.clock()))
+        return self.mono() - since
+
     async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str,
                           nodes: list[str] | None = None) -> None:
         """``sig`` to the job on every node it holds (or on ``nodes``)."""
         if job.node is None:
             return
-        self._stop_sent[(job.job_id, job.attempt)] = self.clock()
+        self._stop_sent[(job.job_id, job.attempt)] = self.mono()
         for node in nodes if nodes is not None else gang.job_nodes(job):
             await self.bus.publish(node_cmd(node), "signal", {
                 "job": job.job_id, "attempt": job.attempt, "signal": sig, "grace": grace, "reason": reason,
@@ -482,32 +544,49 @@ class Head:
             log.warning("dropped register from %s: claims to be %s", node, info.name)
             return
         now = self.clock()
+        self.heard[node] = self.mono()
+        self.granted.setdefault(node, self.heard[node])
         old = self.store.nodes.get(node)
-        state = old.state if old is not None and old.state not in (DOWN, "UNKNOWN") else UP
-        if old is None or old.state == DOWN:
+        back = old is None or old.state in (DOWN, NodeState.UNKNOWN.value)
+        state = UP if back else old.state
+        if back:
             log.info("node %s up: %d GPUs, %d CPUs, %d MB", node, len(info.gpus), info.cpus, info.mem_mb)
-        await self.store.upsert_node(NodeRecord(
-            name=node, info=info.to_dict(), state=state, reason=old.reason if old and state != UP else None,
-            last_seen=now, registered=old.registered if old else now,
-        ))
+        async with self.lock:
+            txn = Txn(self.store)
+            txn.node_transition(
+                old or NodeRecord(name=node, info={}, state=UP, reason=None, last_seen=now, registered=now),
+                state, reason=None if back else old.reason, now=now,
+                event="registered" if old is None else "returned" if back else "registered again",
+                info=info.to_dict(), last_seen=now)
+            await self.store.commit(txn)
         self.mig.registered(node, info.to_dict(), now)
         self.kick()
 
     async def _on_heartbeat(self, node: str, body: dict) -> None:
         running = _pairs(body.get("running"))
         done = _pairs(body.get("done"))
-        if running is None or done is None:
+        seq = body.get("seq")
+        if running is None or done is None or (seq is not None and not _is_seq(seq)):
             log.warning("dropped heartbeat from %s: malformed", node)
             return
         rec = self.store.nodes[node]
-        now = self.clock()
-        rec.last_seen = now
+        mono = self.heard[node] = self.mono()
         if rec.state == DOWN:
-            rec.state = UP
-            rec.reason = None
-            await self.store.upsert_node(rec)
+            async with self.lock:
+                txn = Txn(self.store)
+                txn.node_transition(rec, UP, reason=None, now=self.clock(), event="returned",
+                                    last_seen=self.clock())
+                await self.store.commit(txn)
             log.info("node %s is back", node)
             self.kick()
+        # The lease: granted (and recorded) before it is sent, so the head's idea of when it
+        # ends is never earlier than the worker's.
+        assigned = [[j.job_id, j.attempt] for j in self.store.jobs_on_node(node)]
+        if seq is not None:
+            self.granted[node] = mono
+            self.lease_seq[node] = seq
+            await self.bus.publish(node_cmd(node), "lease", {
+                "seq": seq, "period": self.cfg.head.lease, "allocs": assigned})
         # Fencing: kill whatever this node runs that the head no longer assigns to it.
         stale = []
         for jid, attempt in running:
@@ -522,14 +601,14 @@ class Head:
             key = (job.job_id, job.attempt)
             if key in reported:
                 if job.state is JobState.COMPLETING and key in set(running):
-                    sent = self._stop_sent.get(key, 0.0)
-                    if now - sent > STOP_RESEND_AFTER:
+                    sent = self._stop_sent.get(key, float("-inf"))
+                    if mono - sent > STOP_RESEND_AFTER:
                         await self.send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
                                                 reason=_stop_kind(job), nodes=[node])
                 continue
-            if job.launched_at is not None and now - job.launched_at > LAUNCH_RESEND_AFTER:
+            sent = self._launch_sent.setdefault(key, mono)
+            if job.launched_at is not None and mono - sent > LAUNCH_RESEND_AFTER:
                 log.info("re-sending launch of job %d attempt %d to %s", job.job_id, job.attempt, node)
-                job.launched_at = now  # memory only: paces re-sends
                 await self._send_launch(job, node)
 
     async def _on_started(self, node: str, body: dict) -> None:
@@ -544,32 +623,79 @@ class Head:
     async def _liveness(self) -> None:
         while True:  # node_timeout may change on reload
             await asyncio.sleep(max(0.05, min(1.0, self.cfg.head.node_timeout / 4)))
+            await self.liveness_tick()
+
+    async def liveness_tick(self) -> None:
+        """Judge the nodes and keep the WAL small; a failure (a full disk, say) is logged and
+        the next tick tries again: never fatal."""
+        try:
             await self.check_nodes()
+        except Exception as e:
+            log.error("liveness: could not record node changes (will retry): %s", e,
+                      exc_info=not isinstance(e, (sqlite3.Error, OSError)))
+        try:
+            await self.checkpoint()
+        except Exception as e:
+            log.warning("could not checkpoint the database's WAL: %s", e)
+
+    async def checkpoint(self) -> None:
+        """Keep the WAL small: passive once it grows past WAL_CHECKPOINT_BYTES; truncated to
+        nothing every CHECKPOINT_IDLE_AFTER seconds at a quiet moment (no write for a
+        second), so a small disk never fills with an old WAL."""
+        size = self.store.wal_bytes()
+        if size > WAL_CHECKPOINT_BYTES:
+            await self.store.checkpoint("PASSIVE")
+        elif size > 0 and self.mono() - self._truncated >= CHECKPOINT_IDLE_AFTER and \
+                time.monotonic() - self.store.last_write >= 1.0:
+            self._truncated = self.mono()
+            await self.store.checkpoint("TRUNCATE")
+
+    def lease_ends(self, node: str) -> float:
+        """Mono time by which the node's worker has surely stopped what it ran for us."""
+        lease = self.cfg.head.lease
+        return self.granted.get(node, float("-inf")) + lease + lease_margin(lease)
 
     async def check_nodes(self) -> None:
-        now = self.clock()
+        mono, timeout = self.mono(), self.cfg.head.node_timeout
         for rec in list(self.store.nodes.values()):
-            if rec.state in (UP, "DRAIN") and rec.last_seen is not None and now - rec.last_seen > self.cfg.head.node_timeout:
-                await self._node_down(rec, now, f"no heartbeat for {now - rec.last_seen:.0f}s")
+            heard = self.heard.get(rec.name)
+            if rec.state in (UP, DRAIN) and heard is not None and mono - heard > timeout:
+                await self._node_down(rec, f"no heartbeat for {mono - heard:.0f}s")
+        for rec in list(self.store.nodes.values()):
+            if rec.state == DOWN and mono >= self.lease_ends(rec.name) and \
+                    next(self.store.jobs_on_node(rec.name), None) is not None:
+                await self._node_failed(rec)
 
-    async def _node_down(self, rec: NodeRecord, now: float, reason: str) -> None:
-        log.warning("node %s DOWN: %s", rec.name, reason)
+    async def _node_down(self, rec: NodeRecord, reason: str) -> None:
+        """No more jobs for the node; what runs there is kept until its lease has ended."""
         async with self.lock:
-            rec.state, rec.reason = DOWN, reason
-            await self.store.upsert_node(rec)
+            txn = Txn(self.store)
+            txn.node_transition(rec, DOWN, reason=reason, now=self.clock(), event="node_down")
+            await self.store.commit(txn)
+        jobs = list(self.store.jobs_on_node(rec.name))
+        wait = max(0.0, self.lease_ends(rec.name) - self.mono())
+        log.warning("node %s DOWN: %s%s", rec.name, reason,
+                    f"; its {len(jobs)} job(s) are requeued once its lease has ended, in {wait:.0f}s, "
+                    "unless it returns" if jobs else "")
+        self.kick()
+
+    async def _node_failed(self, rec: NodeRecord) -> None:
+        """The DOWN node's lease has ended: its jobs are surely dead there; requeue them."""
+        now = self.clock()
+        reason = f"node {rec.name} DOWN ({rec.reason or 'no heartbeat'}); its lease ended"
+        async with self.lock:
             txn = Txn(self.store)
             lost = list(self.store.jobs_on_node(rec.name))
             for job in lost:
                 txn.end_allocation(job.job_id, job.attempt, end=now, outcome="node_fail")
-                if job.spec.requeue and job.stop_reason != "cancelled":
+                if job.spec.requeue and job.stop_reason != StopReason.CANCELLED:
                     txn.transition(job, JobState.PENDING, now=now, event="node_fail",
-                                   detail=f"{rec.name}: {reason}; requeued", **requeue_changes(job))
-                    log.info("job %d (user %s) requeued: node %s failed", job.job_id, job.user, rec.name)
+                                   detail=f"{reason}; requeued", **requeue_changes(job))
+                    log.info("job %d (user %s) requeued: %s", job.job_id, job.user, reason)
                 else:
-                    new = JobState.CANCELLED if job.stop_reason == "cancelled" else JobState.NODE_FAIL
-                    txn.transition(job, new, now=now, event="node_fail", detail=f"{rec.name}: {reason}",
-                                   end_time=now)
-                    log.info("job %d (user %s) %s: node %s failed", job.job_id, job.user, new.value, rec.name)
+                    new = JobState.CANCELLED if job.stop_reason == StopReason.CANCELLED else JobState.NODE_FAIL
+                    txn.transition(job, new, now=now, event="node_fail", detail=reason, end_time=now)
+                    log.info("job %d (user %s) %s: %s", job.job_id, job.user, new.value, reason)
             await self.store.commit(txn)
             for job in lost:
                 self.allocation_ended(job, now)
@@ -584,11 +710,25 @@ class Head:
         and stop re-sending its stop signal."""
         if job.node is not None:
             self.usage.job_ended(running_view(job), node_view(self.store, job.node), end, self.cfg.sched)
-        self._stop_sent.pop((job.job_id, job.attempt), None)
+        key = (job.job_id, job.attempt)
+        self._stop_sent.pop(key, None)
+        self._launch_sent.pop(key, None)
+        self.run_since.pop(key, None)
+
+
+def lease_margin(lease: float) -> float:
+    """How long after a lease's end the head waits before it counts the worker's jobs dead:
+    the worker's kill and the two monotonic clocks' different rates."""
+    return LEASE_MARGIN + LEASE_MARGIN_SHARE * lease
+
+
+def _is_seq(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63
 
 
 def _stop_kind(job: JobRecord) -> str:
-    return "preempted" if (job.stop_reason or "").startswith("preempted") else "cancelled"
+    stop = StopReason.of(job.stop_reason)
+    return "preempted" if stop is not None and stop.kind == "preempted" else "cancelled"
 
 
 

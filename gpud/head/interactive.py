@@ -35,7 +35,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..model import JobState
+from ..model import JobState, StopReason
 from . import gang
 from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
@@ -110,7 +110,7 @@ class Allocations:
             return {"released": True, "state": "CANCELLED"}
         if job.state is JobState.RUNNING:
             log.info("job %d (user %s): interactive allocation released", job.job_id, job.user)
-            await self._stop(job, "released", f"by {caller.user}", "released")
+            await self._stop(job, "released", f"by {caller.user}", StopReason.RELEASED)
             return {"released": True, "state": "COMPLETING"}
         return {"released": False, "state": job.state.value}
 
@@ -163,9 +163,9 @@ class Allocations:
         if job.state is JobState.PENDING:
             await self._withdraw(job, why)
             return
-        await self._stop(job, "cancel", why, "cancelled")
+        await self._stop(job, "cancel", why, StopReason.CANCELLED)
 
-    async def _stop(self, job: "JobRecord", event: str, detail: str, stop_reason: str) -> None:
+    async def _stop(self, job: "JobRecord", event: str, detail: str, stop_reason: StopReason) -> None:
         """Stop a running allocation as scancel does; ``stop_reason`` decides its end state."""
         head = self.head
         async with head.lock:
@@ -175,7 +175,7 @@ class Allocations:
             now = head.clock()
             txn = Txn(head.store)
             job = txn.transition(job, JobState.COMPLETING, now=now, event=event, detail=detail,
-                                 stop_reason=stop_reason, stop_time=now)
+                                 stop_reason=stop_reason.value, stop_time=now)
             await head.store.commit(txn)
         await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
         head.kick()

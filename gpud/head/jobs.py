@@ -5,12 +5,15 @@ Pure functions over ``JobRecord``s; the daemon turns their answers into transact
 
 from __future__ import annotations
 
-from ..model import JobState
+from ..model import JobState, StopReason
 from .store import JobRecord
 
 REQUEUE_RESET = dict(node=None, gpu_indices=(), gpu_uuids=(), start_time=None, end_time=None,
                      launched_at=None, stop_reason=None, stop_time=None, exit_code=None,
                      signal=None, borrowed=False, devices=(), parts=())
+
+
+LEASE_EXPIRED = "lease_expired"   # a worker's end reason: it could not renew its lease
 
 
 def final_state(job: JobRecord, reason: str, exit_code: int | None, signal: int | None) -> JobState:
@@ -19,17 +22,19 @@ def final_state(job: JobRecord, reason: str, exit_code: int | None, signal: int 
     A stop the head asked for (cancel, preemption) decides over what the process did: a
     job cancelled while it exited 0 on its own is still CANCELLED, as in Slurm.
     """
-    stop = job.stop_reason or ""
-    if stop.startswith("preempted:"):
-        return JobState.PENDING if stop == "preempted:requeue" and job.spec.requeue else JobState.PREEMPTED
-    if stop == "cancelled":
+    stop = StopReason.of(job.stop_reason)
+    if stop is not None and stop.kind == "preempted":
+        return JobState.PENDING if stop is StopReason.PREEMPTED_REQUEUE and job.spec.requeue else JobState.PREEMPTED
+    if stop is StopReason.CANCELLED:
         return JobState.CANCELLED
-    if stop == "released":   # an interactive allocation given back (head/interactive.py)
+    if stop is StopReason.RELEASED:   # an interactive allocation given back (head/interactive.py)
         return JobState.COMPLETED
-    if stop == "requeue":   # scontrol requeue (head/ops_slurm.py)
+    if stop is StopReason.REQUEUE:   # scontrol requeue (head/ops_slurm.py)
         return JobState.PENDING
-    if stop.startswith("idle:"):   # the partition's idle-GPU policy (head/telemetry.py)
-        return JobState.PENDING if stop == "idle:requeue" and job.spec.requeue else JobState.CANCELLED
+    if stop is not None and stop.kind == "idle":   # the partition's idle-GPU policy (head/telemetry.py)
+        return JobState.PENDING if stop is StopReason.IDLE_REQUEUE and job.spec.requeue else JobState.CANCELLED
+    if reason == LEASE_EXPIRED:   # the node lost its lease and killed the job itself
+        return JobState.PENDING if job.spec.requeue else JobState.NODE_FAIL
     if reason == "timeout":
         return JobState.TIMEOUT
     if reason == "oom":

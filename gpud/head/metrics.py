@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..sched.fragmentation import Fragmentation, fragmentation
 from .reports import held_gpus
 from .scheduling import node_view, running_view
@@ -111,8 +111,8 @@ class HeadMetrics:
             if event == "preempted":
                 self.preemptions[part] += 1
             elif event == "gpu_idle":
-                stop = after.stop_reason or ""
-                self.idle_actions[(part, stop[5:] if stop.startswith("idle:") else "none")] += 1
+                stop = StopReason.of(after.stop_reason)
+                self.idle_actions[(part, stop.then if stop is not None and stop.kind == "idle" else "none")] += 1
 
     def render(self) -> bytes:
         return generate_latest(self._histograms) + render_text(self.collector.families()).encode()

@@ -16,10 +16,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, jsoncodec, protocol
-from ..model import JobSpec, JobState, NodeInfo, SpecError
+from ..model import JobSpec, JobState, NodeInfo, SpecError, StopReason
 from ..syntax import format_indices
 from ..sched import admission
-from . import gang, slurm
+from . import gang, slurm, submitkeys
 from .jobcaps import launch_refusal
 from ..ctlsocket import Caller, RequestError
 from .gpusharing import gpu_usage
@@ -50,6 +50,14 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
     too_large = launch_refusal(spec.script, spec.env)
     if too_large is not None:
         raise RequestError(too_large)
+    key = submitkeys.check_key(args.get("key"))
+    if spec.test_only:
+        key = None          # nothing is created, nothing to repeat
+    return await head.submit_keys.once(caller.uid, key, lambda: _submit(head, caller, spec, key))
+
+
+async def _submit(head: "Head", caller: Caller, spec: JobSpec, key: str | None) -> dict:
+    head.check_disk_space()
     now = head.clock()
     infos, models = registered(head)
     if spec.gpu_type is not None:   # the only field this may change: no copy of the spec otherwise
@@ -67,7 +75,7 @@ async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
         state=JobState.PENDING, spec=spec, gpus=spec.gpus, cpus=spec.cpus,
         mem_mb=resolved.mem_mb, time_limit=resolved.time_limit, submit_time=now,
         reason=slurm.HELD_REASONS[hold] if hold else None, dependency=spec.dependency,
-        begin_time=spec.begin_time, deadline=spec.deadline, hold_kind=hold,
+        begin_time=spec.begin_time, deadline=spec.deadline, hold_kind=hold, submit_key=key,
     )
     # arrays, dependencies, --skip-if-active, --test-only; the group commit as before
     return await slurm.submit(head, caller, job)
@@ -299,7 +307,7 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
                                detail=f"by {caller.user}", end_time=now, reason=None)
             elif job.state is JobState.RUNNING:
                 stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
-                                            detail=f"by {caller.user}", stop_reason="cancelled", stop_time=now))
+                                            detail=f"by {caller.user}", stop_reason=StopReason.CANCELLED.value, stop_time=now))
             cancelled.append(job.job_id)
         await head.store.commit(txn)
     for job in stops:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import hostlist
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
@@ -137,7 +137,7 @@ async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
                 errors.append(f"job {job.display_id}: Job is already stopping")
             else:
                 stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
-                                            detail=f"by {caller.user}", stop_reason="requeue", stop_time=now))
+                                            detail=f"by {caller.user}", stop_reason=StopReason.REQUEUE.value, stop_time=now))
                 done.append(job.display_id)
         await head.store.commit(txn)
     if finished:
@@ -378,6 +378,9 @@ def expand_hostlist(text: str) -> list[str]:
         raise RequestError(f"invalid node list: {e}") from None
 
 
+SHOW_EVENTS_FOR = 64     # scontrol show: history read for at most this many jobs or nodes
+
+
 async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
     """{"nodes": "gpu[01-02]", "state": "DRAIN"|"RESUME", "reason": str?} -> {"done", "errors"}."""
     if not is_admin(head, caller):
@@ -400,15 +403,17 @@ async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
             if rec is None:
                 errors.append(f"node {name}: no such node")
                 continue
+            txn = Txn(head.store)
             if state == "DRAIN":
-                rec.state, rec.reason = DRAIN, f"{reason} [{caller.user}]"
+                rec = txn.node_transition(rec, DRAIN, reason=f"{reason} [{caller.user}]", now=head.clock(),
+                                          event="drained")
             elif rec.state in (DRAIN, DOWN):
-                rec.state, rec.reason = UP, None
-                rec.last_seen = head.clock()   # a DOWN node gets a full timeout to prove itself
+                rec = txn.node_transition(rec, UP, reason=None, now=head.clock(), event=f"resumed by {caller.user}")
+                head.heard[name] = head.mono()   # a DOWN node gets a full timeout to prove itself
             else:
                 errors.append(f"node {name}: not drained or down; nothing to resume")
                 continue
-            await head.store.upsert_node(rec)
+            await head.store.commit(txn)
             log.info("node %s %s by %s%s", name, rec.state, caller.user, f": {reason}" if reason else "")
             done.append(name)
     if done:
@@ -433,7 +438,14 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
                 raise RequestError(f"Invalid job id specified: {', '.join(ref_text(j, t) for j, t in refs)}")
         else:
             wanted = sorted(head.store.active.values(), key=lambda j: j.job_id)
-        return {"jobs": [job_details(j, head) for j in wanted]}
+        out = [job_details(j, head) for j in wanted]
+        if refs and len(out) <= SHOW_EVENTS_FOR:   # why it was requeued (a node's failure, ...)
+            for d, j in zip(out, wanted):
+                if j.requeue_count:
+                    requeues = [e for e in await head.store.job_events(j.job_id)
+                                if e["event"] in ("node_fail", "requeued") and e["state"] == "PENDING"]
+                    d["last_requeue"] = requeues[-1]["detail"] if requeues else None
+        return {"jobs": out}
     if kind == "node":
         from .ops_jobs import op_nodes
 
@@ -447,6 +459,9 @@ async def op_show(head: "Head", caller: Caller, args: dict) -> dict:
         parts = partitions(head)
         for n in nodes:
             n["partitions"] = [p["name"] for p in parts if n["name"] in p["node_names"]]
+        if len(nodes) <= SHOW_EVENTS_FOR:   # the node's last state changes and why
+            for n in nodes:
+                n["events"] = await head.store.node_events(n["name"], 5)
         return {"nodes": nodes}
     if kind == "partition":
         parts = partitions(head)

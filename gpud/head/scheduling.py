@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from ..model import GpuInfo, JobState, NodeInfo
+from ..model import GpuInfo, JobState, NodeInfo, StopReason
 from ..sched.core import schedule
 from ..sched.plan import Plan, Preemption, Relayout, Start
 from ..sched.gpustate import is_shared
@@ -258,7 +258,7 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
             continue
         updated = txn.transition(
             job, JobState.COMPLETING, now=now, event="preempted", detail=p.reason,
-            stop_reason=f"preempted:{p.mode}", stop_time=now, preempt_count=job.preempt_count + 1,
+            stop_reason=StopReason.preempted(p.mode).value, stop_time=now, preempt_count=job.preempt_count + 1,
         )
         txn.record_preemption(now)
         applied.stops.append((updated, p))

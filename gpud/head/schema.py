@@ -169,4 +169,20 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN max_rss INTEGER;
     ALTER TABLE jobs ADD COLUMN total_cpu REAL;
     """,
+    # 7: node state history (Txn.node_transition: one row per change, with its reason) and
+    # the key a client gives a submission, so that a repeat returns the same job
+    """
+    CREATE TABLE node_events (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        node      TEXT NOT NULL,
+        time      REAL NOT NULL,
+        old_state TEXT,
+        state     TEXT NOT NULL,
+        event     TEXT NOT NULL,
+        reason    TEXT
+    );
+    CREATE INDEX node_events_by_node ON node_events(node, id);
+    ALTER TABLE jobs ADD COLUMN submit_key TEXT;
+    CREATE INDEX jobs_by_submit_key ON jobs(submit_key) WHERE submit_key IS NOT NULL;
+    """,
 ]

@@ -31,7 +31,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
 from . import arrays, deps, mail
 from ..ctlsocket import Caller, RequestError
@@ -337,11 +337,12 @@ class SlurmSupport:
                 txn.transition(j, JobState.CANCELLED, now=now, event="cancelled",
                                detail="cannot end before its deadline", end_time=now, reason="DeadLine")
         for j in timed:
+            # on the monotonic clock: a step of the wall clock stops no job
             if (j.start_time is not None and j.stop_reason is None
-                    and now >= j.start_time + j.time_limit + TIME_LIMIT_SLACK):
+                    and self.head.ran_for(j) >= j.time_limit + TIME_LIMIT_SLACK):
                 stops.append(txn.transition(j, JobState.COMPLETING, now=now, event="timeout",
                                             detail="time limit reached (lowered after launch)",
-                                            stop_reason="timeout", stop_time=now))
+                                            stop_reason=StopReason.TIMEOUT.value, stop_time=now))
         await self.head.store.commit(txn)
         for j in stops:
             await self.head.send_signal(j, "TERM", grace=self.head.cfg.head.kill_grace, reason="timeout")

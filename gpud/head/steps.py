@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..bus.base import node_cmd
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..protocol import is_int
 from . import gang
 from ..ctlsocket import Caller, RequestError
@@ -541,8 +541,8 @@ class Steps:
             return "ended"
         if job.state is JobState.RUNNING:
             return None
-        stop = (job.stop_reason or "").split(":")[0]
-        return STOP_WORDS.get(stop, "is stopping")
+        stop = StopReason.of(job.stop_reason)
+        return STOP_WORDS.get(stop.kind, "is stopping") if stop is not None else "is stopping"
 
     async def _number(self, job: "JobRecord", caller: Caller, ntasks: int, argv: list[str]) -> int:
         """The job's next step number, recorded in its event log before anything starts."""

@@ -16,6 +16,16 @@ The store also keeps every non-terminal job in memory (``Store.active``): the sc
 snapshot and ``squeue`` read it without touching the disk.  ``Txn`` updates the memory copy
 only after the commit succeeds, so memory never runs ahead of the database.
 
+Nodes have the same door: ``Txn.node_transition`` checks the move against
+``gpud.model.NODE_TRANSITIONS`` and appends a row to ``node_events`` (why a node went DOWN,
+who drained it), which ``scontrol show node`` reads.
+
+Storage faults: when SQLite fails a statement (a full disk, an I/O error) the transaction is
+rolled back if SQLite has not already done so, and the original error is raised, never the
+ROLLBACK's own "no transaction is active"; ``storage_problem`` words it for users.  The WAL
+is checkpointed by the head's liveness loop (``checkpoint``): passively once it grows past
+``WAL_CHECKPOINT_BYTES``, and truncated to nothing every few seconds at a quiet moment.
+
 Schema changes are numbered migrations in ``MIGRATIONS`` (schema.py); ``PRAGMA user_version`` records
 how many have run.
 """
@@ -29,13 +39,14 @@ import logging
 import os
 import sqlite3
 import stat
+import time
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator
 
 import aiosqlite
 
-from ..model import JobSpec, JobState, check_job_transition
+from ..model import JobSpec, JobState, NodeState, check_job_transition, check_node_transition
 from .schema import MIGRATIONS
 
 log = logging.getLogger("gpud.store")
@@ -92,6 +103,7 @@ class JobRecord:
     deadline: float | None = None     # cancelled when it cannot end by then
     hold_kind: str | None = None      # "user" or "admin" while held
     cron_entry: int | None = None     # the scrontab entry that submitted it
+    submit_key: str | None = None     # the client's key for its submission (a repeat finds it)
     # GPU sharing: what the current allocation holds, as gpusharing.launch_devices entries
     devices: tuple[dict[str, Any], ...] = ()
     # multi-node jobs: the nodes after the first (rank 1..N-1) as gang.part_dict entries;
@@ -213,10 +225,16 @@ def _with_id(job: JobRecord, job_id: int) -> JobRecord:
 class NodeRecord:
     name: str
     info: dict[str, Any]
-    state: str
+    state: str          # a NodeState value
     reason: str | None
-    last_seen: float | None
+    last_seen: float | None     # wall clock, for display; liveness is judged on the monotonic clock
     registered: float
+
+
+_NODE_UPSERT = ("INSERT INTO nodes(name, info, state, reason, last_seen, registered) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET info=excluded.info, state=excluded.state, "
+                "reason=excluded.reason, last_seen=excluded.last_seen")
+WAL_CHECKPOINT_BYTES = 16 * 1024 * 1024   # a WAL past this is checkpointed (passive) at once
 
 
 class Txn:
@@ -226,6 +244,7 @@ class Txn:
         self._store = store
         self._sql: list[tuple[str, tuple]] = []
         self._jobs: dict[int, JobRecord] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         # (before, after, event, now) of every transition, for Store.on_commit listeners
         self.moves: list[tuple[JobRecord, JobRecord, str, float]] = []
 
@@ -276,6 +295,24 @@ class Txn:
 
 def _json(value: Any) -> str:
     return json.dumps(value)
+    def node_transition(self, node: NodeRecord, new: NodeState | str, *, reason: str | None, now: float,
+                        event: str, **changes: Any) -> NodeRecord:
+        """Move ``node`` (a record, or a new one) to ``new`` with ``reason`` and other column
+        changes (info, last_seen); legal moves only.  A change of state or reason leaves a
+        ``node_events`` row; memory follows after the commit."""
+        new = NodeState(new)
+        before = self._nodes.get(node.name) or self._store.nodes.get(node.name)
+        old = None if before is None else NodeState(before.state)
+        check_node_transition(node.name, old, new)
+        updated = replace(node, state=new.value, reason=reason, **changes)
+        self._nodes[node.name] = updated
+        self._sql.append((_NODE_UPSERT, (updated.name, json.dumps(updated.info), updated.state, updated.reason,
+                                         updated.last_seen, updated.registered)))
+        if old is not new or (before is not None and before.reason != reason):
+            self._sql.append((
+                "INSERT INTO node_events(node, time, old_state, state, event, reason) VALUES (?,?,?,?,?,?)",
+                (node.name, now, None if old is None else old.value, new.value, event, reason)))
+        return updated
 
 
 def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -285,9 +322,37 @@ def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection
         result = work(conn)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite rolls back by itself after some errors (SQLITE_FULL, SQLITE_IOERR): a ROLLBACK
+        # then fails with "no transaction is active", which must not hide the real error.
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error as e:
+                log.error("rollback after a failed transaction failed too: %s", e)
         raise
     return result
+
+
+def storage_problem(e: BaseException, path: str) -> str:
+    """A failed write as users should read it: what the disk said and where."""
+    where = os.path.dirname(os.path.abspath(path))
+    text = str(e)
+    if isinstance(e, sqlite3.Error) and ("full" in text or getattr(e, "sqlite_errorname", "") == "SQLITE_FULL"):
+        return f"the head's disk is full: {text} (free space under {where}; nothing was recorded)"
+    if isinstance(e, OSError) and e.errno == 28:
+        return f"the head's disk is full: {e.strerror} (free space under {where}; nothing was recorded)"
+    if isinstance(e, sqlite3.Error):
+        return f"the head's database failed: {text} ({path}; nothing was recorded)"
+    return f"database error: {text}"
+
+
+def free_mb(path: str) -> float | None:
+    """Megabytes free for unprivileged writers on the filesystem holding ``path``; None: unknown."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize / (1 << 20)
 
 
 def _migrate_to(version: int, conn: sqlite3.Connection) -> None:
@@ -355,6 +420,7 @@ class Store:
         # transaction").  Every write method below holds it; code that opens its own
         # transaction on ``db`` must too.
         self.write_lock = asyncio.Lock()
+        self.last_write = float("-inf")   # monotonic time of the last transaction (WAL upkeep)
 
     async def transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``work(conn)`` on the database thread inside one IMMEDIATE transaction, in one
@@ -363,7 +429,10 @@ class Store:
         a lone submission's time at the head.  ``Connection._execute`` is how aiosqlite's
         own ``execute_fetchall`` runs a function on that thread.  Callers hold ``write_lock``."""
         assert self.db is not None
-        return await self.db._execute(_in_transaction, self.db._conn, work)
+        try:
+            return await self.db._execute(_in_transaction, self.db._conn, work)
+        finally:
+            self.last_write = time.monotonic()
 
     async def open(self) -> "Store":
         private_files(self.path)
@@ -437,6 +506,7 @@ class Store:
             for sql, params in statements:
                 conn.execute(sql, params)
         await self.transaction(work)
+        self.nodes.update(txn._nodes)
         if txn._jobs:
             self.changed()
         for job_id, job in txn._jobs.items():
@@ -504,14 +574,43 @@ class Store:
                      ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else ""))
         return out
 
-    @_one_writer
-    async def upsert_node(self, node: NodeRecord) -> None:
-        row = (node.name, json.dumps(node.info), node.state, node.reason, node.last_seen, node.registered)
-        await self.transaction(lambda conn: conn.execute(
-            "INSERT INTO nodes(name, info, state, reason, last_seen, registered) VALUES (?,?,?,?,?,?) "
-            "ON CONFLICT(name) DO UPDATE SET info=excluded.info, state=excluded.state, "
-            "reason=excluded.reason, last_seen=excluded.last_seen", row))
-        self.nodes[node.name] = node
+    async def upsert_node(self, node: NodeRecord, *, event: str = "update") -> None:
+        """``node`` as it is now, through ``Txn.node_transition`` in a transaction of its own."""
+        txn = Txn(self)
+        txn.node_transition(node, node.state, reason=node.reason, now=node.last_seen or node.registered,
+                            event=event)
+        await self.commit(txn)
+
+    async def node_events(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The node's last ``limit`` state changes, oldest first."""
+        assert self.db is not None
+        rows = await self.db.execute_fetchall(
+            "SELECT time, old_state, state, event, reason FROM node_events WHERE node=? ORDER BY id DESC LIMIT ?",
+            (node, limit))
+        return [dict(zip(("time", "old_state", "state", "event", "reason"), r)) for r in reversed(list(rows))]
+
+    async def submit_keys(self, since: float) -> list[tuple[int, str, int, int]]:
+        """(uid, key, job id or array id, tasks) of the keyed submissions since ``since``."""
+        assert self.db is not None
+        rows = await self.db.execute_fetchall(
+            "SELECT uid, submit_key, COALESCE(array_job_id, job_id), "
+            "SUM(CASE WHEN array_job_id IS NULL THEN 0 ELSE 1 END) FROM jobs "
+            "WHERE submit_key IS NOT NULL AND submit_time >= ? GROUP BY uid, submit_key", (since,))
+        return [(int(u), str(k), int(j), int(n)) for u, k, j, n in rows]
+
+    async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """``PRAGMA wal_checkpoint(mode)``: (busy, WAL pages, pages checkpointed)."""
+        assert self.db is not None and mode in ("PASSIVE", "TRUNCATE")
+        async with self.write_lock:
+            rows = await self.db.execute_fetchall(f"PRAGMA wal_checkpoint({mode})")
+        busy, pages, done = next(iter(rows), (0, 0, 0))
+        return int(busy), int(pages), int(done)
+
+    def wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
 
     @_one_writer
     async def write_many(self, batches: Iterable[tuple[str, list[tuple]]]) -> None:

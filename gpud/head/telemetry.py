@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..model import JobState
+from ..model import JobState, StopReason
 from ..units import format_duration
 from . import gang
 from .store import JobRecord, Txn
@@ -427,7 +427,7 @@ class Telemetry:
             txn = Txn(head.store)
             if action in ("requeue", "cancel"):
                 updated = txn.transition(current, JobState.COMPLETING, now=now, event=event, detail=detail,
-                                         reason=reason, stop_reason=f"idle:{action}", stop_time=now)
+                                         reason=reason, stop_reason=StopReason.idle(action).value, stop_time=now)
             else:
                 updated = txn.transition(current, JobState.RUNNING, now=now, event=event, detail=detail,
                                          reason=reason)

@@ -19,6 +19,12 @@ keep running.  Four tasks share one TaskGroup:
                 ``hello`` (the head wants a fresh ``register``) and ``mig`` (re-lay a
                 dynamic MIG GPU; a ``register`` follows); plus ``head_status``, whose
                 "online" also triggers a ``register``.
+``lease``       the lease from the head (gpud.worker.lease): each heartbeat carries a number,
+                the head's ``lease`` answer renews the lease from that heartbeat's send
+                time; when it lapses every allocation is killed (self-fencing).  Launches
+                are started only under a lease that holds, and after every (re)connect
+                the launches that arrive are held until the head's first answer says
+                which allocations are still this node's.
 ``outbox``      publishes what the executor reports (``started``, ``finished``) in the
                 order it happened, so executor callbacks never wait on the network.
 
@@ -64,7 +70,7 @@ from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, Will, node_cmd, n
 from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
 from ..model import NodeInfo
-from . import gpumodes
+from . import gpumodes, lease as leases
 from .launch import parse_signal
 
 log = logging.getLogger("gpud.worker")
@@ -74,6 +80,9 @@ SHUTDOWN_FLUSH_TIMEOUT = 2.0   # seconds to spend sending the last messages at a
 MAX_ALLOCS_PER_MESSAGE = 100_000
 MAX_RESENDS_PER_HEARTBEAT = 256  # unacked results repeated per heartbeat; the rest next time
 _CANCEL_ROUNDS = 100           # see _cancel_all
+LEASE_EXPIRED = "lease_expired"    # the end reason of a job killed because the lease lapsed
+ADOPTED_LEASE = 300.0          # s: jobs found with no lease file (an upgrade) get this long to hear the head
+MAX_PARKED = 10_000            # launches held after a reconnect, waiting for the head's answer
 
 
 def worker_sender(name: str) -> str:
@@ -141,8 +150,10 @@ def primary_address() -> str:
 class Worker:
     def __init__(self, cfg: Config, bus: Bus, backend: GpuBackend, *,
                  executor_factory: Callable[..., Any] = default_executor_factory,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
+        self.mono = mono      # the lease and every timeout; ``clock`` only for dates
         self.bus = bus
         self.backend = backend
         self.clock = clock
@@ -161,6 +172,12 @@ class Worker:
         self._in_flight: asyncio.Task | None = None   # the message being handled
         self._launching: set[asyncio.Task] = set()     # launches in flight, waited for on stop
         self._head_online: bool | None = None          # from head_status; None: not heard yet
+        self.lease = leases.Lease()
+        # After a (re)connect, launches wait here until the answer to a heartbeat numbered
+        # at least ``_hold_from`` says which allocations are still ours; None: not holding.
+        self._hold_from: int | None = None
+        self._parked: dict[tuple[int, int], dict] = {}
+        self._lease_changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self.ready = asyncio.Event()         # set once the executor runs and the tasks are up
@@ -207,7 +224,9 @@ class Worker:
             on_finished=self._on_finished, clock=self.clock)
         self.executor.cpu_binder = self._cpu_binder()   # before start(): adopted jobs keep their CPUs
         await self._confine()                           # before start(): adoption finds jobs by their cgroups
+        self.executor.lease_file = os.path.join(self.state_dir, leases.FILE_NAME)   # the wrappers watch it
         await self.executor.start()
+        self._resume_lease()
         from .steps import StepTasks
 
         self.steps = StepTasks(self.name, getattr(self.executor, "task_setup", lambda job, attempt: None),
@@ -226,6 +245,7 @@ class Worker:
                     tg.create_task(self._heartbeat_loop(), name="heartbeat"),
                     tg.create_task(self._command_loop(), name="commands"),
                     tg.create_task(self._sampler().run(), name="telemetry"),
+                    tg.create_task(self._lease_loop(), name="lease"),
                 ]
                 outbox = tg.create_task(self._outbox_loop(), name="outbox")
                 self.ready.set()
@@ -255,6 +275,48 @@ class Worker:
     async def _on_bus_connect(self) -> None:
         self._connected.set()
 
+    # -- the lease (gpud.worker.lease) ----------------------------------------------------------
+
+    def _resume_lease(self) -> None:
+        """At start: the lease a previous worker on this boot held, so adopted jobs live
+        exactly as long as they would have; none on record and jobs found (an upgrade from a
+        worker without leases): a provisional one."""
+        saved = leases.load(self.state_dir)
+        if saved is not None:
+            self.lease.until = saved
+        elif self.executor.running():
+            self.lease.until = self.mono() + ADOPTED_LEASE
+            self._save_lease()
+
+    def _save_lease(self) -> None:
+        try:
+            os.makedirs(self.state_dir, exist_ok=True)
+            leases.save(self.state_dir, self.lease.until)
+        except OSError as e:   # the daemon still fences; the wrappers keep the last lease they saw
+            log.error("worker %s: cannot save its lease: %s", self.name, e)
+
+    async def _lease_loop(self) -> None:
+        """Self-fencing: once the lease lapses, nothing runs here."""
+        while True:
+            now = self.mono()
+            if not self.lease.held(now):
+                self._parked.clear()
+                running = list(self.executor.running())
+                if running:
+                    log.error("worker %s: no lease from the head for %s; killing its %d job(s)", self.name,
+                              f"{self.lease.period:g}s" if self.lease.period else "too long", len(running))
+                for job, attempt in running:
+                    try:
+                        await self.executor.kill(job, attempt, reason=LEASE_EXPIRED)
+                    except Exception as e:  # noqa: BLE001 - one failure must not spare the others
+                        log.error("worker %s: could not kill job %s.%s: %s", self.name, job, attempt, e)
+            self._lease_changed.clear()
+            wait = self.lease.until - now if self.lease.held(now) else 1.0
+            try:
+                await asyncio.wait_for(self._lease_changed.wait(), min(1.0, max(0.01, wait)))
+            except asyncio.TimeoutError:
+                pass
+
     async def _flush_and_say_goodbye(self) -> None:
         async def goodbye() -> None:
             await self._outbox.join()
@@ -282,6 +344,9 @@ class Worker:
             if first or connects is None or connects != announced:
                 if not first:
                     log.info("worker %s reconnected to the broker", self.name)
+                # Launches queued for us while we were away may be stale: hold what arrives
+                # until the head answers this announcement's heartbeat.
+                self._hold_from = self.lease.last_seq + 1
                 await self.announce()
                 first, announced = False, connects
             await self._connected.wait()
@@ -326,6 +391,7 @@ class Worker:
     async def heartbeat(self) -> None:
         outcomes = list(self.executor.outcomes())
         await self._publish(HEAD_EVENTS, "heartbeat", {
+            "seq": self.lease.next_seq(self.mono()),
             "running": [[j, a] for j, a in self.executor.running()],
             "done": [[o.job_id, o.attempt] for o in outcomes],
         })
@@ -443,6 +509,25 @@ class Worker:
             await self.register()
             await self.heartbeat()
 
+    async def _cmd_lease(self, body: dict) -> None:
+        seq, period = body.get("seq"), body.get("period")
+        if isinstance(seq, bool) or not isinstance(seq, int) or isinstance(period, bool) or \
+                not isinstance(period, (int, float)) or not 0 < period < 1e7:
+            raise BadMessage("lease needs an integer seq and a positive period")
+        if self.lease.renewed(seq, float(period)):
+            self._save_lease()
+            self._lease_changed.set()
+        if self._hold_from is not None and seq >= self._hold_from:
+            self._hold_from = None
+            ours = set(leases.allocs(body.get("allocs")))
+            parked, self._parked = self._parked, {}
+            for key, launch in parked.items():
+                if key in ours:
+                    await self._cmd_launch(launch)
+                else:
+                    log.warning("job %s.%s: a launch queued while %s was away is no longer ours; "
+                                "not started", *key, self.name)
+
     async def _cmd_launch(self, body: dict) -> None:
         from .executor import Launch
 
@@ -450,6 +535,19 @@ class Worker:
             launch = Launch.from_body(body)
         except (ValueError, TypeError, KeyError) as e:
             raise BadMessage(f"malformed launch: {e}") from None
+        granted = body.get("lease")
+        seq = granted.get("seq") if isinstance(granted, dict) else None
+        if isinstance(seq, bool) or not isinstance(seq, (int, type(None))):
+            raise BadMessage("malformed launch: lease.seq must be an integer")
+        key = (launch.job_id, launch.attempt)
+        if self._hold_from is not None:   # just reconnected: ask the head first
+            if len(self._parked) < MAX_PARKED:
+                self._parked[key] = body
+            return
+        if not self.lease.launch_ok(seq, self.mono()):
+            log.warning("job %s.%s: launch under a lapsed lease; not started (the head re-sends "
+                        "launches that are still valid)", *key)
+            return
         user = getattr(launch, "user", None) or "?"
         self._users[(launch.job_id, launch.attempt)] = str(user)
         log.info("job %s.%s (user %s) launching on %s", launch.job_id, launch.attempt, user, self.name)
@@ -581,7 +679,7 @@ class Worker:
         await self._cmd_step_stream("step_resize", body)
 
     _commands = {
-        "launch": _cmd_launch, "signal": _cmd_signal, "kill": _cmd_kill,
+        "launch": _cmd_launch, "lease": _cmd_lease, "signal": _cmd_signal, "kill": _cmd_kill,
         "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
         "step": _cmd_step, "step_kill": _cmd_step_kill, "time_limit": _cmd_time_limit,
         "step_ack": _cmd_step_ack, "step_input": _cmd_step_input, "step_resize": _cmd_step_resize,

@@ -91,9 +91,9 @@ class _Job:
     pid: int | None = None           # the wrapper's pid, which is also the job's pgid
     create_time: float | None = None  # the wrapper's start time as psutil reports it
     start_time: float | None = None
-    deadline: float | None = None    # clock time of the time limit
+    deadline: float | None = None    # monotonic time of the time limit
     stop_reason: str | None = None
-    kill_at: float | None = None     # clock time of the SIGKILL that ends a stop's grace
+    kill_at: float | None = None     # monotonic time of the SIGKILL that ends a stop's grace
     killed: bool = False             # SIGKILL sent
     popen: subprocess.Popen | None = None   # None when adopted or forked by the server
     pidfd: int | None = None         # the fork server's pidfd of the wrapper, until watched
@@ -109,7 +109,7 @@ class _Job:
         return (self.launch.job_id, self.launch.attempt)
 
     def record(self) -> dict[str, Any]:
-        return {"version": 1, "pid": self.pid, "create_time": self.create_time,
+        return {"version": 1, "timers": "monotonic", "pid": self.pid, "create_time": self.create_time,
                 "start_time": self.start_time, "deadline": self.deadline,
                 "stop_reason": self.stop_reason, "kill_at": self.kill_at, "killed": self.killed,
                 "cpus": list(self.cpus),
@@ -125,6 +125,10 @@ class _Job:
         for name in ("create_time", "start_time", "deadline", "kill_at"):
             value = rec.get(name)
             setattr(job, name, float(value) if isinstance(value, (int, float)) else None)
+        if rec.get("timers") != "monotonic":   # written by a worker that timed on the wall clock
+            shift = time.monotonic() - time.time()
+            job.deadline = None if job.deadline is None else job.deadline + shift
+            job.kill_at = None if job.kill_at is None else job.kill_at + shift
         job.stop_reason = rec["stop_reason"] if isinstance(rec.get("stop_reason"), str) else None
         job.killed = rec.get("killed") is True
         cpus = rec.get("cpus")
@@ -140,14 +144,17 @@ class Executor:
 
     def __init__(self, state_dir: str, node: str, *, on_started: Callable | None = None,
                  on_finished: Callable | None = None, clock: Callable[[], float] = time.time,
-                 shell: str = DEFAULT_SHELL, poll_interval: float = 1.0) -> None:
+                 shell: str = DEFAULT_SHELL, poll_interval: float = 1.0,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         """``on_started(job_id, attempt, pid, start_time)`` and ``on_finished(outcome)`` may be
         plain or async.  ``poll_interval`` bounds how long the clock goes unchecked."""
         self.node = node
         self.store = JobStore(state_dir, clock)
         self._on_started = on_started
         self._on_finished = on_finished
-        self._clock = clock
+        self._clock = clock    # dates (start and end times reported)
+        self._mono = mono      # time limits and grace periods: a wall-clock step kills nothing
+        self.lease_file: str | None = None   # the worker's lease (gpud.worker.lease): wrappers kill at its end
         self._shell = shell
         self._poll = poll_interval
         self._use_pidfd = hasattr(os, "pidfd_open")
@@ -215,7 +222,7 @@ class Executor:
             return
         job.popen, job.pid, job.create_time = popen, pid, create_time
         job.start_time = start_time
-        job.deadline = _deadline(launch, start_time)
+        job.deadline = _deadline(launch, self._mono())
         if job.stop_reason is not None:  # stopped while spawning: the thread's record lacks it
             self._save_record(job)
         for sig in job.early:
@@ -261,11 +268,15 @@ class Executor:
         job = self._jobs.get((job_id, attempt))
         if job is None or job.stop_reason is not None:
             return False
+        before = job.launch.time_limit
         job.launch = replace(job.launch, time_limit=time_limit)
         if job.start_time is not None:
-            job.deadline = _deadline(job.launch, job.start_time)
+            # deadlines are monotonic: the start on that clock, from the old deadline if any
+            started = (job.deadline - before if job.deadline is not None and before is not None
+                       else self._mono() - max(0.0, self._clock() - job.start_time))
+            job.deadline = _deadline(job.launch, started)
             warn_at = _warn_at(job)
-            job.warned = job.warned and warn_at is not None and warn_at <= self._clock()
+            job.warned = job.warned and warn_at is not None and warn_at <= self._mono()
             self._save_record(job)
         log.info("job %d.%d: time limit now %s", job_id, attempt, format_duration(time_limit))
         job.wake.set()
@@ -398,7 +409,7 @@ class Executor:
         if job.start_time is None:  # found by its wrapper.pid: the limit counts from now
             job.create_time = procs.create_time(job.pid)
             job.start_time = self._clock()
-            job.deadline = _deadline(job.launch, job.start_time)
+            job.deadline = _deadline(job.launch, self._mono())
             self._save_record(job)
         self._watch(job)
 
@@ -454,7 +465,7 @@ class Executor:
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
                 "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus),
-                "cgroup_procs": self._confine(job)}
+                "cgroup_procs": self._confine(job), "lease_file": self.lease_file}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,
                               spec, job.record())
@@ -519,7 +530,7 @@ class Executor:
         create_time, start_time = procs.create_time(pid), self._clock()
         record = job.record()
         record.update(pid=pid, create_time=create_time, start_time=start_time,
-                      deadline=_deadline(job.launch, start_time))
+                      deadline=_deadline(job.launch, self._mono()))
         try:
             self.store.save_record(job.key, record)
         except OSError as e:
@@ -643,10 +654,10 @@ class Executor:
                                     (job.kill_at, not job.killed)) if t is not None and pending]
         if not due:
             return None
-        return min(max(0.0, min(due) - self._clock()), self._poll)
+        return min(max(0.0, min(due) - self._mono()), self._poll)
 
     def _enforce(self, job: _Job) -> None:
-        now = self._clock()
+        now = self._mono()
         warn_at = _warn_at(job)
         if warn_at is not None and not job.warned and job.stop_reason is None and now >= warn_at:
             self._warn(job)
@@ -676,7 +687,7 @@ class Executor:
 
     def _begin_stop(self, job: _Job, sig: int, grace: float, reason: str) -> None:
         job.stop_reason = job.stop_reason or reason
-        kill_at = self._clock() + max(0.0, grace)
+        kill_at = self._mono() + max(0.0, grace)
         job.kill_at = kill_at if job.kill_at is None else min(job.kill_at, kill_at)
         self._signal_group(job, sig)
         if sig != signals.SIGCONT:
@@ -815,7 +826,8 @@ class Executor:
     def _plain_outcome(self, job: _Job, status: dict | None, rc: int | None) -> Outcome:
         if status is not None and isinstance(status.get("error"), str):
             return self._outcome(job, None, None, "launch_failed", status["error"])
-        reason = job.stop_reason or "exited"
+        reason = job.stop_reason or ("lease_expired" if status is not None and status.get("lease_expired")
+                                     else "exited")
         if status is not None and isinstance(status.get("exit_code"), int):
             sig = status.get("signal") if isinstance(status.get("signal"), int) else None
             return self._outcome(job, status["exit_code"], sig, reason, core=status.get("core") is True)
@@ -913,8 +925,9 @@ def _warn_at(job: _Job) -> float | None:
     return job.deadline - job.launch.warn_time
 
 
-def _deadline(launch: Launch, start_time: float) -> float | None:
-    return None if launch.time_limit is None else start_time + launch.time_limit
+def _deadline(launch: Launch, started: float) -> float | None:
+    """The monotonic time of the limit of a job started at monotonic time ``started``."""
+    return None if launch.time_limit is None else started + launch.time_limit
 
 
 def _reap_detached() -> None:

@@ -27,6 +27,12 @@ anything else; the caught signals stay blocked from that check until the child h
 handlers, so none is swallowed on the way.  Only SIGKILL ends the wrapper early, and then the
 worker knows why.
 
+The wrapper also enforces the worker's lease (gpud/worker/lease.py) on its own: when
+``exec.json`` names a lease file it waits for bash in ``sigtimedwait`` until just before the
+lease's end, reads the file again, and SIGKILLs the job at the end if no renewal came
+(status ``lease_expired``).  So a worker daemon that is stopped, hung or cut off cannot leave
+a job running past its lease, which is what lets the head start the job elsewhere.
+
 Started as ``jobwrap.py --serve`` (what the executor does), it is a fork server instead:
 a small process, in a session of its own, that reads job directories from a Unix socket on
 its stdin and forks one wrapper per directory.  Each child starts its own session, points
@@ -45,6 +51,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 # Signals whose default action would end the wrapper before it can record the job's status.
 CAUGHT = tuple(
@@ -54,6 +61,8 @@ CAUGHT = tuple(
     ) if hasattr(signal, name)
 )
 MAX_ERROR = 2000
+LEASE_REREAD = 0.2        # s before the lease's end that the wrapper reads its file again
+LEASE_UNKNOWN_POLL = 5.0  # s between reads while the file is missing or unreadable
 
 
 class SetupError(Exception):
@@ -186,12 +195,59 @@ def run(spec):
             break
         chunks.append(chunk)
     os.close(r)
-    _, status = os.waitpid(pid, 0)
+    status, lapsed = _wait(pid, spec.get("lease_file"))
+    if lapsed:
+        return {"exit_code": 0, "signal": signal.SIGKILL, "core": False, "lease_expired": True}
     if chunks:
         return {"error": b"".join(chunks).decode(errors="replace").strip()}
     if os.WIFSIGNALED(status):
         return {"exit_code": 0, "signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)}
     return {"exit_code": os.waitstatus_to_exitcode(status), "signal": None, "core": False}
+
+
+def _lease_end(path):
+    """The monotonic time the worker's lease ends (gpud/worker/lease.py); None: unknown."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(pid, lease_file):
+    """Wait for the job's shell: (its wait status, whether the lease lapsed first).
+
+    With a lease file the wrapper enforces the lease itself, so a job never outlives it even
+    when the worker daemon is stopped or hung: it sleeps in sigtimedwait on SIGCHLD until
+    shortly before the lease's end, reads the file again (a renewal moves the end), and
+    SIGKILLs the job at the end if none came.  SIGCHLD is blocked only here, after the fork,
+    so the job's own signal mask is untouched."""
+    if not lease_file:
+        return os.waitpid(pid, 0)[1], False
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    try:
+        end = None
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status, False
+            now = time.monotonic()
+            if end is None or end - now <= LEASE_REREAD:
+                end = _lease_end(lease_file)
+                if end is not None and now >= end:
+                    try:   # the shell first; main() then SIGKILLs the rest of the group
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    return os.waitpid(pid, 0)[1], True
+            if end is None:
+                timeout = LEASE_UNKNOWN_POLL
+            else:
+                left = end - now
+                timeout = left - LEASE_REREAD if left > 2 * LEASE_REREAD else left
+            signal.sigtimedwait([signal.SIGCHLD], min(60.0, max(0.001, timeout)))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
 
 
 def main(argv):
