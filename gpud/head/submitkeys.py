@@ -21,7 +21,7 @@ import asyncio
 import re
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from .api import RequestError
+from ..ctlsocket import RequestError
 
 if TYPE_CHECKING:
     from .store import Store
