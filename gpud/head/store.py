@@ -292,9 +292,6 @@ class Txn:
         """One preemption, for the per-minute cap (``recent_preemptions``)."""
         self._sql.append(("INSERT INTO preemptions(time) VALUES (?)", (now,)))
 
-
-def _json(value: Any) -> str:
-    return json.dumps(value)
     def node_transition(self, node: NodeRecord, new: NodeState | str, *, reason: str | None, now: float,
                         event: str, **changes: Any) -> NodeRecord:
         """Move ``node`` (a record, or a new one) to ``new`` with ``reason`` and other column
@@ -313,6 +310,10 @@ def _json(value: Any) -> str:
                 "INSERT INTO node_events(node, time, old_state, state, event, reason) VALUES (?,?,?,?,?,?)",
                 (node.name, now, None if old is None else old.value, new.value, event, reason)))
         return updated
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
 
 
 def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], Any]) -> Any:
