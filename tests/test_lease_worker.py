@@ -154,6 +154,27 @@ async def test_the_worker_kills_its_jobs_when_the_lease_lapses(tmp_path):
         await close_rig(r)
 
 
+async def test_a_lost_time_limit_command_arrives_with_the_next_lease_answer(tmp_path):
+    """An operator raised the limit and the ``time_limit`` command was lost: the head's next
+    answer to a heartbeat lists every allocation's limit, and the worker takes the new one."""
+    mono = Mono()
+    r = await daemon_rig(tmp_path, mono)
+    try:
+        await r.leased()
+        await r.command("launch", launch_body(1) | {"time_limit": 600.0})
+        await r.wait("started")
+        seq = r.seen("heartbeat")[-1].body["seq"]
+        await r.command("lease", {"seq": seq, "period": 60.0, "allocs": [[1, 1]], "limits": [[1, 1, 600.0]]})
+        await r.barrier()
+        assert not [c for c in r.executor.calls if c[0] == "time_limit"]     # the same: nothing to do
+        await r.command("lease", {"seq": seq, "period": 60.0, "allocs": [[1, 1]],
+                                  "limits": [[1, 1, 7200.0], [9, 1, 5.0], ["bad"], [1, 1, -3]]})
+        await until(lambda: ("time_limit", 1, 1, 7200.0) in r.executor.calls, WAIT, "the new limit")
+        assert [c for c in r.executor.calls if c[0] == "time_limit"] == [("time_limit", 1, 1, 7200.0)]
+    finally:
+        await close_rig(r)
+
+
 async def test_launches_queued_while_away_wait_for_the_heads_word(tmp_path):
     mono = Mono()
     r = await daemon_rig(tmp_path, mono, answer=False)

@@ -70,7 +70,8 @@ async def test_a_heartbeat_is_answered_with_a_lease_naming_the_nodes_allocations
     kit.sent.clear()
     await kit.head._on_heartbeat(node, heartbeat(kit, node, 77, [(job_id, 1)]))
     (where, body), = kit.sent_to("lease")
-    assert where == node and body == {"seq": 77, "period": kit.cfg.head.lease, "allocs": [[job_id, 1]]}
+    assert where == node and body == {"seq": 77, "period": kit.cfg.head.lease, "allocs": [[job_id, 1]],
+                                      "limits": [[job_id, 1, kit.job(job_id).time_limit]]}
     # and a launch names the heartbeat it was granted on
     assert kit.head.lease_seq[node] == 77
 

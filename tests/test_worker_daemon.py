@@ -68,6 +68,17 @@ class FakeExecutor:
     def running(self) -> list[tuple[int, int]]:
         return sorted(self.jobs)
 
+    def held_time_limit(self, job: int, attempt: int) -> tuple[float | None] | None:
+        launch = self.jobs.get((job, attempt))
+        return None if launch is None else (launch.time_limit,)
+
+    async def set_time_limit(self, job: int, attempt: int, limit: float | None) -> bool:
+        self.calls.append(("time_limit", job, attempt, limit))
+        if (job, attempt) not in self.jobs:
+            return False
+        self.jobs[(job, attempt)] = replace(self.jobs[(job, attempt)], time_limit=limit)
+        return True
+
     def outcomes(self) -> list[Outcome]:
         return list(self.done.values())
 

@@ -27,8 +27,10 @@ suffix                direction   kinds (body)
 ``relay/<n>/replies`` head→relay  ``reply`` {id, part, parts, data}  (the response line)
 ``node/<n>/status``   worker→all  ``node_status`` {state: "online"|"offline"} (retained, will)
 ``node/<n>/cmd``      head→worker ``launch`` {job, attempt, lease: {seq}, ...see worker.executor.Launch}
-                                  ``lease`` {seq, period, allocs: [[job, attempt]]}  (the
-                                  answer to heartbeat ``seq``: see gpud.worker.lease)
+                                  ``lease`` {seq, period, allocs: [[job, attempt]], limits:
+                                  [[job, attempt, time_limit]]}  (the answer to heartbeat
+                                  ``seq``: see gpud.worker.lease; limits repeat any lost
+                                  ``time_limit``)
                                   ``signal`` {job, attempt, signal, grace, reason}
                                   ``kill`` {allocs: [[job, attempt]], reason}  (fencing)
                                   ``ack`` {done: [[job, attempt]]}  (head recorded these)

@@ -73,7 +73,7 @@ from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS
 from .ops_jobs import OPS as JOB_OPS
 from .ops_sched import OPS as SCHED_OPS
-from .ops_slurm import OPS as SLURM_OPS
+from .ops_slurm import OPS as SLURM_OPS, node_time_limit
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
@@ -581,12 +581,16 @@ class Head:
             self.kick()
         # The lease: granted (and recorded) before it is sent, so the head's idea of when it
         # ends is never earlier than the worker's.
-        assigned = [[j.job_id, j.attempt] for j in self.store.jobs_on_node(node)]
+        here = list(self.store.jobs_on_node(node))
         if seq is not None:
             self.granted[node] = mono
             self.lease_seq[node] = seq
+            # Each allocation's time limit rides along, so a lost ``time_limit`` command (an
+            # operator raising it) reaches the node with the next answer.
             await self.bus.publish(node_cmd(node), "lease", {
-                "seq": seq, "period": self.cfg.head.lease, "allocs": assigned})
+                "seq": seq, "period": self.cfg.head.lease, "allocs": [[j.job_id, j.attempt] for j in here],
+                "limits": [[j.job_id, j.attempt, node_time_limit(self, j, gang.rank_of(j, node) or 0)]
+                           for j in here]})
         # Fencing: kill whatever this node runs that the head no longer assigns to it.
         stale = []
         for jid, attempt in running:

@@ -355,17 +355,22 @@ async def time_limit_changed(head: "Head", job: JobRecord) -> None:
     """Tell every node of a running job its new time limit: the batch script's on rank 0,
     a holder's (the limit, the kill grace and gang.HOLDER_SLACK) on the others."""
     from ..bus.base import node_cmd
-    from .gang import HOLDER_SLACK, job_nodes
+    from .gang import job_nodes
 
-    limit = job.time_limit
-    log.info("job %s (user %s): time limit now %s", job.display_id, job.user, format_duration(limit))
+    log.info("job %s (user %s): time limit now %s", job.display_id, job.user, format_duration(job.time_limit))
     for rank, node in enumerate(job_nodes(job)):
-        if rank and limit is not None:
-            limit_here: float | None = limit + head.cfg.head.kill_grace + HOLDER_SLACK
-        else:
-            limit_here = limit
         await head.bus.publish(node_cmd(node), "time_limit", {"job": job.job_id, "attempt": job.attempt,
-                                                              "time_limit": limit_here})
+                                                              "time_limit": node_time_limit(head, job, rank)})
+
+
+def node_time_limit(head: "Head", job: JobRecord, rank: int) -> float | None:
+    """The limit a node of ``job`` enforces: the batch script's on rank 0, a holder's (the
+    limit, the kill grace and gang.HOLDER_SLACK) on the others."""
+    from .gang import HOLDER_SLACK
+
+    if rank and job.time_limit is not None:
+        return job.time_limit + head.cfg.head.kill_grace + HOLDER_SLACK
+    return job.time_limit
 
 
 # -- nodes ----------------------------------------------------------------------------------------

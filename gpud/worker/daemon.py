@@ -517,6 +517,12 @@ class Worker:
         if self.lease.renewed(seq, float(period)):
             self._save_lease()
             self._lease_changed.set()
+        held = getattr(self.executor, "held_time_limit", None)
+        for job, attempt, limit in leases.limits(body.get("limits")) if held is not None else ():
+            now = held(job, attempt)
+            if now is not None and now != (limit,):   # a time_limit command that was lost
+                log.info("job %s.%s: time limit %s from the head's lease answer", job, attempt, limit)
+                await self.executor.set_time_limit(job, attempt, limit)
         if self._hold_from is not None and seq >= self._hold_from:
             self._hold_from = None
             ours = set(leases.allocs(body.get("allocs")))

@@ -261,6 +261,12 @@ class Executor:
             self._begin_stop(job, signum, job.launch.kill_grace if grace is None else grace, reason)
         return True
 
+    def held_time_limit(self, job_id: int, attempt: int) -> tuple[float | None] | None:
+        """(the time limit a running job is held to,), None: none; None when it runs not
+        here or is stopping already."""
+        job = self._jobs.get((job_id, attempt))
+        return None if job is None or job.stop_reason is not None else (job.launch.time_limit,)
+
     async def set_time_limit(self, job_id: int, attempt: int, time_limit: float | None) -> bool:
         """A new time limit (seconds from the start; None: none) for a running job, raised or
         lowered by an operator; its --signal warning moves with it.  False when the job does
