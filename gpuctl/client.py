@@ -42,7 +42,8 @@ import _socket
 import os
 import time
 
-from gpud.protocol import MAX_RESPONSE, ProtocolError, RemoteError, decode_response, find_socket, request
+from gpud.protocol import (MAX_RESPONSE, RLIMIT_NAMES, ProtocolError, RemoteError, decode_response, find_socket,
+                           request)
 
 TYPE_CHECKING = False   # typing costs gpuctl's start-up; annotations are strings anyway
 if TYPE_CHECKING:
@@ -66,6 +67,19 @@ class HeadUnavailable(ConnectionError):
 
 
 SUBMIT_RETRY = 60.0     # seconds a submission whose answer was lost is sent again (same key)
+
+
+def own_rlimits() -> dict[str, list[int]]:
+    """This process's resource limits, which a job inherits (Slurm's PropagateResourceLimits):
+    {"NOFILE": [soft, hard], ...}, -1 for unlimited."""
+    import resource
+
+    out = {}
+    for name in RLIMIT_NAMES:
+        res = getattr(resource, "RLIMIT_" + name, None)
+        if res is not None:
+            out[name] = [-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(res)]
+    return out
 
 
 def submission_key() -> str:
@@ -232,7 +246,7 @@ class Client:
 
         For an array, the array's id; with ``skip_if_active``, the active job's id when the
         head submitted nothing."""
-        return int(self.call("submit", spec=spec, key=submission_key())["job_id"])
+        return int(self.call("submit", spec=spec, key=submission_key(), rlimits=own_rlimits())["job_id"])
 
     def submit_many(self, specs: Iterable[dict[str, Any]], *, window: int = 256) -> list[int]:
         """Submit many ready specs over this one connection, pipelined: up to ``window``
@@ -242,7 +256,8 @@ class Client:
         window = max(1, min(window, _MAX_WINDOW))
         if self._sock is None:
             self._connect()
-        lines = [request("submit", spec=spec, key=submission_key()) for spec in specs]
+        limits = own_rlimits()
+        lines = [request("submit", spec=spec, key=submission_key(), rlimits=limits) for spec in specs]
         ids: list[int] = []
         try:
             sent = 0
@@ -273,7 +288,7 @@ class Client:
     def submit_request(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit and return the head's whole answer: {"job_id", "warnings", "skipped"?,
         "tasks"?}, or for ``test_only`` {"start_time", "node", "partition", "reason", ...}."""
-        return self.call("submit", spec=spec, key=submission_key())
+        return self.call("submit", spec=spec, key=submission_key(), rlimits=own_rlimits())
 
     def submit(self, script: str | None = None, *, wrap: str | None = None,
                args: Iterable[str] = (), **options: Any) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 from . import syntax
 from .gpu import mig
 from .hostlist import NODE_NAME
+from .protocol import RLIMIT_NAMES
 from .units import UnitError, parse_duration, parse_size_mb
 
 
@@ -149,6 +150,26 @@ class SpecError(ValueError):
     """A job request that can never be valid; the message is shown to the user."""
 
 
+# The resource limits a job inherits from its submitter (Slurm's PropagateResourceLimits=ALL):
+# gpuctl sends its own, the job's wrapper applies them, never above the worker's own.
+RLIM_UNLIMITED = -1
+
+
+def parse_rlimits(value: Any) -> dict[str, tuple[int, int]]:
+    """{"NOFILE": [soft, hard], ...} (-1: unlimited) -> the same, checked; SpecError otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > len(RLIMIT_NAMES):
+        raise SpecError("rlimits must map resource names (NOFILE, NPROC, ...) to [soft, hard]")
+    out = {}
+    for name, pair in value.items():
+        if name not in RLIMIT_NAMES or not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and RLIM_UNLIMITED <= x < 2**63 for x in pair):
+            raise SpecError(f"invalid resource limit {name!r}: give [soft, hard], -1 for unlimited"[:200])
+        out[name] = (pair[0], pair[1])
+    return out
+
+
 _NAME = re.compile(r"^[^\x00-\x1f/]{1,200}$")
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 MAX_ENV_BYTES = 1024 * 1024
@@ -164,6 +185,7 @@ class JobSpec:
     stdout: str | None = None      # pattern, default "gpud-%j.out" in work_dir
     stderr: str | None = None      # pattern, default: same file as stdout
     env: dict[str, str] = field(default_factory=dict)
+    rlimits: dict[str, tuple[int, int]] = field(default_factory=dict)   # the submitter's (parse_rlimits)
     gpus: int = 0
     gpu_type: str | None = None
     mig_profile: str | None = None  # MIG slices of this profile, e.g. "1g.10gb"; gpus = how many
@@ -250,6 +272,7 @@ class JobSpec:
         if sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
             raise SpecError("environment larger than 1 MiB")
         kw["env"] = dict(env)
+        kw["rlimits"] = parse_rlimits(d.get("rlimits"))
         kw["gpus"] = _opt_int(d, "gpus", 0, lo=0, hi=4096)
         kw["cpus"] = _opt_int(d, "cpus", 1, lo=1, hi=100000)
         kw["nice"] = _opt_int(d, "nice", 0, lo=-10000, hi=10000)
@@ -299,6 +322,7 @@ class JobSpec:
         # CPU): the other values are immutable, so only the environment and lists are copied.
         d = dict(zip(_SPEC_FIELDS, _spec_values(self)))
         d["env"] = dict(self.env)
+        d["rlimits"] = {k: list(v) for k, v in self.rlimits.items()}
         d["nodelist"], d["exclude"] = list(self.nodelist), list(self.exclude)
         return d
 
@@ -306,7 +330,7 @@ class JobSpec:
 _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
 _SPEC_FIELD_SET = frozenset(_SPEC_FIELDS)
 _spec_values = attrgetter(*_SPEC_FIELDS)
-# In field order; script and env, which have no plain default, are always in from_request's kw.
+# In field order; script, env and rlimits, which have no plain default, are always in from_request's kw.
 _SPEC_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(JobSpec)}
 
 MAIL_TYPES = frozenset({"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",

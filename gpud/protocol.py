@@ -24,7 +24,9 @@ Operations (args -> result):
              "skipped": bool?, "repeat": bool?}   For an array, job_id is the array's id (its
              first task's).  ``key`` (8-128 of [A-Za-z0-9._:-], one per submission): a repeat
              with the same key from the same uid within 24 h returns the job already made,
-             with "repeat": true (gpud.head.submitkeys).
+             with "repeat": true (gpud.head.submitkeys).  ``rlimits`` {NAME: [soft, hard]}?
+             (names of RLIMIT_NAMES, -1 unlimited): the submitter's resource limits, which
+             the job runs with, each at most the node's own.
              With spec.skip_if_active and a pending or running job of the caller with the
              same name: that job's id and "skipped": true, nothing inserted.  With
              spec.test_only: {"test_only": true, "start_time": float|null, "node", "partition",
@@ -144,6 +146,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 VERSION = 1
+# The resource limits a submission carries (``submit``'s ``rlimits``): the submitter's own,
+# which the job inherits, as Slurm's PropagateResourceLimits=ALL.
+RLIMIT_NAMES = ("AS", "CORE", "CPU", "DATA", "FSIZE", "MEMLOCK", "NOFILE", "NPROC", "RSS", "STACK")
 MAX_LINE = 16 * 1024 * 1024            # a request (a script and its environment fit easily)
 MAX_RESPONSE = 1024 * 1024 * 1024      # an answer: squeue over 100,000 jobs is ~60 MB
 MAX_DEPTH = 32                         # lists and objects in a request (a submission nests 4)

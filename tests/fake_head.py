@@ -183,6 +183,8 @@ class FakeHead:
             with self._cond:
                 # The submission key is random: kept apart, so tests compare requests as before.
                 key = args.pop("key", None) if op == "submit" else None
+                if op == "submit":
+                    args.pop("rlimits", None)   # the submitter's own limits: this machine's
                 if key is not None:
                     self.submit_keys.append(key)
                 self.requests.append((op, args, uid))

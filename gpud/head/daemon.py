@@ -393,7 +393,7 @@ class Head:
         return {
             "job_id": job.job_id, "attempt": job.attempt, "name": job.name, "user": job.user,
             "uid": job.uid, "gid": job.gid, "script": spec.script, "work_dir": spec.work_dir,
-            "stdout": spec.stdout, "stderr": spec.stderr, "env": spec.env,
+            "stdout": spec.stdout, "stderr": spec.stderr, "env": spec.env, "rlimits": {k: list(v) for k, v in spec.rlimits.items()},
             "gpus": launch_devices(job),
             "cpus": job.cpus, "mem_mb": job.mem_mb, "time_limit": job.time_limit,
             "kill_grace": self.cfg.head.kill_grace, "submit_dir": spec.work_dir, "extra_env": {},

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, jsoncodec, protocol
-from ..model import JobSpec, JobState, NodeInfo, SpecError, StopReason
+from ..model import JobSpec, JobState, NodeInfo, SpecError, StopReason, parse_rlimits
 from ..syntax import format_indices
 from ..sched import admission
 from . import gang, slurm, submitkeys
@@ -45,6 +45,8 @@ async def op_ping(head: "Head", caller: Caller, args: dict) -> dict:
 async def op_submit(head: "Head", caller: Caller, args: dict) -> dict:
     try:
         spec = JobSpec.from_request(args.get("spec"))
+        if args.get("rlimits") is not None:   # the submitter's own limits, which the job inherits
+            spec = replace(spec, rlimits=parse_rlimits(args["rlimits"]))
     except SpecError as e:
         raise RequestError(f"Batch job submission failed: {e}") from None
     too_large = launch_refusal(spec.script, spec.env)

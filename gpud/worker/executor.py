@@ -471,6 +471,7 @@ class Executor:
                 "switch_user": switch, "work_dir": launch.work_dir, "stdout": stdout,
                 "stderr": stderr, "shell": self._shell, "script": os.path.join(job_dir, "script"),
                 "env": env, "open_mode": launch.open_mode, "cpus": list(job.cpus),
+                "rlimits": {k: list(v) for k, v in launch.rlimits.items()},
                 "cgroup_procs": self._confine(job), "lease_file": self.lease_file}
         try:
             self.store.create(job.key, launch.script, (launch.uid, launch.gid) if switch else None,

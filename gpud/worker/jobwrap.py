@@ -103,6 +103,31 @@ def open_output(path, append=False):
         raise SetupError(f"cannot open output file {path}: {e.strerror}") from None
 
 
+def set_limits(limits):
+    """The submitter's resource limits ({"NOFILE": [soft, hard]}, -1: unlimited), each
+    clamped to the wrapper's own hard limit: user data can lower a limit, never raise one."""
+    import resource
+
+    inf = resource.RLIM_INFINITY
+    for name, (soft, hard) in sorted(limits.items()):
+        res = getattr(resource, "RLIMIT_" + name, None)
+        if res is None:
+            continue
+        _, cap = resource.getrlimit(res)
+
+        def clamp(v):
+            v = inf if v == -1 else v
+            return v if cap == inf else (cap if v == inf else min(v, cap))
+
+        hard = clamp(hard)
+        soft = clamp(soft)
+        soft = soft if hard == inf or (soft != inf and soft <= hard) else hard
+        try:
+            resource.setrlimit(res, (soft, hard))
+        except (ValueError, OSError) as e:
+            sys.stderr.write(f"job wrapper: cannot set {name} limit to {soft}/{hard}: {e}; keeping the node's\n")
+
+
 def become_job(spec):
     """In the child: turn into the job's bash.  Returns only by raising SetupError."""
     for path in spec.get("cgroup_procs") or ():   # first: nothing of the job runs outside
@@ -116,6 +141,7 @@ def become_job(spec):
             os.sched_setaffinity(0, cpus)
         except OSError as e:  # a CPU gone offline or outside our cpuset: run unbound
             sys.stderr.write(f"job wrapper: cannot bind to CPUs {cpus}: {e.strerror}; running unbound\n")
+    set_limits(spec.get("rlimits") or {})   # as root: a job's limits are its submitter's
     if spec["switch_user"]:
         try:
             os.setgroups(spec["groups"])

@@ -64,6 +64,7 @@ class Launch:
     kill_grace: float            # seconds between the stop signal and SIGKILL
     submit_dir: str
     extra_env: dict[str, str] = field(default_factory=dict)  # applied last (MPS, MIG, ...)
+    rlimits: dict[str, tuple[int, int]] = field(default_factory=dict)  # the submitter's (model.parse_rlimits)
     # job arrays: all None for an ordinary job
     array_job_id: int | None = None
     array_task_id: int | None = None
@@ -112,6 +113,7 @@ class Launch:
             kill_grace=_seconds(d, "kill_grace", DEFAULT_KILL_GRACE, zero_ok=True),
             submit_dir=_text(d, "submit_dir", work_dir),
             extra_env=_env(d, "extra_env"),
+            rlimits=_rlimits(d.get("rlimits")),
             **_slurm_fields(d),
         )
 
@@ -124,6 +126,7 @@ class Launch:
             "cpus": self.cpus, "mem_mb": self.mem_mb, "time_limit": self.time_limit,
             "kill_grace": self.kill_grace, "submit_dir": self.submit_dir,
             "extra_env": dict(self.extra_env),
+            "rlimits": {k: list(v) for k, v in self.rlimits.items()},
             **{k: getattr(self, k) for k in _SLURM_FIELDS},
         }
 
@@ -256,6 +259,15 @@ def _seconds(d: dict, key: str, default: float | None, zero_ok: bool = False) ->
         raise ValueError(f"{key} must be a {'non-negative' if zero_ok else 'positive'} "
                          f"number of seconds, not {v!r:.40}")
     return float(v)
+
+
+def _rlimits(value: Any) -> dict[str, tuple[int, int]]:
+    from ..model import SpecError, parse_rlimits
+
+    try:
+        return parse_rlimits(value)
+    except SpecError as e:
+        raise ValueError(str(e)) from None
 
 
 def _env(d: dict, key: str) -> dict[str, str]:

@@ -1,0 +1,50 @@
+"""A job runs under its submitter's resource limits, not the worker's root ones (Slurm's
+PropagateResourceLimits=ALL), and a submission can lower limits but never raise one above
+the node's own.  Real head, worker, Mosquitto and gpuctl."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from gpud.protocol import RemoteError
+
+from tests.cluster import Cluster, wait_for
+from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
+
+
+def test_a_job_gets_its_submitters_limits(tmp_path, mosquitto):  # noqa: F811
+    out = tmp_path / "limits.out"
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        c.start_worker("n1")
+        # the submitter's shell lowered its own limits, as a login node's limits.conf would
+        r = subprocess.run(
+            ["bash", "-c", 'ulimit -Sn 321 && ulimit -Ss 4096 && exec "$@"', "sbatch",
+             sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "sbatch", "--parsable", "-o", str(out),
+             "--wrap", "echo $(ulimit -Sn) $(ulimit -Ss)"],
+            env=c.env, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        c.wait_job_state(int(r.stdout.strip()), "COMPLETED")
+        assert out.read_text().split() == ["321", "4096"]
+
+
+def test_a_submission_cannot_raise_a_limit_above_the_nodes(tmp_path, mosquitto):  # noqa: F811
+    out = tmp_path / "hard.out"
+    _, node_hard = resource.getrlimit(resource.RLIMIT_NOFILE)   # the worker inherits this one
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        c.start_worker("n1")
+        with c.client() as client:
+            r = client.call("submit", spec={"script": "#!/bin/bash\nulimit -Hn\n", "work_dir": str(tmp_path),
+                                            "stdout": str(out)},
+                            rlimits={"NOFILE": [10**9, 10**9]})
+        c.wait_job_state(r["job_id"], "COMPLETED")
+        wait_for(lambda: out.exists() and out.read_text().strip(), 10, "the job's output")
+        assert int(out.read_text()) == node_hard
+        with c.client() as client, pytest.raises(RemoteError) as e:
+            client.call("submit", spec={"script": "#!/bin/bash\ntrue\n"}, rlimits={"NOFILE": "lots"})
+        assert "invalid resource limit 'NOFILE'" in str(e.value)
