@@ -157,25 +157,9 @@ def rotate_key(path: str, step: str) -> list[bytes]:
     else:
         keys = keys[:1]
     st = os.stat(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            if os.geteuid() == 0:
-                os.fchown(f.fileno(), st.st_uid, st.st_gid)   # a gpud-owned key stays gpud's
-            f.write("".join(k.hex() + "\n" for k in keys))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    # a gpud-owned key stays gpud's
+    write_private(path, "".join(k.hex() + "\n" for k in keys), 0o600,
+                  owner=(st.st_uid, st.st_gid) if os.geteuid() == 0 else None)
     return keys
 
 
@@ -227,6 +211,36 @@ def _decode(text: bytes) -> bytes:
         return bytes.fromhex(text.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         return text
+
+
+def write_private(path: str, text: str, mode: int, *, gid: int | None = None,
+                  owner: tuple[int, int] | None = None) -> None:
+    """Atomically replace ``path`` with ``text``: never readable by others, even for a moment
+    (made 0600 and O_NOFOLLOW, then given ``mode``, ``gid`` or ``owner``), and durable."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise KeyFileError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+            elif gid is not None:
+                os.fchown(f.fileno(), -1, gid)
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
 
 
 def _fsync_dir(directory: str) -> None:

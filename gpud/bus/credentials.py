@@ -35,7 +35,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..keys import KeyFileError, read_secret
+from ..keys import read_secret, write_private
 from .base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, node_cmd, node_status, relay_replies, topic_prefix
 
 HEAD_USER = "head"
@@ -132,13 +132,13 @@ def write_broker_files(accts: list[Account], *, directory: str, passwd_file: str
             passwords[a.user] = read_secret(path, f"broker password file for user {a.user}")
             continue
         passwords[a.user] = secrets.token_urlsafe(24)
-        _write_private(path, passwords[a.user] + "\n", 0o600)
+        write_private(path, passwords[a.user] + "\n", 0o600)
         created.append(a.user)
     # Mosquitto reads both after dropping to its own user: group mosquitto, when there is one.
     gid = _group("mosquitto")
     mode = 0o640 if gid is not None else 0o600
-    _write_private(passwd_file, "".join(f"{u}:{password_hash(pw)}\n" for u, pw in passwords.items()), mode, gid)
-    _write_private(acl_file, acl_text(accts), mode, gid)
+    write_private(passwd_file, "".join(f"{u}:{password_hash(pw)}\n" for u, pw in passwords.items()), mode, gid=gid)
+    write_private(acl_file, acl_text(accts), mode, gid=gid)
     return created
 
 
@@ -151,25 +151,3 @@ def _group(name: str) -> int | None:
         return None
 
 
-def _write_private(path: str, text: str, mode: int, gid: int | None = None) -> None:
-    """Atomically replace ``path``: never readable by others, even for a moment."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        raise KeyFileError(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            if gid is not None:
-                os.fchown(f.fileno(), -1, gid)
-            os.fchmod(f.fileno(), mode)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
