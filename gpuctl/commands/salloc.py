@@ -104,6 +104,19 @@ class Allocation:
         self.job_id = int(result["job_id"])
         return self.job_id
 
+    def obtain(self, spec: dict[str, Any], *, loud: bool) -> dict[str, Any] | None:
+        """Ask for the allocation and wait until it is granted: its status; None when the
+        user pressed Ctrl-C meanwhile (the request is withdrawn).  A revoked request is a
+        CommandFailed."""
+        try:
+            self.request(spec)
+            return self.wait_granted(loud=loud)
+        except KeyboardInterrupt:
+            self.release(loud=True)
+            return None
+        except Revoked as e:
+            raise CommandFailed(str(e)) from None
+
     def wait_granted(self, *, loud: bool) -> dict[str, Any]:
         """Poll (each poll a keepalive) until the job runs; Revoked if it ends first."""
         if loud:
@@ -214,14 +227,9 @@ def command(ctx: click.Context, command: tuple[str, ...], **params: Any) -> int:
     client = sess.client
     say = _say("salloc")
     alloc = Allocation(client, client.socket_path, "salloc", say)
-    try:
-        alloc.request(spec)
-        status = alloc.wait_granted(loud=True)
-    except KeyboardInterrupt:
-        alloc.release(loud=True)
+    status = alloc.obtain(spec, loud=True)
+    if status is None:
         return 1
-    except Revoked as e:
-        raise CommandFailed(str(e)) from None
     say(f"Nodes {status['nodelist']} are ready for job")
     argv = list(command) or [os.environ.get("SHELL") or "/bin/sh"]
     env = {**os.environ, **status.get("env", {}), "GPUD_SOCKET": client.socket_path}

@@ -32,7 +32,7 @@ from typing import Any
 import click
 
 from .common import CommandFailed, session
-from .salloc import Allocation, Revoked, allocation_spec, typed_options
+from .salloc import Allocation, allocation_spec, typed_options
 from .sbatch import SbatchCommand, _table_options
 from .srun_io import RawTerminal, StepStream, stdin_is_null, window_size
 
@@ -71,14 +71,9 @@ def command(ctx: click.Context, label: bool, pty: bool, command: tuple[str, ...]
         spec = allocation_spec(typed, "srun", os.path.basename(command[0]))
         client = sess.client
         alloc = Allocation(client, client.socket_path, "srun", _say)
-        try:
-            alloc.request(spec)
-            status = alloc.wait_granted(loud=False)
-        except KeyboardInterrupt:
-            alloc.release(loud=True)
+        status = alloc.obtain(spec, loud=False)
+        if status is None:
             return 1
-        except Revoked as e:
-            raise CommandFailed(str(e)) from None
         alloc.keep_alive()
         job_id = alloc.job_id
         env.update(status.get("env", {}))
