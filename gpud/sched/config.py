@@ -253,9 +253,9 @@ class _Reader:
 
     def string(self, k: str, default: str | None, choices: tuple[str, ...] = ()) -> str | None:
         v = self.t.get(k, default)
-        if v is None:
+        if v is None and k not in self.t:
             return None
-        if not isinstance(v, str) or not v:
+        if not isinstance(v, str) or not v:   # an explicit null too (configs given as data)
             self.fail(self.key(k), f"must be a non-empty string, not {v!r}")
         if choices and v not in choices:
             self.fail(self.key(k), f"must be one of {', '.join(repr(c) for c in choices)}, not {v!r}")
