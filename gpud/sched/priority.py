@@ -241,10 +241,11 @@ class PriorityModel:
                  submit_time: float, nice: int) -> float:
         fixed = self._fixed.get((account, user, qos, partition, gpus))
         age = (self.now - submit_time) / self.cfg.max_age
-        if fixed is None:     # the first time: the sum of its factors, in their order
+        if fixed is None:
             fixed = self._fixed_for(account, user, qos, partition, gpus)
-            age = 1.0 if age > 1.0 else (0.0 if age < 0.0 else age)
-            return sum((self.w.age * age, fixed[0], fixed[1], fixed[2], fixed[3], float(-nice)))
+        # One formula whether or not the fixed factors were cached: two (a sum in factor
+        # order the first time) gave jobs of the same key priorities an ulp apart, so which
+        # job came first in the snapshot could change a plan.
         return self.w.age * (1.0 if age > 1.0 else (0.0 if age < 0.0 else age)) + fixed[4] - nice
 
     def of_running(self, r: Any) -> float:
