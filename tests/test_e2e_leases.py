@@ -215,15 +215,15 @@ def fill(mnt: Path, leave_kb: int) -> Path:
 def test_a_full_disk_is_reported_survived_and_recovered_from(tmp_path, mosquitto, small_fs):  # noqa: F811
     c = Cluster(tmp_path / "c", mosquitto.url, node_timeout=2.0, heartbeat=0.3, lease=LEASE)
     c.config.write_text(c.config.read_text().replace(
-        "[head]\n", f'[head]\ndatabase = "{small_fs}/head.db"\nmin_free_disk = "1M"\n'))
+        "[head]\n", f'[head]\ndatabase = "{small_fs}/head.db"\nmin_free_disk = "100K"\n'))
     try:
         c.start_head()
         w1 = c.start_worker("w1", "1xH100-80GB")
         accepted = [c.sbatch("--hold", "-o", "/dev/null", "--wrap", "true") for _ in range(5)]
-        fillers = [fill(small_fs, 1500)]
-        big = tmp_path / "big.sh"
-        big.write_text("#!/bin/bash\n#" + "x" * 3_000_000 + "\ntrue\n")
-        r = c.gpuctl("sbatch", str(big), check=False)
+        fillers = [fill(small_fs, 400)]
+        big = tmp_path / "big.sh"       # one launch carries it (640 KiB); the disk does not
+        big.write_text("#!/bin/bash\n#" + "x" * 600_000 + "\ntrue\n")
+        r = c.gpuctl("sbatch", "--export=NONE", str(big), check=False)
         assert r.returncode != 0 and "the head's disk is full" in r.stderr, r.stderr
         assert "no transaction is active" not in r.stderr
         fillers.append(fill(small_fs, 0))
