@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault-injection soak (issue 18): a head, three sim workers and Mosquitto; jobs of
+"""Fault-injection soak: a head, three sim workers and Mosquitto; jobs of
 0.2-30 s while the head is killed with SIGKILL, a worker is killed, a worker's broker link
 is cut (once shorter, once longer than the lease) and the broker restarts.  Then: jobs lost,
 copies of one job that overlapped in time, GPUs that ran two jobs at once, jobs not final.
@@ -7,7 +7,7 @@ copies of one job that overlapped in time, GPUs that ran two jobs at once, jobs 
 Every job appends "<job> <attempt> <gpus> <start> <end>" (its own clock) to one log, so the
 checks are made from the jobs' side.  Writes the ``soak`` section of docs/benchmarks.md.
 
-    bench/bench_soak.py                       # 1,500 jobs, 5 head kills, ... (the issue's soak)
+    bench/bench_soak.py                       # 1,500 jobs, 5 head kills, ... (the full soak)
     bench/bench_soak.py --jobs 300 --max-s 8 --head-kills 2 --worker-kills 1 --cuts 2 --broker-restarts 1
 """
 
@@ -154,7 +154,7 @@ def main() -> int:
             + table(["jobs", "length", "faults", "lease", "lost", "overlapping copies", "double-booked GPUs",
                      "requeued", "ran twice", "wall"], rows)
             + ("" if (args.jobs, args.head_kills) == (1500, 5) else
-               "\n\nA reduced run (fewer and shorter jobs, fewer faults than the issue's 1,500 / 0.2-30 s / "
+               "\n\nA reduced run (fewer and shorter jobs, fewer faults than the full soak's 1,500 / 0.2-30 s / "
                "5 head kills / 2 worker kills / 2 cuts / 2 broker restarts).")
             + f"\n\n{stamp()}\n")
     print(text)

@@ -1,4 +1,4 @@
-"""No job runs twice at once, whatever fails (issue 18), with real daemons over Mosquitto.
+"""No job runs twice at once, whatever fails, with real daemons over Mosquitto.
 
 A 20 s job writes a timestamp every 100 ms into a file of its attempt; the tests cut its
 worker off (the daemon SIGSTOPped, or its broker connection severed by a proxy the test

@@ -1,6 +1,6 @@
-"""Attacks on the head from a user of the cluster, each performed and shown to fail
-(issue 16).  In-process head (tests/slurm_head.py): the callers' identities are what
-SO_PEERCRED or a relay would have given."""
+"""Attacks on the head from a user of the cluster, each performed and shown to fail.
+In-process head (tests/slurm_head.py): the callers' identities are what SO_PEERCRED or a
+relay would have given."""
 
 from __future__ import annotations
 

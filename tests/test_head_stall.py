@@ -1,4 +1,4 @@
-"""One user cannot stall the head for everyone (issue 16, "One user stalls everyone").
+"""One user cannot stall the head for everyone.
 
 A real Head and a Relay (in this process, the in-memory broker between them) serve their
 sockets; a forked child running as ``nobody`` holds 2,000 connections to the head's socket,

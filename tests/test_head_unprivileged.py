@@ -1,4 +1,4 @@
-"""The head needs no root (issue 16): run by an ordinary user, with a key and a state
+"""The head needs no root: run by an ordinary user, with a key and a state
 directory of its own and a real Mosquitto, it serves root's gpuctl, knows root by the
 kernel's word, and keeps its database to itself."""
 

@@ -1,6 +1,6 @@
 """scripts/install for real, as root, into a temporary prefix: the head's system user, a venv
 on an interpreter every user can run, gpud.toml readable by users and the key by root
-alone; then gpuctl runs as an ordinary user (issue 16, Must show 2).
+alone; then gpuctl runs as an ordinary user.
 
 Skipped unless root, /usr/bin/python3 can make virtual environments and pip can reach a
 package index (the install fetches gpud's dependencies: about 35 s here).

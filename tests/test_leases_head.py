@@ -1,4 +1,4 @@
-"""The head's side of issue 18, in process (real SQLite, in-memory bus, injected clocks):
+"""The head's side of leases and liveness, in process (real SQLite, in-memory bus, injected clocks):
 leases and node states, monotonic liveness under wall-clock steps, idempotent submission,
 and storage faults (a database that cannot grow: SQLite's own "database or disk is full").
 """

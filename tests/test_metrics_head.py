@@ -127,7 +127,7 @@ async def test_fragmentation_per_partition_agrees_with_the_partition_records(tmp
 
 
 async def test_per_node_state_owners_memory_energy_and_dcgm_labels(tmp_path):
-    """The issue's /metrics list: no reason="None" for running jobs; one state series per node
+    """/metrics: no reason="None" for running jobs; one state series per node
     (to alert on one node down); jobs per account and user; GPU memory total/used/free;
     energy; the labels dcgm-exporter puts on its series (Hostname, UUID, modelName);
     utilization as a 0-1 ratio; and a Content-Type that names the format the body is in."""

@@ -104,7 +104,7 @@ async def test_every_view_agrees_on_gpus_gpu_seconds_and_billing(kit, request_, 
 
 
 async def test_seven_slice_jobs_bill_one_gpu_between_them(kit):
-    """The issue's case: seven 4 s 1g.10gb jobs on one A100 are 4 GPU-seconds, as sshare charges."""
+    """Seven 4 s 1g.10gb jobs on one A100 are 4 GPU-seconds, as sshare charges."""
     setup_nodes(kit)
     jobs = [await kit.submit(ALICE, mig_profile="1g.10gb", gpus=1) for _ in range(7)]
     await kit.schedule()

@@ -1,5 +1,5 @@
 """The job database's files are the head's alone, whatever the umask: they hold every job's
-environment (issue 16, "Files")."""
+environment."""
 
 import os
 import stat
