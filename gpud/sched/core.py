@@ -178,11 +178,13 @@ class _Pass:
         return self._shapes
 
     def consider_all(self, jobs: list[PendingJob], may_borrow: bool) -> list[PendingJob]:
-        """``consider`` for each job, in order; the jobs that would borrow when it is not allowed.
+        """Step 4 (a-h of the module's cycle) for each job, in order; the jobs that would
+        borrow when it is not allowed.
 
         A whole-GPU single-node job (nearly every job of a big queue) is decided here inline,
-        exactly as ``consider`` does, with the pass's state held in locals: this loop runs
-        once per pending job, and most of its jobs only find their shape already failed."""
+        with the pass's state held in locals: this loop runs once per pending job, and most
+        of its jobs only find their shape already failed.  Shared-GPU and multi-node jobs go
+        to ``consider_shared`` and ``consider_gang``."""
         reasons, verdicts, waiting, searches = self.reasons, self.verdicts, self.waiting, self.searches
         book, may_preempt = self.book, self.may_preempt
         quota_on, limits_on, strict = book.enabled, book.any_limits, not self.cfg.backfill
