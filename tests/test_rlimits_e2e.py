@@ -48,3 +48,16 @@ def test_a_submission_cannot_raise_a_limit_above_the_nodes(tmp_path, mosquitto):
         with c.client() as client, pytest.raises(RemoteError) as e:
             client.call("submit", spec={"script": "#!/bin/bash\ntrue\n"}, rlimits={"NOFILE": "lots"})
         assert "invalid resource limit 'NOFILE'" in str(e.value)
+
+
+def test_gpuctl_reads_its_limits_as_the_kernel_reports_them():
+    """own_rlimits reads /proc/self/limits (off the start-up path's imports): the same values
+    getrlimit gives, -1 for unlimited."""
+    from gpuctl.client import own_rlimits
+    from gpud.protocol import RLIMIT_NAMES
+
+    mine = own_rlimits()
+    assert set(mine) == set(RLIMIT_NAMES)
+    for name, pair in mine.items():
+        want = resource.getrlimit(getattr(resource, "RLIMIT_" + name))
+        assert pair == [-1 if v == resource.RLIM_INFINITY else v for v in want], name
