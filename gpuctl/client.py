@@ -338,9 +338,12 @@ class Client:
 
     def jobs(self, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
              states: Iterable[str] | None = None, all: bool = False,
-             since: float | None = None) -> list[dict[str, Any]]:
-        """JOB records; pending and active only unless ``all`` (then finished ones too)."""
+             since: float | None = None, attempts: bool = False) -> list[dict[str, Any]]:
+        """JOB records; pending and active only unless ``all`` (then finished ones too);
+        with ``attempts``, each requeued job's ``earlier_attempts`` as well."""
         args: dict[str, Any] = {}
+        if attempts:
+            args["attempts"] = True
         if job_ids is not None:
             args["job_ids"] = [int(j) for j in job_ids]
         if users is not None:

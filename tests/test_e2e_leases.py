@@ -84,6 +84,14 @@ def test_a_stopped_worker_daemon_never_runs_its_job_beside_the_replacement(clust
     assert "Restarts=1" in shown and "LastRequeue=node w1 DOWN" in shown and "lease ended" in shown
     node = cluster.gpuctl("scontrol", "show", "node", "w1").stdout
     assert "UP->DOWN node_down: no heartbeat" in node and "DOWN->UP returned" in node
+    # and as sacct tells it: the first run NODE_FAIL on w1 with its cause, the last COMPLETED on w2
+    rows = cluster.gpuctl("sacct", "-D", "-j", str(job), "-P", "-n",
+                          "-o", "JobID,State,NodeList,Reason").stdout.splitlines()
+    assert len(rows) == 2 and rows[0].startswith(f"{job}|NODE_FAIL|w1|node w1 DOWN") and "lease ended" in rows[0]
+    assert rows[1].startswith(f"{job}|COMPLETED|w2|")
+    assert len(cluster.gpuctl("sacct", "-j", str(job), "-P", "-n").stdout.splitlines()) == 1   # the last run only
+    runs = json.loads(cluster.gpuctl("sacct", "-D", "-j", str(job), "--json").stdout)["jobs"][0]["earlier_attempts"]
+    assert [(r["attempt"], r["state"], r["node"]) for r in runs] == [(1, "NODE_FAIL", "w1")]
 
 
 def test_a_worker_cut_from_the_broker_longer_than_its_lease(cluster, proxy, tmp_path):

@@ -112,3 +112,31 @@ async def test_schema_version_and_newer_database_refused(tmp_path):
     with pytest.raises(RuntimeError, match="newer than this gpud"):
         async with Store(path):
             pass
+
+
+async def test_earlier_attempts_say_how_each_requeued_run_ended(tmp_path):
+    from gpud.head.jobs import requeue_changes
+    from gpud.head.store_reports import earlier_attempts
+
+    async with Store(str(tmp_path / "head.db")) as store:
+        (job,) = await store.insert_jobs([new_job()], now=1.0)
+        ends = [("node_fail", "node_fail", "node n1 DOWN (no heartbeat); its lease ended; requeued"),
+                ("requeued", "preempted:requeue", "preempted:requeue exit=0 signal=15"),
+                ("requeued", "requeue", "requeue exit=0 signal=15")]
+        for attempt, (event, outcome, detail) in enumerate(ends, start=1):
+            txn = Txn(store)
+            job = txn.transition(job, JobState.RUNNING, now=10.0 * attempt, event="allocated", node=f"n{attempt}",
+                                 attempt=attempt, start_time=10.0 * attempt)
+            txn.start_allocation(job, now=10.0 * attempt)
+            await store.commit(txn)
+            txn = Txn(store)
+            txn.end_allocation(job.job_id, attempt, end=10.0 * attempt + 5, outcome=outcome)
+            job = txn.transition(job, JobState.PENDING, now=10.0 * attempt + 5, event=event, detail=detail,
+                                 **requeue_changes(job))
+            await store.commit(txn)
+        (other,) = await store.insert_jobs([new_job()], now=2.0)
+        runs = await earlier_attempts(store, [job.job_id, other.job_id])
+        assert list(runs) == [job.job_id]
+        assert [(r["attempt"], r["node"], r["state"], r["start_time"], r["end_time"]) for r in runs[job.job_id]] == [
+            (1, "n1", "NODE_FAIL", 10.0, 15.0), (2, "n2", "PREEMPTED", 20.0, 25.0), (3, "n3", "REQUEUED", 30.0, 35.0)]
+        assert runs[job.job_id][0]["reason"].startswith("node n1 DOWN")

@@ -68,6 +68,8 @@ def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
 @click.option("-o", "--format", "format_", metavar="FIELDS", help="Columns, e.g. JobID,JobName%30,State,Elapsed.")
 @click.option("-l", "--long", "long_", is_flag=True, help="Many columns.")
 @click.option("-b", "--brief", is_flag=True, help="JobID, State and ExitCode only.")
+@click.option("-D", "--duplicates", is_flag=True,
+              help="Also each earlier run of a requeued job, with why it ended (NODE_FAIL, PREEMPTED, REQUEUED).")
 @click.option("-X", "--allocations", is_flag=True, help="Jobs only, no steps (gpud jobs have no steps).")
 @click.option("-P", "--parsable2", is_flag=True, help="Fields separated by '|', nothing cut.")
 @click.option("-p", "--parsable", is_flag=True, help="Like -P with a '|' after the last field too.")
@@ -77,7 +79,7 @@ def parse_sacct_states(values: tuple[str, ...]) -> list[str] | None:
 @per_cluster
 def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool,
             names: tuple[str, ...], partitions: tuple[str, ...], accounts: tuple[str, ...], starttime: str | None, endtime: str | None, states: tuple[str, ...], format_: str | None,
-            long_: bool, brief: bool, allocations: bool, parsable2: bool, parsable: bool, as_json: bool,
+            long_: bool, brief: bool, duplicates: bool, allocations: bool, parsable2: bool, parsable: bool, as_json: bool,
             noheader: bool) -> None:
     """Show finished and running jobs: my own unless -a or -u."""
     current = clock()
@@ -100,7 +102,7 @@ def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], a
     user_list = split_list(users)
     if not user_list and not allusers:
         user_list = [str(client.ping()["user"])]
-    records = client.jobs(job_ids=ids, users=user_list or None, all=True, since=since,
+    records = client.jobs(job_ids=ids, users=user_list or None, all=True, since=since, attempts=duplicates,
                           **({"states": wanted_states} if wanted_states else {}))
     if refs:
         records = select_refs(records, refs)
@@ -113,6 +115,8 @@ def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], a
     if as_json:
         click.echo(fmt.to_json("jobs", records))
         return
+    if duplicates:
+        records = with_earlier_runs(records)
     if layout is None:
         out = fmt.sacct_table([dict(j, job_id=j["display_id"]) if j.get("display_id") else j for j in records],
                               current, header=not noheader)
@@ -121,6 +125,26 @@ def command(ctx: click.Context, jobs: tuple[str, ...], users: tuple[str, ...], a
                                 delimiter="|" if parsable or parsable2 else None, trailing=parsable)
     if out:
         click.echo(out)
+
+
+# What an earlier run does not share with the job's last one
+_RUN_ONLY = ("gpu_indices", "gpu_ids", "gpu_uuids", "gpu_util_mean", "max_rss", "total_cpu", "exit_code", "signal")
+
+
+def with_earlier_runs(records: list[dict]) -> list[dict]:
+    """Slurm's ``--duplicates``: each requeued job's earlier runs as rows of their own, in
+    order, before its last one; each with its state (NODE_FAIL, PREEMPTED, REQUEUED), node,
+    times and the requeue's cause as Reason."""
+    out: list[dict] = []
+    for r in records:
+        for run in r.get("earlier_attempts") or ():
+            row = {k: v for k, v in r.items() if k not in _RUN_ONLY and k != "earlier_attempts"}
+            row.update(attempt=run["attempt"], state=run["state"], start_time=run["start_time"],
+                       end_time=run["end_time"], node=run["node"], nodelist=run["node"], nodes=1,
+                       reason=run["reason"])
+            out.append(row)
+        out.append(r)
+    return out
 
 
 def _layout(format_: str | None, long_: bool, brief: bool, delimited: bool) -> list[cols.Column] | None:

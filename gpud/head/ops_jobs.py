@@ -26,6 +26,7 @@ from .gpusharing import gpu_usage
 from .jobs import may_modify
 from .scheduling import UP, node_info
 from .store import JobRecord, Txn
+from .store_reports import earlier_attempts
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -124,6 +125,11 @@ async def op_jobs(head: "Head", caller: Caller, args: dict) -> dict:
         model_of = models_from(head.store)
         for r, j in zip(records, jobs):
             r.update(allocation_fields(head.store, head.cfg.sched, j, model_of))
+        if args.get("attempts"):    # sacct --duplicates: the runs that ended in a requeue
+            runs = await earlier_attempts(head.store, [j.job_id for j in jobs if j.requeue_count])
+            for r, j in zip(records, jobs):
+                if j.job_id in runs:
+                    r["earlier_attempts"] = runs[j.job_id]
     return {"jobs": records, "folded": True} if fold else {"jobs": records}
 
 
