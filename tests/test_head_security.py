@@ -108,6 +108,21 @@ async def test_max_submit_jobs_per_user_on_a_qos_and_an_account(kit):
     await kit.submit(ALICE, hold=True)
 
 
+async def test_moving_a_job_to_another_qos_is_held_to_that_qos_cap(kit):
+    # bob is no admin (alice is: an admin may move jobs past a cap, as past a MaxTime)
+    caps_config(kit, "[qos.normal]\n[qos.small]\nmax_submit_jobs = 1\n")
+    ids = [await kit.submit(BOB, hold=True), await kit.submit(BOB, hold=True)]
+    assert (await kit.call("update_job", BOB, job_ids=[ids[0]], changes={"QOS": "small"}))["errors"] == []
+    errors = (await kit.call("update_job", BOB, job_ids=[ids[1]], changes={"QOS": "small"}))["errors"]
+    assert len(errors) == 1 and "QOSMaxSubmitJobPerUserLimit: QOS small allows 1 jobs per user and bob has 1" in errors[0]
+    assert kit.store.active[ids[1]].qos == "normal"
+    # both in one request: the first takes the place, the second is refused
+    assert (await kit.call("update_job", BOB, job_ids=[ids[0]], changes={"QOS": "normal"}))["errors"] == []
+    both = await kit.call("update_job", BOB, job_ids=ids, changes={"QOS": "small"})
+    assert len(both["done"]) == 1 and len(both["errors"]) == 1
+    assert sorted(j.qos for j in kit.store.active.values()) == ["normal", "small"]
+
+
 async def test_submissions_in_one_group_commit_cannot_both_take_the_last_place(kit):
     import asyncio
 

@@ -1,7 +1,8 @@
 """What the head takes at submit: a script and environment one launch message can carry
 (``launch_refusal``), and how many jobs it holds: ``[head] max_jobs`` over everyone, and ``max_submit_jobs``
 per user on a QOS (``[qos.NAME]``) and on an account (``[accounts.NAME]``), as Slurm's
-MaxJobCount, QOS MaxSubmitJobsPerUser and association MaxSubmitJobs.
+MaxJobCount, QOS MaxSubmitJobsPerUser and association MaxSubmitJobs; a job moved to another
+QOS or account by its owner (``scontrol update``) is held to that one's caps.
 
 A job counts from its submission until it ends: pending, held, running or completing; each
 task of an array is one job.  A submission that would pass a cap is refused whole, with
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable
 
 from ..bus.envelope import MAX_PAYLOAD
@@ -91,4 +93,22 @@ class SubmitCaps:
             self.by_qos[key] += n
         if account_cap is not None:
             self.by_account[akey] += n
+        return None
+
+    def move(self, job: "JobRecord", qos: str, account: str) -> str | None:
+        """Count an existing ``job`` under a new ``qos`` and ``account`` (scontrol update):
+        the same caps as a submission, for where it goes; or the refusal, counting nothing."""
+        moved = replace(job, qos=qos, account=account)
+        old_q, old_a = (job.uid, job.qos), (job.uid, job.account)
+        was_q, was_a = self.by_qos[old_q], self.by_account[old_a]
+        self.total -= 1
+        if job.qos in self.qos_caps:
+            self.by_qos[old_q] -= 1
+        if job.account in self.account_caps:
+            self.by_account[old_a] -= 1
+        refusal = self.admit([moved])
+        if refusal is not None:
+            self.total += 1
+            self.by_qos[old_q], self.by_account[old_a] = was_q, was_a
+            return refusal.replace("Batch job submission failed: ", "", 1)
         return None

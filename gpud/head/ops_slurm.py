@@ -30,6 +30,7 @@ from ..syntax import SyntaxProblem, parse_dependency, parse_time
 from ..units import UnitError, format_duration, parse_duration
 from . import arrays, deps
 from ..ctlsocket import Caller, RequestError
+from .jobcaps import SubmitCaps
 from .jobs import may_modify, requeue_changes
 from .metrics import cluster_fragmentation, fragmentation_fields
 from .scheduling import DOWN, DRAIN, UP
@@ -316,6 +317,7 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
     admin = is_admin(head, caller)
     done = []
     retimed: list[JobRecord] = []
+    caps: SubmitCaps | None = None
     async with head.lock:
         jobs, errors = await resolve(head, parse_refs(args))
         now = head.clock()
@@ -337,6 +339,12 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
             except Refusal as e:
                 errors.append(f"job {job.display_id}: {e}")
                 continue
+            if not admin and ("qos" in cols or "account" in cols):   # where it goes holds no more than it allows
+                caps = caps or SubmitCaps(head.store.active, head.cfg)
+                refusal = caps.move(job, cols.get("qos", job.qos), cols.get("account", job.account))
+                if refusal:
+                    errors.append(f"job {job.display_id}: {refusal}")
+                    continue
             detail = " ".join(f"{k}={v}" for k, v in changes.items())
             updated = txn.transition(job, job.state, now=now, event="updated",
                                      detail=f"by {caller.user}: {detail}"[:500], **cols)
