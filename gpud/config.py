@@ -42,7 +42,7 @@ from . import tomlpos
 from .protocol import DEFAULT_CONFIG, DEFAULT_SOCKET
 from .sched.config import KNOWN_KEYS as SCHED_KEYS
 from .sched.config import SchedConfig, SchedConfigError, sched_config_from_dict
-from .units import UnitError, parse_duration, parse_size_mb
+from .units import UnitError, parse_duration, parse_size_kb, parse_size_mb
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")   # one MQTT topic level, a host name
@@ -142,15 +142,28 @@ def duration(*, positive: bool = False) -> Parser:
 
 def size_mb(v: Any) -> int:
     """Megabytes: a number of MB or "512M", "64G", "1T"."""
+    return _size(v, parse_size_mb)
+
+
+def size_kb(v: Any) -> int:
+    """Kilobytes (KiB): a number of MB or "100K", "512M", "64G"."""
+    return _size(v, parse_size_kb)
+
+
+def _kb_text(kb: int) -> str:
+    return f"{kb // 1024}M" if kb % 1024 == 0 else f"{kb}K"
+
+
+def _size(v: Any, parse: Callable[[Any], int]) -> int:
     if not isinstance(v, (str, int, float)) or isinstance(v, bool):
         raise ValueError(f"must be a size such as \"64G\" or 65536 (MB), not {_show(v)}")
     try:
-        mb = parse_size_mb(v)
+        n = parse(v)
     except UnitError as e:
         raise ValueError(str(e)) from None
-    if mb <= 0:
+    if n <= 0:
         raise ValueError(f"must be a positive size such as \"64G\", not {_show(v)}")
-    return mb
+    return n
 
 
 def broker_url(v: Any) -> str:
@@ -265,7 +278,7 @@ class HeadConfig:
     # how long a worker may run jobs without hearing the head; a DOWN node's jobs are
     # started elsewhere only after it (plus a margin)
     lease: float = setting(300.0, duration(positive=True))
-    min_free_disk: int = setting(100, size_mb, live=True)   # MB free under the database, or no submissions
+    min_free_disk: int = setting(100 * 1024, size_kb, live=True)   # KiB free under the database, or no submissions
     schedule_interval: float = setting(5.0, duration(positive=True), live=True)  # a pass this often
     schedule_debounce: float = setting(0.005, duration(), live=True)  # gather events before a pass
     schedule_max_share: float = setting(0.5, share, live=True)  # of the head's time, passes back to back
@@ -627,7 +640,8 @@ def apply_live(old: Config, new: Config) -> tuple[Config, list[str]]:
 
 
 def to_dict(cfg: Config, *, redact: bool = True) -> dict[str, Any]:
-    """The config as gpud.toml would spell it (seconds for durations, MB for sizes).
+    """The config as gpud.toml would spell it (seconds for durations, MB for sizes, "NK" for
+    those kept in KiB).
 
     ``from_dict(to_dict(cfg, redact=False))`` gives ``cfg`` back.  Unset optional keys are
     left out, as TOML has no null.
@@ -635,7 +649,7 @@ def to_dict(cfg: Config, *, redact: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for sec, cls in SECTIONS.items():
         obj = cfg if not sec else getattr(cfg, sec)
-        table = {f.name: list(v) if isinstance(v, tuple) else v
+        table = {f.name: list(v) if isinstance(v, tuple) else _kb_text(v) if f.metadata["parse"] is size_kb else v
                  for f in _settings(cls) if (v := getattr(obj, f.name)) is not None}
         if redact and "password" in table:
             table["password"] = REDACTED

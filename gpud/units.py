@@ -110,12 +110,21 @@ _SIZE_MB = {"k": 1 / 1024, "m": 1, "": 1, "g": 1024, "t": 1024 * 1024}
 
 def parse_size_mb(text: str | int | float, *, default_unit: str = "m") -> int:
     """Megabytes in ``text`` (``4096``, ``16G``, ``512M``, ``1T``), rounded up."""
+    return _parse_size(text, default_unit, 1)
+
+
+def parse_size_kb(text: str | int | float, *, default_unit: str = "m") -> int:
+    """Kilobytes (KiB) in ``text`` (``100K``, ``512M``, ``4096`` in ``default_unit``), rounded up."""
+    return _parse_size(text, default_unit, 1024)
+
+
+def _parse_size(text: str | int | float, default_unit: str, per_mb: int) -> int:
     if isinstance(text, bool):
         raise UnitError(f"invalid size {text!r}")
     if isinstance(text, (int, float)):
         if text < 0:
             raise UnitError(f"invalid size {text!r}: must not be negative")
-        return int(-(-float(text) * _SIZE_MB[default_unit] // 1))
+        return int(-(-float(text) * _SIZE_MB[default_unit] * per_mb // 1))
     # NUMBER [space] [K|M|G|T] [i] [B], read from the right
     s = str(text).strip().lower()
     s = s[:-1] if s.endswith("b") else s
@@ -124,7 +133,7 @@ def parse_size_mb(text: str | int | float, *, default_unit: str = "m") -> int:
     number = (s[:-1] if unit else s).rstrip()
     if not _is_number(number):
         raise UnitError(f"invalid size {text!r}: use a number with an optional K, M, G or T suffix")
-    return int(-(-float(number) * _SIZE_MB[unit or default_unit] // 1))
+    return int(-(-float(number) * _SIZE_MB[unit or default_unit] * per_mb // 1))
 
 
 def format_size_mb(mb: int | None) -> str:
@@ -133,3 +142,13 @@ def format_size_mb(mb: int | None) -> str:
     if mb >= 1024 and mb % 1024 == 0:
         return f"{mb // 1024}G"
     return f"{mb}M"
+
+
+def format_size_kb(kb: float) -> str:
+    """A size in KiB as the config writes one: ``390K``, ``100M``, ``2G`` (rounded down)."""
+    kb = int(kb)
+    if kb >= 1024 * 1024 and kb % (1024 * 1024) == 0 or kb >= 10 * 1024 * 1024:
+        return f"{kb // (1024 * 1024)}G"
+    if kb >= 1024 and kb % 1024 == 0 or kb >= 10 * 1024:
+        return f"{kb // 1024}M"
+    return f"{kb}K"

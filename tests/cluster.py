@@ -30,6 +30,29 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0, what: str = "con
         time.sleep(interval)
 
 
+# Set in every process a Cluster starts (daemons, gpuctl, and so the jobs they export it to):
+# close() kills what is still marked with its root, whatever a failed test left behind.
+MARK = "GPUD_TEST_CLUSTER"
+
+
+def kill_marked(root: str) -> int:
+    """SIGKILL every process whose environment has MARK=root; how many there were."""
+    needle = f"{MARK}={root}\0".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read() + b"\0":
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError):
+            continue    # gone, or not ours to read
+    return killed
+
+
 def env_for_children() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -63,20 +86,24 @@ class Cluster:
         )
         os.chmod(self.root, 0o755)
         self.env = env_for_children()
+        self.env[MARK] = str(self.root)
         if not os.path.exists(self.key_file):
             subprocess.run([sys.executable, "-m", "gpud.cli", "keygen", self.key_file], check=True,
                            env=self.env, capture_output=True)
         self.head: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self._logs: list = []
+        self._spawned: list[subprocess.Popen] = []   # every daemon, restarted ones too
 
     # -- processes --------------------------------------------------------------------------
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = open(self.root / f"{log_name}.log", "ab")
         self._logs.append(log)
-        return subprocess.Popen([sys.executable, "-m", "gpud.cli", *args, "--config", str(self.config)],
-                                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        p = subprocess.Popen([sys.executable, "-m", "gpud.cli", *args, "--config", str(self.config)],
+                             env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self._spawned.append(p)
+        return p
 
     def start_head(self, wait: bool = True) -> subprocess.Popen:
         self.head = self._spawn(["head"], "head")
@@ -117,8 +144,14 @@ class Cluster:
             p.wait(5)
 
     def close(self) -> None:
-        for p in list(self.workers.values()) + [self.head]:
+        for p in list(self.workers.values()) + [self.head] + self._spawned:
             self.stop(p)
+        for p in self._spawned:   # the killed ones too: reaped, no zombies left to the next test
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        # what a failed test left behind: jobs that outlived their worker, stopped daemons, ...
+        wait_for(lambda: kill_marked(str(self.root)) == 0, 10, "the cluster's processes to be gone", interval=0.05)
         for f in self._logs:
             f.close()
 

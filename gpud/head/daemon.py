@@ -64,6 +64,7 @@ from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, no
 from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo, NodeState, StopReason
+from ..units import format_size_kb
 from . import gang
 from ..ctlsocket import Limits, RequestError, SocketServer
 from .jobcaps import SubmitCaps
@@ -85,7 +86,7 @@ from ..sched.snapshot import live_claims
 from .scheduling import (DOWN, DRAIN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
                          plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
-from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_mb, storage_problem
+from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_kb, storage_problem
 from .submitkeys import SubmitKeys
 from .telemetry import Telemetry
 from .usage import UsageLedger
@@ -154,7 +155,7 @@ class Head:
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation
-        self._free_mb: float | None = None
+        self._free_kb: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -212,13 +213,13 @@ class Head:
         (checked at most once a second); taken again by itself once space returns."""
         mono = self.mono()
         if mono - self._disk_checked >= 1.0:
-            self._disk_checked, self._free_mb = mono, free_mb(self.store.path)
+            self._disk_checked, self._free_kb = mono, free_kb(self.store.path)
         need = self.cfg.head.min_free_disk
-        if self._free_mb is not None and self._free_mb < need:
+        if self._free_kb is not None and self._free_kb < need:
             where = os.path.dirname(os.path.abspath(self.store.path))
             raise RequestError(
-                f"Batch job submission failed: the head's disk has only {self._free_mb:.0f} MB free, below "
-                f"[head] min_free_disk = {need} MB; nothing was submitted.  Free space under {where}: "
+                f"Batch job submission failed: the head's disk has only {format_size_kb(self._free_kb)} free, below "
+                f"[head] min_free_disk = {format_size_kb(need)}; nothing was submitted.  Free space under {where}: "
                 "the head takes submissions again by itself once there is room")
 
     def kick(self) -> None:

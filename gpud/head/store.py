@@ -347,13 +347,13 @@ def storage_problem(e: BaseException, path: str) -> str:
     return f"database error: {text}"
 
 
-def free_mb(path: str) -> float | None:
-    """Megabytes free for unprivileged writers on the filesystem holding ``path``; None: unknown."""
+def free_kb(path: str) -> float | None:
+    """Kilobytes (KiB) free for unprivileged writers on the filesystem holding ``path``; None: unknown."""
     try:
         st = os.statvfs(os.path.dirname(os.path.abspath(path)))
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize / (1 << 20)
+    return st.f_bavail * st.f_frsize / 1024
 
 
 def _migrate_to(version: int, conn: sqlite3.Connection) -> None:
