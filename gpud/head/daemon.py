@@ -66,6 +66,7 @@ from ..config import Config, ConfigError
 from ..model import JobState, NodeInfo, NodeState, StopReason
 from ..units import format_size_kb
 from . import gang
+from .change import Change
 from ..ctlsocket import Limits, RequestError, SocketServer
 from .jobcaps import SubmitCaps
 from .jobs import requeue_changes
@@ -224,6 +225,11 @@ class Head:
 
     def kick(self) -> None:
         self._kick.set()
+
+    def change(self) -> Change:
+        """The one door for a change of jobs or nodes: ``async with head.change() as ch``
+        (lock, clock, transaction; commit, then what it tells: head/change.py)."""
+        return Change(self)
 
     def reconfigure(self, new_cfg: Config) -> list[str]:
         """Apply what can change live; the lines say which changes need a restart."""
@@ -686,10 +692,9 @@ class Head:
 
     async def _node_failed(self, rec: NodeRecord) -> None:
         """The DOWN node's lease has ended: its jobs are surely dead there; requeue them."""
-        now = self.clock()
-        reason = f"node {rec.name} DOWN ({rec.reason or 'no heartbeat'}); its lease ended"
-        async with self.lock:
-            txn = Txn(self.store)
+        async with self.change() as ch:
+            now, txn = ch.now, ch.txn
+            reason = f"node {rec.name} DOWN ({rec.reason or 'no heartbeat'}); its lease ended"
             lost = list(self.store.jobs_on_node(rec.name))
             for job in lost:
                 txn.end_allocation(job.job_id, job.attempt, end=now, outcome="node_fail")
@@ -701,14 +706,11 @@ class Head:
                     new = JobState.CANCELLED if job.stop_reason == StopReason.CANCELLED else JobState.NODE_FAIL
                     txn.transition(job, new, now=now, event="node_fail", detail=reason, end_time=now)
                     log.info("job %d (user %s) %s: %s", job.job_id, job.user, new.value, reason)
-            await self.store.commit(txn)
-            for job in lost:
-                self.allocation_ended(job, now)
-        for job in lost:   # a gang job's other parts hold nothing now
-            if job.parts:
-                await self.kill_parts(job, "node_fail", besides=rec.name)
-            self.steps.job_ended(job.job_id)
-        self.kick()
+                ch.ended(job, now)
+                if job.parts:   # a gang job's other parts hold nothing now
+                    ch.then(self.kill_parts, job, "node_fail", besides=rec.name)
+                ch.then(self.steps.job_ended, job.job_id)
+            ch.wake()
 
     def allocation_ended(self, job: JobRecord, end: float) -> None:
         """After an allocation's end is committed: bill the job (its allocation as it was)

@@ -39,7 +39,6 @@ from ..model import JobState, StopReason
 from . import gang
 from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
-from .store import Txn
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -168,30 +167,24 @@ class Allocations:
     async def _stop(self, job: "JobRecord", event: str, detail: str, stop_reason: StopReason) -> None:
         """Stop a running allocation as scancel does; ``stop_reason`` decides its end state."""
         head = self.head
-        async with head.lock:
+        async with head.change() as ch:
             job = head.store.active.get(job.job_id)
             if job is None or job.state is not JobState.RUNNING:
                 return
-            now = head.clock()
-            txn = Txn(head.store)
-            job = txn.transition(job, JobState.COMPLETING, now=now, event=event, detail=detail,
-                                 stop_reason=stop_reason.value, stop_time=now)
-            await head.store.commit(txn)
-        await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
-        head.kick()
+            job = ch.txn.transition(job, JobState.COMPLETING, now=ch.now, event=event, detail=detail,
+                                    stop_reason=stop_reason.value, stop_time=ch.now)
+            ch.signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
+            ch.wake()
 
     async def _withdraw(self, job: "JobRecord", detail: str) -> None:
         head = self.head
-        async with head.lock:
+        async with head.change() as ch:
             job = head.store.active.get(job.job_id)
             if job is None or job.state is not JobState.PENDING:
                 return
-            now = head.clock()
-            txn = Txn(head.store)
-            txn.transition(job, JobState.CANCELLED, now=now, event="cancelled", detail=detail,
-                           end_time=now, reason=None)
-            await head.store.commit(txn)
-        head.kick()
+            ch.txn.transition(job, JobState.CANCELLED, now=ch.now, event="cancelled", detail=detail,
+                              end_time=ch.now, reason=None)
+            ch.wake()
 
     async def _job(self, caller: Caller, job_id: Any) -> "JobRecord":
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:

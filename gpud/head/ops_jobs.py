@@ -288,7 +288,8 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
         raise RequestError("no job id or user given")
     cancelled: list[int] = []
     errors: list[str] = []
-    async with head.lock:
+    async with head.change() as ch:
+        now, txn = ch.now, ch.txn
         targets: list[JobRecord] = []
         if refs:
             found, missing = await slurm.resolve(head, refs)
@@ -296,16 +297,13 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
             targets = [j for j in found if not users or j.user in users]
         else:
             targets = [j for j in head.store.active.values() if j.user in set(users)]
-        now = head.clock()
-        txn = Txn(head.store)
-        stops: list[JobRecord] = []
         for job in targets:
             if not may_modify(job.uid, caller.uid, caller.user, head.admins, os.geteuid()):
                 errors.append(f"Kill job error on job id {job.job_id}: Access/permission denied")
                 continue
             if sig is not None:
                 if job.state.active and job.node:
-                    await head.send_signal(job, sig, grace=None, reason="signal")
+                    ch.signal(job, sig, grace=None, reason="signal")
                     cancelled.append(job.job_id)
                 else:
                     errors.append(f"Kill job error on job id {job.job_id}: job is not running")
@@ -314,15 +312,13 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
                 txn.transition(job, JobState.CANCELLED, now=now, event="cancelled",
                                detail=f"by {caller.user}", end_time=now, reason=None)
             elif job.state is JobState.RUNNING:
-                stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="cancel",
-                                            detail=f"by {caller.user}", stop_reason=StopReason.CANCELLED.value, stop_time=now))
+                job = txn.transition(job, JobState.COMPLETING, now=now, event="cancel", detail=f"by {caller.user}",
+                                     stop_reason=StopReason.CANCELLED.value, stop_time=now)
+                log.info("job %d (user %s) cancelled by %s on %s", job.job_id, job.user, caller.user, job.node)
+                ch.signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
             cancelled.append(job.job_id)
-        await head.store.commit(txn)
-    for job in stops:
-        log.info("job %d (user %s) cancelled by %s on %s", job.job_id, job.user, caller.user, job.node)
-        await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
-    if cancelled:
-        head.kick()
+        if cancelled:
+            ch.wake()
     return {"cancelled": cancelled, "errors": errors}
 
 

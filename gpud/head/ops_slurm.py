@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 Operations (``OPS``) name jobs the way gpuctl does: ``job_ids`` (an array's id means all
 of its tasks) and ``array_tasks`` (``[[array id, task], ...]`` for ``123_4``), resolved by
-``slurm.resolve``.  Each changes jobs through ``Txn.transition`` under ``head.lock``, so
-every hold, release, requeue and update is checked, logged in the job's event log and
-committed before the caller hears about it.  A refusal for one job is one line in
+``slurm.resolve``.  Each changes jobs through ``Txn.transition`` in one ``head.change()``
+(head/change.py), so every hold, release, requeue and update is checked, logged in the
+job's event log and committed before the caller, or any worker, hears about it.  A refusal for one job is one line in
 ``errors``; the others still happen (as with scancel).
 
 Who may do what (Slurm's rules): the owner, root or an admin may act on a job; owners may
@@ -54,22 +54,22 @@ def _owner_or_admin(head: "Head", caller: Caller, job: JobRecord) -> bool:
 JobAction = Callable[[JobRecord, Txn, float], "str | None"]
 
 
-async def _for_each_job(head: "Head", caller: Caller, args: dict, act: JobAction) -> tuple[list[str], list[str]]:
+async def _for_each_job(head: "Head", caller: Caller, args: dict, act: JobAction, *,
+                        wake: bool = False) -> tuple[list[str], list[str]]:
     """Resolve the jobs ``args`` name and apply ``act`` to each one the caller may change, all in
-    one transaction; (ids done, error lines)."""
+    one change (``wake``: a pass follows when any was done); (ids done, error lines)."""
     done: list[str] = []
-    async with head.lock:
+    async with head.change() as ch:
         jobs, errors = await resolve(head, parse_refs(args))
-        now = head.clock()
-        txn = Txn(head.store)
         for job in jobs:
             error = ("Access/permission denied" if not _owner_or_admin(head, caller, job)
-                     else act(job, txn, now))
+                     else act(job, ch.txn, ch.now))
             if error:
                 errors.append(f"job {job.display_id}: {error}")
             else:
                 done.append(job.display_id)
-        await head.store.commit(txn)
+        if done and wake:
+            ch.wake()
     return done, errors
 
 
@@ -105,9 +105,7 @@ async def op_release(head: "Head", caller: Caller, args: dict) -> dict:
                        hold_kind=None, spec=replace(job.spec, hold=False), reason=None)
         return None
 
-    done, errors = await _for_each_job(head, caller, args, release)
-    if done:
-        head.kick()
+    done, errors = await _for_each_job(head, caller, args, release, wake=True)
     return {"done": done, "errors": errors}
 
 
@@ -115,16 +113,14 @@ async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
     """{"job_ids"|"array_tasks"} -> {"done", "errors"}: stop running jobs and queue them again;
     finished ones go straight back to the queue (Slurm: "Requeue a running, suspended or
     finished Slurm batch job into pending state")."""
-    stops: list[JobRecord] = []
     refs = parse_refs(args)
     done: list[str] = []
     errors: list[str] = []
-    async with head.lock:
+    async with head.change() as ch:
+        now, txn = ch.now, ch.txn
         jobs, missing = await resolve(head, refs)
         finished, found_refs = await _finished_jobs(head, refs)
         errors += [m for m in missing if m.partition(":")[0] not in found_refs]
-        now = head.clock()
-        txn = Txn(head.store)
         for job in sorted([*jobs, *finished], key=lambda j: j.job_id):
             if not _owner_or_admin(head, caller, job):
                 errors.append(f"job {job.display_id}: Access/permission denied")
@@ -137,15 +133,13 @@ async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
             elif job.state is not JobState.RUNNING:
                 errors.append(f"job {job.display_id}: Job is already stopping")
             else:
-                stops.append(txn.transition(job, JobState.COMPLETING, now=now, event="requeue",
-                                            detail=f"by {caller.user}", stop_reason=StopReason.REQUEUE.value, stop_time=now))
+                job = txn.transition(job, JobState.COMPLETING, now=now, event="requeue", detail=f"by {caller.user}",
+                                     stop_reason=StopReason.REQUEUE.value, stop_time=now)
+                log.info("job %s (user %s) requeued by %s", job.display_id, job.user, caller.user)
+                ch.signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
                 done.append(job.display_id)
-        await head.store.commit(txn)
-    if finished:
-        head.kick()
-    for job in stops:
-        log.info("job %s (user %s) requeued by %s", job.display_id, job.user, caller.user)
-        await head.send_signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
+        if finished:
+            ch.wake()
     return {"done": done, "errors": errors}
 
 
@@ -316,12 +310,10 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
     changes = update_keys(args.get("changes"))
     admin = is_admin(head, caller)
     done = []
-    retimed: list[JobRecord] = []
     caps: SubmitCaps | None = None
-    async with head.lock:
+    async with head.change() as ch:
+        now, txn = ch.now, ch.txn
         jobs, errors = await resolve(head, parse_refs(args))
-        now = head.clock()
-        txn = Txn(head.store)
         if "Dependency" in changes:
             dep = parse_or_refuse(changes["Dependency"])
             missing = await missing_targets(head, dep)
@@ -349,13 +341,10 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
             updated = txn.transition(job, job.state, now=now, event="updated",
                                      detail=f"by {caller.user}: {detail}"[:500], **cols)
             if "time_limit" in cols and job.state is JobState.RUNNING:
-                retimed.append(updated)
+                ch.then(time_limit_changed, head, updated)
             done.append(job.display_id)
-        await head.store.commit(txn)
-    for job in retimed:
-        await time_limit_changed(head, job)
-    if done:
-        head.kick()
+        if done:
+            ch.wake()
     return {"done": done, "errors": errors}
 
 
@@ -410,27 +399,25 @@ async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
     if state == "DRAIN" and not reason:
         raise RequestError("draining a node needs a Reason=... (say why, for the other admins)")
     done, errors = [], []
-    async with head.lock:
+    async with head.change() as ch:   # every node named, in one transaction
         for name in expand_hostlist(names):
             rec = head.store.nodes.get(name)
             if rec is None:
                 errors.append(f"node {name}: no such node")
                 continue
-            txn = Txn(head.store)
             if state == "DRAIN":
-                rec = txn.node_transition(rec, DRAIN, reason=f"{reason} [{caller.user}]", now=head.clock(),
-                                          event="drained")
+                rec = ch.txn.node_transition(rec, DRAIN, reason=f"{reason} [{caller.user}]", now=ch.now,
+                                             event="drained")
             elif rec.state in (DRAIN, DOWN):
-                rec = txn.node_transition(rec, UP, reason=None, now=head.clock(), event=f"resumed by {caller.user}")
+                rec = ch.txn.node_transition(rec, UP, reason=None, now=ch.now, event=f"resumed by {caller.user}")
                 head.heard[name] = head.mono()   # a DOWN node gets a full timeout to prove itself
             else:
                 errors.append(f"node {name}: not drained or down; nothing to resume")
                 continue
-            await head.store.commit(txn)
             log.info("node %s %s by %s%s", name, rec.state, caller.user, f": {reason}" if reason else "")
             done.append(name)
-    if done:
-        head.kick()
+        if done:
+            ch.wake()
     return {"done": done, "errors": errors}
 
 
