@@ -82,8 +82,10 @@ def own_rlimits() -> dict[str, list[int]]:
     {"NOFILE": [soft, hard], ...}, -1 for unlimited."""
     out: dict[str, list[int]] = {}
     try:
-        with open("/proc/self/limits", encoding="ascii") as f:
-            for line in f:
+        # bytes, decoded by the built-in codec: a text-mode open looks its codec up, an import
+        # that fails for a user who cannot read the interpreter's own encodings package
+        with open("/proc/self/limits", "rb") as f:
+            for line in f.read().decode().splitlines():
                 name = _PROC_LIMITS.get(line[:26].rstrip())
                 fields = line[26:].split()
                 if name is not None and len(fields) >= 2:
