@@ -323,6 +323,7 @@ class Client:
         defaults to this process's environment, ``work_dir`` to its current directory.
         """
         from . import script as scripts
+        from .converters import ScriptError
 
         if (script is None) == (wrap is None):
             raise ValueError("give exactly one of script or wrap")
@@ -334,7 +335,7 @@ class Client:
             settings = scripts.api_settings(options)
             spec = scripts.build_spec(text, settings, default_name=default_name, args=list(args),
                                       directives=wrap is None)
-        except scripts.ScriptError as e:
+        except ScriptError as e:
             raise ValueError(str(e)) from None
         return self.submit_spec(spec)
 

@@ -7,7 +7,7 @@ its run time, and importing click costs more than everything else sbatch needs. 
 console script (``main``) first looks at its arguments itself:
 
 * ``[--socket PATH] [--config PATH] sbatch ARGS...``, where every ARG is one this module
-  reads exactly as click would: options of ``gpuctl.script.OPTIONS`` (``--opt V``,
+  reads exactly as click would: options of ``gpuctl.options.OPTIONS`` (``--opt V``,
   ``--opt=V``, ``-xV``, ``-x V``, flags and their negations, ``--wrap``), Slurm options gpud
   ignores (``gpuctl.unsupported``, taken out first as the click command does), ``--``,
   then the script's path and its arguments.  These are parsed here and submitted; click is
@@ -25,8 +25,10 @@ The fast path only re-creates click's framing of failures: ``sbatch: error: ...`
 tests/test_gpuctl_fastpath.py runs a corpus of command lines through both and compares
 the request, stdout, stderr and exit code.
 
-Imports: the client, nothing else at start-up; the script table (``gpuctl.script``) and
-``gpuctl.unsupported`` once the verb is sbatch, so that ``squeue`` and the click verbs do not pay for it.  Neither
+Imports: the client, nothing else at start-up; the option table (``gpuctl.options``, with
+its ``gpuctl.converters``), ``gpuctl.unsupported`` and the spec builder (``gpuctl.script``)
+once the verb is sbatch, so that ``squeue`` and the click verbs do not pay for them; the
+directive parser (``gpuctl.directives``) only for a script, not for ``--wrap``.  Neither
 path loads ``json`` or ``re`` (with ``enum``, ``functools`` and ``collections`` they cost
 more than all the rest in a plain virtual environment): requests and answers go through
 ``gpud.jsoncodec``, and the installed ``gpuctl`` is the script ``gpuctl/bin/gpuctl``, not
@@ -49,7 +51,7 @@ TYPE_CHECKING = False   # typing costs gpuctl's start-up; the annotations are st
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    from . import script as scripts
+    from .options import Option
 
     Echo = Callable[..., None]   # click.echo's (message, err=False)
 
@@ -131,19 +133,19 @@ class CommandLine:
         self.script_args: list[str] = []
 
 
-def _tables() -> tuple[dict[str, tuple[scripts.Option, bool]], dict[str, scripts.Option], set[str]]:
+def _tables() -> tuple[dict[str, tuple[Option, bool]], dict[str, Option], set[str]]:
     """From the table as it is now: long names (and negations), short names, value options."""
-    from . import script as scripts   # here, not at start-up: only sbatch reads the table
+    from . import options   # here, not at start-up: only sbatch reads the table
 
-    longs: dict[str, tuple[scripts.Option, bool]] = {}
-    shorts: dict[str, scripts.Option] = {}
-    for o in scripts.OPTIONS:
+    longs: dict[str, tuple[Option, bool]] = {}
+    shorts: dict[str, Option] = {}
+    for o in options.OPTIONS:
         longs[o.long] = (o, False)
         if o.negation:
             longs[o.negation] = (o, True)
         if o.short:
             shorts[o.short] = o
-    values = {name for o in scripts.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
+    values = {name for o in options.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
     return longs, shorts, values
 
 
@@ -165,11 +167,11 @@ def parse_command_line(argv: list[str]) -> CommandLine | None:
     if i >= len(argv):
         return None
     longs, shorts, value_options = _tables()
-    from . import script as scripts
     from . import unsupported   # here, not at start-up, like the table: only sbatch needs it
+    from .options import long_option
 
     # Unsupported Slurm options go first, with the very function the click command uses.
-    words, line.warnings = unsupported.split_command_line(argv[i + 1:], value_options, scripts.long_option)
+    words, line.warnings = unsupported.split_command_line(argv[i + 1:], value_options, long_option)
     j = 0
     while j < len(words):
         word = words[j]
@@ -243,15 +245,16 @@ def _is_ascii(encoding: str) -> bool:
 
 def typed_settings(values: dict[str, Any]) -> dict[str, Any]:
     """Settings from the options the user typed (dest -> value), converted in table order."""
-    from . import script as scripts
+    from . import options
+    from .converters import ScriptError
 
     out: dict[str, Any] = {}
-    for opt in scripts.OPTIONS:
+    for opt in options.OPTIONS:
         if opt.dest not in values:
             continue
         try:
-            out = scripts.merge(out, scripts.convert(opt, values[opt.dest]))
-        except scripts.ScriptError as e:
+            out = options.merge(out, options.convert(opt, values[opt.dest]))
+        except ScriptError as e:
             raise Usage(str(e)) from None
     return out
 
@@ -278,6 +281,8 @@ def prepare(cli: dict[str, Any], script_path: str | None, args: list[str], warni
     """Read the script (file, stdin or --wrap), apply its directives under ``cli``: the spec.
     ``warnings``: the command line's unsupported options; the directives' are added."""
     from . import script as scripts
+    from .converters import ScriptError
+    from .options import merge
 
     warnings = list(warnings)
     wrap = cli.pop("wrap", None)
@@ -291,14 +296,17 @@ def prepare(cli: dict[str, Any], script_path: str | None, args: list[str], warni
         text, source, default_name = _read_stdin(), "the script on stdin", "sbatch"
     try:
         scripts.check_script(text, source)
-        directives = scripts.parse_directives(text) if wrap is None else False
-        if directives:
+        directives = False
+        if wrap is None:
+            from .directives import parse_directives   # --wrap has none
+
+            directives = parse_directives(text)
             warnings += directives.warnings
-        settings = scripts.merge(directives.settings if directives else {}, cli)
+        settings = merge(directives.settings if directives else {}, cli)
         if settings.get("strict") and warnings:
-            raise scripts.ScriptError(f"{warnings[0]} (refused: --strict)")
+            raise ScriptError(f"{warnings[0]} (refused: --strict)")
         spec = scripts.build_spec(text, cli, default_name=default_name, args=list(args), directives=directives)
-    except scripts.ScriptError as e:
+    except ScriptError as e:
         raise Usage(str(e)) from None
     return Prepared(spec, settings, warnings)
 

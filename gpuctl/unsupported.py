@@ -7,7 +7,7 @@ A script written for Slurm often carries options that mean nothing here (``--hin
 for them would make every migration a rewrite; ignoring them silently would hide a change
 of meaning.  So an option in ``UNSUPPORTED`` is dropped with a one-line warning that names
 it (and, with ``--strict``, refused), both in ``#SBATCH`` lines and on the command line.
-An option that is in neither this table nor ``gpuctl.script.OPTIONS`` is a typo and an
+An option that is in neither this table nor ``gpuctl.options.OPTIONS`` is a typo and an
 error, as in Slurm.
 
 ``ARITY`` says how each option takes its value, so that dropping it also drops its value
@@ -119,7 +119,7 @@ def split_command_line(args: Iterable[str], value_options: set[str],
     """(arguments for click, warnings): unsupported options before the script path removed.
 
     ``value_options``: our own options that take a value, so a value is not taken for the
-    script's path.  ``long_option``: the option a long name spells (``gpuctl.script.long_option``:
+    script's path.  ``long_option``: the option a long name spells (``gpuctl.options.long_option``:
     aliases and abbreviations); long options are passed on under that name.
     """
     out: list[str] = []

@@ -1,4 +1,4 @@
-"""An in-memory cgroup v2 filesystem with the kernel's rules, for gpud.worker.cgroups.V2.
+"""An in-memory cgroup v2 filesystem with the kernel's rules, for gpud.worker.cgroup_v2.V2.
 
 What it models (cgroup-v2.rst): a new cgroup gets the core files and the files of each
 controller its parent enables in ``cgroup.subtree_control``; a controller can be enabled only

@@ -1,5 +1,6 @@
-"""gpud.worker.cgroups: the v2 adapter against the fake v2 filesystem, the device program
-through an interpreter, detection, and the real BPF attach on this host's unified hierarchy."""
+"""gpud.worker.cgroups and its backends (cgroup_v2, cgroup_v1): the v2 adapter against the fake
+v2 filesystem, the device program through an interpreter, detection, and the real BPF attach on
+this host's unified hierarchy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import stat
 import pytest
 
 from gpud.gpu.devices import GpuDevices
+from gpud.worker import bpfdev, cgroup_v1, cgroup_v2
 from gpud.worker import cgroups as cg
 from tests.fake_cgroup2 import FakeCgroup2, run_device_program
 
@@ -26,9 +28,9 @@ def delegate(fake: FakeCgroup2, controllers: str, pids=(100, 101)) -> None:
     fake.mkpath(UNIT, pids)
 
 
-def v2(fake: FakeCgroup2, pids=(100, 101)) -> cg.V2:
+def v2(fake: FakeCgroup2, pids=(100, 101)) -> cgroup_v2.V2:
     delegate(fake, "+memory +pids +cpuset", pids)
-    return cg.V2.setup("gpud-n1-abc", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service",
+    return cgroup_v2.V2.setup("gpud-n1-abc", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service",
                        pid=100, attach=fake.attach)
 
 
@@ -40,7 +42,7 @@ def test_v2_worker_moves_to_a_leaf_and_the_subtree_gets_controllers():
     assert fake.read(c.base + "/cgroup.subtree_control").split() == ["cpuset", "memory", "pids"]
     assert c.missing == []
     # started again (systemd puts the new worker in the leaf, DelegateSubgroup=worker)
-    again = cg.V2.setup("gpud-n1-abc", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service/worker",
+    again = cgroup_v2.V2.setup("gpud-n1-abc", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service/worker",
                         pid=102, attach=fake.attach)
     assert again.base == c.base
 
@@ -85,7 +87,7 @@ def test_v2_without_cgroup_kill_freezes_kills_and_thaws(monkeypatch):
     c.create("job_1_0", cg.Limits())
     fake.write(c.step("job_1_0", "batch")[0], "700")
     killed = []
-    monkeypatch.setattr(cg, "_sigkill", killed.append)
+    monkeypatch.setattr(cgroup_v2, "sigkill", killed.append)
     c.kill("job_1_0")
     freezes = [t for p, t in fake.writes if p.endswith("job_1_0/cgroup.freeze")]
     assert killed == [700] and freezes == ["1", "0"]
@@ -94,7 +96,7 @@ def test_v2_without_cgroup_kill_freezes_kills_and_thaws(monkeypatch):
 def test_v2_missing_controllers_are_reported_and_limits_skipped():
     fake = FakeCgroup2(controllers=("pids",))
     delegate(fake, "+pids", (100,))
-    c = cg.V2.setup("t", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service", pid=100,
+    c = cgroup_v2.V2.setup("t", MOUNT, fake, self_cgroup="/system.slice/gpud-worker.service", pid=100,
                     attach=fake.attach)
     assert c.missing == ["memory", "cpuset"]
     c.create("job_1_0", cg.Limits(cpus=(0,), mem_bytes=1 << 20, pids_max=10))
@@ -104,7 +106,7 @@ def test_v2_missing_controllers_are_reported_and_limits_skipped():
 
 def test_device_program_allows_own_gpus_and_control_nodes_only():
     devices = GpuDevices(minors={0: 0, 1: 1, 2: 2, 3: 3}, caps={(0, 0): (3, 4), (0, 4): (5, 6)}, caps_major=237)
-    prog = cg.device_program(devices.allowed([(1, None), (0, 4)]))
+    prog = bpfdev.device_program(devices.allowed([(1, None), (0, 4)]))
     allowed = lambda t, ma, mi: run_device_program(prog, t, ma, mi) == 1  # noqa: E731
     assert allowed(CHAR, 195, 1) and allowed(CHAR, 195, 0)   # its GPU, and the MIG slice's GPU
     assert not allowed(CHAR, 195, 2) and not allowed(CHAR, 195, 3) and not allowed(CHAR, 195, 7)
@@ -116,7 +118,7 @@ def test_device_program_allows_own_gpus_and_control_nodes_only():
 
 
 def test_device_program_for_no_gpu_denies_every_gpu():
-    prog = cg.device_program(GpuDevices(minors={0: 0, 1: 1}).allowed([]))
+    prog = bpfdev.device_program(GpuDevices(minors={0: 0, 1: 1}).allowed([]))
     assert [run_device_program(prog, CHAR, 195, m) for m in (0, 1, 255)] == [0, 0, 1]
 
 
@@ -163,7 +165,7 @@ class RecordingFs:
 def test_v1_writes_limits_and_deny_lines_for_the_other_gpus_and_caps():
     fs = RecordingFs()
     bases = {c: f"/cg/{c}/gpud-t" for c in ("freezer", "memory", "cpuset", "pids", "devices", "cpuacct")}
-    c = cg.V1(bases, fs)
+    c = cgroup_v1.V1(bases, fs)
     devices = GpuDevices(minors={0: 0, 1: 1, 2: 2}, caps={(2, 0): (3, 4), (2, 1): (5, 6)}, caps_major=237)
     c.create("job_1_0", cg.Limits(cpus=(1,), mem_bytes=100 << 20, pids_max=64,
                                   devices=devices.allowed([(0, None), (2, 1)]), known_devices=tuple(devices.known())))
@@ -208,7 +210,8 @@ def test_real_bpf_device_program_fences_gpu_nodes(tmp_path):
         for m in (0, 1):
             os.mknod(tmp_path / f"nvidia{m}", 0o666 | stat.S_IFCHR, os.makedev(195, m))
         try:
-            cg.attach_device_program(path, cg.device_program(GpuDevices(minors={0: 0, 1: 1}).allowed([(0, None)])))
+            program = bpfdev.device_program(GpuDevices(minors={0: 0, 1: 1}).allowed([(0, None)]))
+            bpfdev.attach_device_program(path, program)
         except OSError as e:
             pytest.skip(f"bpf device programs unavailable here: {e}")
         r, w = os.pipe()

@@ -18,6 +18,7 @@ import pytest
 
 from gpud.gpu.sim import SimBackend
 from gpud.worker import cgroups as cg
+from gpud.worker.cgroup_v2 import V2
 from gpud.worker.cpubind import CpuBinder
 from tests.test_executor import FakeClock, Harness, read, until
 
@@ -283,7 +284,7 @@ def v2_or_skip() -> cg.Cgroups:
     if not os.path.exists(mount + "/cgroup.controllers"):
         pytest.skip("no cgroup v2 hierarchy here")
     try:
-        return cg.V2.setup(f"gpud-test-{uuid.uuid4().hex[:8]}", mount, self_cgroup="/")
+        return V2.setup(f"gpud-test-{uuid.uuid4().hex[:8]}", mount, self_cgroup="/")
     except OSError as e:
         pytest.skip(f"cannot make cgroups in {mount}: {e}")
 

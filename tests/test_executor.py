@@ -21,7 +21,7 @@ import uuid
 import psutil
 import pytest
 
-from gpud.worker import executor as executor_mod
+from gpud.worker import wrappers
 from gpud.worker.executor import Executor, GpuAssignment, Launch, Outcome, output_path, parse_signal
 
 WAIT = 30.0  # seconds before a condition that should hold counts as failed (generous: loaded CI hosts)
@@ -122,11 +122,11 @@ class Harness:
             await ex.close()
         for _, _, pid, _ in self.started:
             try:  # only a wrapper of ours that is still there: never a recycled pid
-                if executor_mod.WRAPPER in psutil.Process(pid).cmdline():
+                if wrappers.WRAPPER in psutil.Process(pid).cmdline():
                     os.killpg(pid, signal.SIGKILL)
             except (OSError, psutil.Error):
                 pass
-        executor_mod._reap_detached()
+        wrappers.reap_detached()
 
 
 @pytest.fixture
@@ -385,14 +385,14 @@ async def test_outcomes_survive_a_restart_until_acked(h):
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling"])
 async def test_restarted_executor_adopts_a_running_job(h, pidfd):
     ex = h.executor()
-    ex._use_pidfd = pidfd
+    ex._wrappers.use_pidfd = pidfd
     await ex.start()
     await ex.launch(h.launch("echo ready; while [ ! -e go ]; do sleep 0.02; done; exit 7"))
     await h.output("gpud-1.out", "ready")
     await ex.close()
     assert psutil.pid_exists(h.pid(1)), "closing the executor must not kill its jobs"
     again = h.executor()
-    again._use_pidfd = pidfd
+    again._wrappers.use_pidfd = pidfd
     await again.start()
     assert again.running() == [(1, 0)] and h.finished == []
     (h.work_dir / "go").touch()
@@ -619,7 +619,7 @@ def test_wrapper_passes_on_a_signal_that_came_before_the_job(tmp_path):
     code = ("import json, signal, sys; sys.path.insert(0, sys.argv[1]); import jobwrap; "
             "jobwrap.RECEIVED.append(signal.SIGTERM); "
             "print(json.dumps(jobwrap.run(json.loads(sys.argv[2]))))")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, os.path.dirname(executor_mod.WRAPPER),
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, os.path.dirname(wrappers.WRAPPER),
                            json.dumps(spec)], capture_output=True, text=True, timeout=60)
     assert json.loads(done.stdout) == {"exit_code": 0, "signal": signal.SIGTERM, "core": False}, \
         done.stderr

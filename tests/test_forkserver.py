@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 
-from gpud.worker import executor as executor_mod
+from gpud.worker import wrappers
 from gpud.worker.forkserver import ForkServer
 from tests.test_executor import Harness, group_members, until
 
@@ -24,8 +24,8 @@ async def h(tmp_path):
 
 
 def server_of(ex) -> psutil.Process:
-    assert ex._server is not None and ex._server.proc is not None
-    return psutil.Process(ex._server.proc.pid)
+    assert ex._wrappers.server is not None and ex._wrappers.server.proc is not None
+    return psutil.Process(ex._wrappers.server.proc.pid)
 
 
 async def test_wrappers_are_children_of_one_server_in_sessions_of_their_own(h):
@@ -38,7 +38,7 @@ async def test_wrappers_are_children_of_one_server_in_sessions_of_their_own(h):
     pids = [h.pid(1), h.pid(2)]
     assert {psutil.Process(p).ppid() for p in pids} == {server.pid}
     assert all(os.getsid(p) == p and os.getpgid(p) == p for p in pids)  # session and group leaders
-    assert executor_mod.WRAPPER in server.cmdline() and "--serve" in server.cmdline()
+    assert wrappers.WRAPPER in server.cmdline() and "--serve" in server.cmdline()
     for p in pids:
         os.killpg(p, signal.SIGTERM)
     for job_id in (1, 2):  # the status the wrapper wrote, not the server's view
@@ -61,7 +61,7 @@ async def test_a_dead_server_is_started_again(h):
 
 async def test_without_a_server_the_wrapper_is_started_directly(h, caplog):
     ex = h.executor()
-    ex._server = ForkServer("/nonexistent/python3", executor_mod.WRAPPER, executor_mod.WRAPPER_ENV)
+    ex._wrappers.server = ForkServer("/nonexistent/python3", wrappers.WRAPPER, wrappers.WRAPPER_ENV)
     await ex.start()
     await ex.launch(h.launch("exit 5"))
     assert (await h.outcome(1)).exit_code == 5
@@ -77,7 +77,7 @@ async def test_closing_ends_the_server_and_the_jobs_run_on(h):
     await ex.close()
     await until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE,
                 what="the server to exit")
-    executor_mod._reap_detached()
+    wrappers.reap_detached()
     assert group_members(h.pid(1))  # the job is still there
     again = h.executor()
     await again.start()

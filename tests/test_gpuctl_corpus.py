@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl import converters
 from gpuctl import script as scripts
+from gpuctl.directives import parse_directives
 from gpud.model import JobSpec
 
 CORPUS = Path(__file__).resolve().parent / "sbatch_corpus"
@@ -27,7 +29,7 @@ ENV = {"HOME": "/home/alice", "PATH": "/usr/bin"}
 
 @pytest.fixture(autouse=True)
 def utc_and_a_fixed_clock(monkeypatch):
-    monkeypatch.setattr(scripts, "clock", lambda: NOW)
+    monkeypatch.setattr(converters, "clock", lambda: NOW)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield
@@ -46,9 +48,9 @@ def test_script_parses_into_the_expected_request(name):
     expect = json.loads((CORPUS / f"{name}.json").read_text())
     try:
         scripts.check_script(text, name)
-        directives = scripts.parse_directives(text)
+        directives = parse_directives(text)
         spec = scripts.build_spec(text, {}, default_name=f"{name}.sh", cwd=CWD, env=ENV, directives=directives)
-    except scripts.ScriptError as e:
+    except converters.ScriptError as e:
         assert "error" in expect, f"refused: {e}"
         assert str(e).startswith(expect["error"])
         return

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import fastpath
-from gpuctl import script as scripts
+from gpuctl import converters, fastpath, options
 from gpuctl.main import cli
 from tests.fake_head import FakeHead
 
@@ -127,7 +126,7 @@ CLICK_ONLY: list[list[str]] = [
 
 @pytest.fixture(autouse=True)
 def fixed_clock_and_files(monkeypatch, tmp_path):
-    monkeypatch.setattr(scripts, "clock", lambda: NOW)
+    monkeypatch.setattr(converters, "clock", lambda: NOW)
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.delenv("_GPUCTL_COMPLETE", raising=False)
     time.tzset()
@@ -267,15 +266,15 @@ def test_the_parser_reads_options_as_click_does():
 
 
 def test_options_added_to_the_table_need_no_change_here(monkeypatch):
-    """The fast path reads gpuctl.script.OPTIONS as it is: a new option parses like the others."""
+    """The fast path reads gpuctl.options.OPTIONS as it is: a new option parses like the others."""
     from gpuctl import unsupported
 
     short = next(f"-{c}" for c in "YZjkly" if f"-{c}" not in unsupported.SHORT
-                 and all(o.short != f"-{c}" for o in scripts.OPTIONS))
-    extra = (scripts.Option("--frobnicate", short, "N", lambda t: {"comment": f"frob {t}"}, "A test option."),
-             scripts.Option("--twiddle", None, None, lambda t: {"hold": True}, "A test flag.",
+                 and all(o.short != f"-{c}" for o in options.OPTIONS))
+    extra = (options.Option("--frobnicate", short, "N", lambda t: {"comment": f"frob {t}"}, "A test option."),
+             options.Option("--twiddle", None, None, lambda t: {"hold": True}, "A test flag.",
                             negation="--no-twiddle", negated={"hold": False}))
-    monkeypatch.setattr(scripts, "OPTIONS", scripts.OPTIONS + extra)
+    monkeypatch.setattr(options, "OPTIONS", options.OPTIONS + extra)
     line = fastpath.parse_command_line(["sbatch", f"{short}7", "--no-twiddle", "--wrap", "true"])
     assert line.values == {"frobnicate": "7", "twiddle": False, "wrap": "true"}
     assert fastpath.typed_settings(line.values) == {"comment": "frob 7", "hold": False, "wrap": "true"}
@@ -305,7 +304,8 @@ except SystemExit as e:
     assert code == "0"
     for heavy in ("click", "gpuctl.main", "gpuctl.commands", "gpuctl.format", "asyncio", "sqlite3",
                   "pathlib", "importlib.resources", "tomllib", "gpud.model", "gpud.config",
-                  "json", "re", "enum", "shlex", "gpud.units"):
+                  "json", "re", "enum", "shlex", "gpud.units",
+                  "gpuctl.directives", "gpuctl.shellwords"):   # --wrap has no directives to parse
         assert heavy not in modules, heavy
     assert head.last("submit")["spec"]["gpus"] == 1
 

@@ -1,4 +1,5 @@
-"""gpuctl.script: the option table, directives, and the JobSpec dict they build."""
+"""gpuctl.options, gpuctl.converters, gpuctl.directives and gpuctl.script: the option table,
+its converters, directives, and the JobSpec dict they build."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import subprocess
 
 import pytest
 
+from gpuctl import converters, directives, options
 from gpuctl import script as s
 from gpud.model import JobSpec
 
@@ -21,7 +23,7 @@ echo start
 
 
 def test_directives_are_read_until_the_first_command():
-    d = s.parse_directives(SCRIPT)
+    d = directives.parse_directives(SCRIPT)
     assert d.settings == {"gpus": 2, "cpus": 8, "mem_mb": 16384, "time_limit": 5400.0, "name": "train",
                           "stdout": "logs/%j.out", "requeue": False, "hold": True}
     assert SCRIPT.split("\n")[d.body_line] == "echo start"
@@ -49,7 +51,7 @@ def test_directives_are_read_until_the_first_command():
     ("-D /data -e err.txt", {"work_dir": "/data", "stderr": "err.txt"}),
 ])
 def test_directive_syntax(line, expected):
-    assert s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n").settings == expected
+    assert directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n").settings == expected
 
 
 @pytest.mark.parametrize("line, message", [
@@ -68,20 +70,20 @@ def test_directive_syntax(line, expected):
     ("--comment 'open", "cannot split"),
 ])
 def test_bad_directives_name_the_line(line, message):
-    with pytest.raises(s.ScriptError, match="^line 2: "):
-        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
-    with pytest.raises(s.ScriptError) as e:
-        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    with pytest.raises(converters.ScriptError, match="^line 2: "):
+        directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    with pytest.raises(converters.ScriptError) as e:
+        directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
     assert message in str(e.value)
 
 
 def test_gpud_directives_win_over_sbatch_ones_wherever_they_stand():
     text = "#!/bin/sh\n#GPUD --gpus 3\n#SBATCH --gpus 1 --cpus-per-task 2\n#GPUD -J mine\nhostname\n"
-    assert s.parse_directives(text).settings == {"gpus": 3, "cpus": 2, "name": "mine"}
+    assert directives.parse_directives(text).settings == {"gpus": 3, "cpus": 2, "name": "mine"}
 
 
 def test_directive_prefix_needs_whitespace_after_it():
-    assert s.parse_directives("#!/bin/sh\n#SBATCHX --gpus=1\n#GPUD\ntrue\n").settings == {}
+    assert directives.parse_directives("#!/bin/sh\n#SBATCHX --gpus=1\n#GPUD\ntrue\n").settings == {}
 
 
 def test_build_spec_fills_defaults_and_makes_paths_absolute():
@@ -123,7 +125,7 @@ def test_script_arguments_become_positional_parameters(tmp_path):
     lines = spec["script"].split("\n")
     assert lines[:4] == ["#!/bin/bash", "#SBATCH --gpus=1", "", lines[3]]
     assert lines[3].startswith("set -- ")
-    assert s.parse_directives(spec["script"]).settings == {"gpus": 1}
+    assert directives.parse_directives(spec["script"]).settings == {"gpus": 1}
     path = tmp_path / "job.sh"
     path.write_text(spec["script"])
     out = subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True).stdout
@@ -144,7 +146,7 @@ def test_script_arguments_need_a_shell(first_line, ok):
     if ok:
         assert "set -- a" in s.add_arguments(text, ["a"], 1)
     else:
-        with pytest.raises(s.ScriptError, match="need a shell script"):
+        with pytest.raises(converters.ScriptError, match="need a shell script"):
             s.add_arguments(text, ["a"], 1)
 
 
@@ -153,7 +155,7 @@ def test_script_arguments_need_a_shell(first_line, ok):
     ("#!/bin/sh\n\x00", "NUL bytes"),
 ])
 def test_check_script_refuses_what_cannot_run(text, message):
-    with pytest.raises(s.ScriptError, match=message):
+    with pytest.raises(converters.ScriptError, match=message):
         s.check_script(text, "job.sh")
 
 
@@ -162,10 +164,10 @@ def test_wrap_script():
 
 
 def test_every_option_has_a_unique_spelling_and_a_known_destination():
-    names = [n for o in s.OPTIONS for n in (o.long, o.short, o.negation) if n]
+    names = [n for o in options.OPTIONS for n in (o.long, o.short, o.negation) if n]
     assert len(names) == len(set(names))
-    for o in s.OPTIONS:
-        settings = s.convert(o, True) if o.is_flag else None
+    for o in options.OPTIONS:
+        settings = options.convert(o, True) if o.is_flag else None
         if settings is not None:
             assert set(settings) <= JobSpec.field_names() | s.CLIENT_SETTINGS
 
@@ -308,8 +310,8 @@ def test_big_job_options(line, expected):
     ("--switches=1@UNLIMITED", "--switches: give the longest wait as a time"),
 ])
 def test_bad_big_job_directives_name_the_line(line, message):
-    with pytest.raises(s.ScriptError) as e:
-        s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
+    with pytest.raises(converters.ScriptError) as e:
+        directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\n")
     assert str(e.value).startswith("line 2: #SBATCH ") and message in str(e.value)
 
 
@@ -326,7 +328,7 @@ def test_bad_big_job_directives_name_the_line(line, message):
     ("-N 2 --cpus-per-gpu 4", "--cpus-per-gpu needs GPUs"),
 ])
 def test_big_job_options_that_cannot_go_together(line, message):
-    with pytest.raises(s.ScriptError) as e:
+    with pytest.raises(converters.ScriptError) as e:
         _spec(line)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
@@ -337,7 +339,7 @@ def test_nodelist_from_a_file_as_in_slurm(tmp_path):
     assert _spec(f"-w {path} --gpus-per-node 1") == {
         "nodes": 4, "nodelist": ["gpu01", "gpu02", "gpu07", "gpu08"], "gpus": 4}
     assert _spec(f"--exclude={path}") == {"exclude": ["gpu01", "gpu02", "gpu07", "gpu08"]}
-    with pytest.raises(s.ScriptError, match=r"--nodelist: cannot read the node file '.*/nope': No such file"):
+    with pytest.raises(converters.ScriptError, match=r"--nodelist: cannot read the node file '.*/nope': No such file"):
         _spec(f"-w {tmp_path}/nope")
 
 
@@ -366,7 +368,7 @@ def test_python_api_takes_the_big_job_fields():
                            "exclusive": True, "switches": "1@5", "ntasks_per_node": 4}) == {
         "nodes": 2, "nodelist": ["gpu1", "gpu2"], "exclude": ["gpu9"], "constraint": "ib", "exclusive": True,
         "switches": 1, "switches_wait": 300.0, "ntasks_per_node": 4}
-    with pytest.raises(s.ScriptError, match="invalid constraint"):
+    with pytest.raises(converters.ScriptError, match="invalid constraint"):
         s.api_settings({"constraint": "a,b"})
 
 
@@ -402,7 +404,7 @@ def test_big_job_options_are_no_longer_unsupported():
 
     for name in ("-N", "--nodes", "-w", "--nodelist", "-x", "--exclude", "-C", "--constraint", "--exclusive",
                  "--switches", "--ntasks-per-node", "-n"):
-        assert unsupported.lookup(name) is None and name in s._BY_NAME
+        assert unsupported.lookup(name) is None and name in options.BY_NAME
 
 
 def test_exclusive_with_a_value_is_left_to_click_outside_it():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuctl import columns, script
+from gpuctl import columns, converters, options, script
 from gpuctl.format import sinfo_gpus_table
 from gpud.model import JobSpec, SpecError
 
 
 def cli(option: str, value: str) -> dict:
-    return script.convert(script._BY_NAME[option][0], value)
+    return options.convert(options.BY_NAME[option][0], value)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -35,13 +35,13 @@ def test_gres_option(text, want):
 
 @pytest.mark.parametrize("text", [":2", "a:b:2", "1g.10gb:x"])
 def test_bad_gpus_are_usage_errors(text):
-    with pytest.raises(script.ScriptError):
+    with pytest.raises(converters.ScriptError):
         cli("--gpus", text)
 
 
 def test_gpu_mem_and_layers():
     assert cli("--gpu-mem", "20G") == {"gpu_mem_mb": 20480}
-    with pytest.raises(script.ScriptError):
+    with pytest.raises(converters.ScriptError):
         cli("--gpu-mem", "0")
     text = "#!/bin/bash\n#SBATCH --gpus 4\n#SBATCH --gres=gpu:1g.10gb:2\ntrue\n"
     spec = script.build_spec(text, {}, default_name="x", cwd="/tmp", env={})

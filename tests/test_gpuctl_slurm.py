@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuctl import script as scripts
+from gpuctl import converters
 from gpuctl.commands import sacct, squeue
 from gpuctl.commands.sbatch import job_exit_code
 from gpuctl.main import cli
@@ -56,7 +56,7 @@ def test_command_line_overrides_per_gpu_amounts_of_the_script(head, tmp_path):
 
 
 def test_arrays_dependencies_times_and_the_rest(head, monkeypatch):
-    monkeypatch.setattr(scripts, "clock", lambda: T0)
+    monkeypatch.setattr(converters, "clock", lambda: T0)
     r = run(head, "sbatch", "-a", "0-9%2", "-d", "afterok:5:6_1", "--kill-on-invalid-dep=yes",
             "-b", "now+1hour", "--deadline", "now+1day", "--open-mode=append", "--mail-type=END,fail",
             "--mail-user", "a@b.c", "--signal=B:USR1@60", "--wrap", "true")

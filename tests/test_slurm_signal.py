@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuctl import script as s
+from gpuctl import converters, directives
 from gpud.model import JobSpec
 from tests.test_executor import FakeClock, Harness, read  # noqa: F401 (the harness's fixture below)
 
@@ -30,7 +30,7 @@ async def h(tmp_path):
     ("RB:TERM@0", ("SIGTERM", 0, True)),
 ])
 def test_the_option_keeps_signal_time_and_target(value, expected):
-    got = s.parse_directives(f"#!/bin/sh\n#SBATCH --signal={value}\ntrue\n").settings
+    got = directives.parse_directives(f"#!/bin/sh\n#SBATCH --signal={value}\ntrue\n").settings
     assert (got["signal"], got["signal_time"], got["signal_batch"]) == expected
     spec = JobSpec.from_request({"script": "#!/bin/sh\n", **got})
     assert (spec.signal, spec.signal_time, spec.signal_batch) == expected
@@ -39,8 +39,8 @@ def test_the_option_keeps_signal_time_and_target(value, expected):
 @pytest.mark.parametrize("value", ["USR1@soon", "USR1@65536", "X:USR1", "NOPE@5"])
 def test_bad_signal_values_are_refused(value):
     # "sig_time must have an integer value between 0 and 65535"
-    with pytest.raises(s.ScriptError, match="--signal"):
-        s.parse_directives(f"#!/bin/sh\n#SBATCH --signal={value}\ntrue\n")
+    with pytest.raises(converters.ScriptError, match="--signal"):
+        directives.parse_directives(f"#!/bin/sh\n#SBATCH --signal={value}\ntrue\n")
 
 
 CHILD = ("bash -c 'trap \"got=1\" USR1; echo child-ready; while [ ! -e ask ]; do sleep 0.05; done; "

@@ -2,14 +2,14 @@
 
 The oracle is Slurm's documentation (sbatch(1), and getopt_long(3), whose rules sbatch's
 option parser follows); each test quotes the sentence it checks.  Both parsers are checked:
-the directive parser (``gpuctl.script``) and the command line, click's and the fast path's.
+the directive parser (``gpuctl.directives``) and the command line, click's and the fast path's.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpuctl import fastpath
+from gpuctl import converters, directives, fastpath, options
 from gpuctl import script as s
 from gpud.model import JobSpec
 from gpud.sched.admission import resolve_job
@@ -19,7 +19,7 @@ from .sched_builders import node
 
 
 def _settings(line: str) -> dict:
-    return s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n").settings
+    return directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n").settings
 
 
 # getopt_long(3): "Long option names may be abbreviated if the abbreviation is unique or is an
@@ -36,7 +36,7 @@ def _settings(line: str) -> dict:
 ])
 def test_unique_abbreviations_are_the_option(line, expected):
     if expected is None:
-        d = s.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n")
+        d = directives.parse_directives(f"#!/bin/sh\n#SBATCH {line}\ntrue\n")
         assert d.settings == {} and d.warnings == ["line 2: --time-min is not supported by gpud and was ignored"]
     else:
         assert _settings(line) == expected
@@ -46,11 +46,11 @@ def test_unique_abbreviations_are_the_option(line, expected):
 # beside "clusters" (sbatch(1) documents only the second names; scripts use both).
 def test_aliases_are_the_option():
     assert _settings("--tasks-per-node=2") == {"ntasks_per_node": 2}
-    d = s.parse_directives("#!/bin/sh\n#SBATCH --cluster=east\ntrue\n")
+    d = directives.parse_directives("#!/bin/sh\n#SBATCH --cluster=east\ntrue\n")
     assert d.warnings and "--clusters is not supported" in d.warnings[0]
-    assert s.long_option("--tasks-per") == "--ntasks-per-node"   # an alias's abbreviation is the option
-    with pytest.raises(s.ScriptError, match="'--cluster-constraint' '--clusters' '--cluster'"):
-        s.long_option("--clus")
+    assert options.long_option("--tasks-per") == "--ntasks-per-node"   # an alias's abbreviation is the option
+    with pytest.raises(converters.ScriptError, match="'--cluster-constraint' '--clusters' '--cluster'"):
+        options.long_option("--clus")
 
 
 # getopt_long(3): an ambiguous abbreviation is an error; glibc says
@@ -61,14 +61,14 @@ def test_aliases_are_the_option():
     ("--nod", ["--nodes", "--nodelist", "--nodefile"]),
 ])
 def test_ambiguous_abbreviations_list_the_candidates(name, candidates):
-    with pytest.raises(s.ScriptError) as e:
+    with pytest.raises(converters.ScriptError) as e:
         _settings(f"{name}=1")
     assert str(e.value) == (f"line 2: #SBATCH option '{name}' is ambiguous; possibilities: "
                             + " ".join(f"'{c}'" for c in candidates))
 
 
 def test_unknown_names_stay_errors():
-    with pytest.raises(s.ScriptError, match="unrecognized option '--bogus=1'"):
+    with pytest.raises(converters.ScriptError, match="unrecognized option '--bogus=1'"):
         _settings("--bogus=1")
 
 
@@ -97,7 +97,7 @@ def test_mem_zero_is_all_the_memory_of_each_node():
     cfg = sched_config_from_dict({"partition": [{"name": "gpu", "nodes": ["n*"]}]})
     nodes = (node("n001", gpus=8, cpus=64, mem_mb=512 * 1024), node("n002", gpus=8, cpus=64, mem_mb=256 * 1024))
     assert resolve_job({"mem_mb": 0}, "alice", cfg, nodes).mem_mb == 256 * 1024
-    with pytest.raises(s.ScriptError):
+    with pytest.raises(converters.ScriptError):
         _settings("--mem=-1")
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpud.worker.executor import TaskSetup
+from gpud.worker.jobsetup import TaskSetup
 from gpud.worker.steps import StepTasks, parse_step, task_env
 from tests.fake_head import FakeHead
 

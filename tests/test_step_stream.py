@@ -11,7 +11,7 @@ import pytest
 
 from gpud.head import gang, steps
 from gpud.head.steps import Steps
-from gpud.worker.executor import TaskSetup
+from gpud.worker.jobsetup import TaskSetup
 from gpud.worker.steps import WINDOW, StepTasks, parse_step
 from gpud.worker.stepterm import parse_stream
 from tests.slurm_head import ALICE, BOB, HeadKit

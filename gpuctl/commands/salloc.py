@@ -62,6 +62,7 @@ def allocation_spec(typed: dict[str, Any], verb: str, name: str = "interactive")
     """The job spec of an interactive allocation from the sbatch options the user typed."""
     from .. import fastpath
     from .. import script as scripts
+    from ..converters import ScriptError
 
     for key, option in NOT_FOR_ALLOCATIONS.items():
         if typed.get(key) not in (None, False):
@@ -70,7 +71,7 @@ def allocation_spec(typed: dict[str, Any], verb: str, name: str = "interactive")
     try:
         cli = fastpath.typed_settings(typed)
         spec = scripts.build_spec(HOLDER, cli, default_name=name, directives=False)
-    except (fastpath.Usage, scripts.ScriptError) as e:
+    except (fastpath.Usage, ScriptError) as e:
         raise click.UsageError(str(e)) from None
     spec.update(interactive=True, requeue=False, stdout="/dev/null")
     spec.pop("stderr", None)
@@ -78,9 +79,9 @@ def allocation_spec(typed: dict[str, Any], verb: str, name: str = "interactive")
 
 
 def typed_options(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any]:
-    from .. import script as scripts
+    from .. import options
 
-    return {o.dest: params[o.dest] for o in scripts.OPTIONS if ctx.get_parameter_source(o.dest) in _TYPED}
+    return {o.dest: params[o.dest] for o in options.OPTIONS if ctx.get_parameter_source(o.dest) in _TYPED}
 
 
 class Allocation:

@@ -1,6 +1,6 @@
 """``gpuctl sbatch``: submit a batch script from a file, stdin, or ``--wrap``.
 
-The options come from ``gpuctl.script.OPTIONS``; only the ones the user actually typed
+The options come from ``gpuctl.options.OPTIONS``; only the ones the user actually typed
 override the script's directives (click's parameter source tells typed from default).
 Options after the script's path belong to the script, as in Slurm.  Slurm options gpud
 does not support are taken out before click parses the rest (``gpuctl.unsupported``) and
@@ -24,9 +24,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from .. import fastpath
-from .. import script as scripts
-from .. import unsupported
+from .. import fastpath, options, unsupported
 from ..fastpath import WAIT_POLL, job_exit_code, wait_exit_code  # noqa: F401 (this module's API before)
 from .common import CommandFailed, session
 
@@ -35,7 +33,7 @@ _UNSUPPORTED_KEY = "gpuctl.unsupported"
 
 
 def _table_options(f: Callable) -> Callable:
-    for opt in reversed(scripts.OPTIONS):
+    for opt in reversed(options.OPTIONS):
         decls = [f"{opt.long}/{opt.negation}" if opt.negation else opt.long]
         if opt.short:
             decls.append(opt.short)
@@ -52,8 +50,8 @@ class SbatchCommand(click.Command):
     """Takes Slurm's unsupported options out of the arguments before click parses them."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        value_options = {name for o in scripts.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
-        kept, warnings = unsupported.split_command_line(args, value_options, scripts.long_option)
+        value_options = {name for o in options.OPTIONS if not o.is_flag for name in (o.long, o.short) if name}
+        kept, warnings = unsupported.split_command_line(args, value_options, options.long_option)
         ctx.meta[_UNSUPPORTED_KEY] = warnings
         return super().parse_args(ctx, kept)
 
@@ -69,7 +67,7 @@ def command(ctx: click.Context, script_path: str | None, args: tuple[str, ...], 
     #SBATCH and #GPUD lines before the first command take the same options;
     options given here override them.  ARGS become the script's $1, $2, ...
     """
-    typed = {opt.dest: params[opt.dest] for opt in scripts.OPTIONS if ctx.get_parameter_source(opt.dest) in _TYPED}
+    typed = {opt.dest: params[opt.dest] for opt in options.OPTIONS if ctx.get_parameter_source(opt.dest) in _TYPED}
     try:
         job = fastpath.prepare(fastpath.typed_settings(typed), script_path, list(args),
                                list(ctx.meta.get(_UNSUPPORTED_KEY, ())))

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..script import ScriptError, normalize_signal
+from ..converters import ScriptError, normalize_signal
 from .common import CommandFailed, error_line, job_refs, session, split_list
 
 

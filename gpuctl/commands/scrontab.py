@@ -28,6 +28,9 @@ from typing import Any
 import click
 
 from .. import script as scripts
+from ..converters import ScriptError
+from ..directives import parse_directives
+from ..options import merge
 from .common import CommandFailed, session
 
 CRON_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -86,17 +89,17 @@ def entries_for(text: str, *, home: str, user: str) -> tuple[list[dict[str, Any]
     try:
         parsed = parse_crontab(text)
     except SyntaxProblem as e:
-        raise scripts.ScriptError(str(e)) from None
+        raise ScriptError(str(e)) from None
     env = {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "PATH": CRON_PATH}
     out, warnings = [], []
     for entry in parsed:
         settings: dict[str, Any] = {}
         for line in entry.options:
             try:
-                found = scripts.parse_directives(f"#!/bin/bash\n#SBATCH {line}\ntrue\n")
-            except scripts.ScriptError as e:
-                raise scripts.ScriptError(f"#SCRON before line {entry.line}: {_unprefixed(str(e))}") from None
-            settings = scripts.merge(settings, found.settings)
+                found = parse_directives(f"#!/bin/bash\n#SBATCH {line}\ntrue\n")
+            except ScriptError as e:
+                raise ScriptError(f"#SCRON before line {entry.line}: {_unprefixed(str(e))}") from None
+            settings = merge(settings, found.settings)
             warnings += [f"line {entry.line}: {_unprefixed(w)}" for w in found.warnings]
         spec = scripts.build_spec(scripts.wrap_script(entry.command), settings, default_name=_name(entry.command),
                                   directives=False, env=env, cwd=home)
@@ -126,7 +129,7 @@ def _install(ctx: click.Context, client: Any, text: str, user: str | None) -> No
         home = os.path.expanduser("~")
     try:
         entries, warnings = entries_for(text, home=home, user=name)
-    except scripts.ScriptError as e:
+    except ScriptError as e:
         raise click.UsageError(str(e), ctx) from None
     for w in warnings:
         click.echo(f"scrontab: warning: {w}", err=True)

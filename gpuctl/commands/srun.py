@@ -123,6 +123,6 @@ def _say(message: str) -> None:
 
 
 def _option(dest: str) -> str:
-    from .. import script as scripts
+    from .. import options
 
-    return next((o.long for o in scripts.OPTIONS if o.dest == dest), dest)
+    return next((o.long for o in options.OPTIONS if o.dest == dest), dest)
