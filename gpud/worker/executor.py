@@ -15,7 +15,7 @@ status to a file, and outlives the worker.  For each launch the executor
 3. enforces the time limit, ``--signal``'s warning and a stop's grace on its injected
    monotonic clock (``stopping.py``);
 4. when the wrapper is gone, empties the job's cgroup, turns the status file into an
-   ``Outcome`` (``outcomes.py``), saves it, and hands it to ``on_finished``.
+   ``Outcome`` (``jobend.py``), saves it, and hands it to ``on_finished``.
 
 Each allocation's state is an ``Allocation`` (``allocation.py``), whose record is saved in
 its directory, stops included, so a restarted worker still delivers the SIGKILL on time.
@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from ..gpu.backend import GpuError
 from ..units import format_duration
-from . import jobsetup, outcomes, procs, stopping
+from . import jobend, jobsetup, procs, stopping
 from .acks import AckWriter
 from .allocation import Allocation, time_limit_deadline, warning_time
 from .cgroups import Cgroups, Limits, Sampler, Unconfined, Usage, job_name
@@ -479,16 +479,16 @@ class Executor:
         await self._finish(job.key, outcome, saved=True)
 
     async def _drain(self, name: str) -> Usage | None:
-        return await outcomes.drain(self.cgroups, self._usage, name)
+        return await jobend.drain(self.cgroups, self._usage, name)
 
     def _outcome_saved(self, job: Allocation, rc: int | None, usage: Usage | None = None) -> Outcome:
         """(thread)"""
-        outcome = outcomes.collect(self.store, job, rc, usage, self._clock)
+        outcome = jobend.collect(self.store, job, rc, usage, self._clock)
         self._save_outcome(job.key, outcome)
         return outcome
 
     def _launch_failed(self, job: Allocation, message: str) -> Outcome:
-        return outcomes.outcome(job, None, None, "launch_failed", message, end_time=self._clock())
+        return jobend.outcome(job, None, None, "launch_failed", message, end_time=self._clock())
 
     async def _finish(self, key: Key, outcome: Outcome, *, saved: bool = False) -> None:
         if not saved:
