@@ -10,7 +10,7 @@ import pytest
 from gpud import config
 from gpud.config import ConfigError, HeadConfig
 from gpud.head import arrays
-from gpud.head.scheduling import PendingViews, build_snapshot, pass_gap, run_core
+from gpud.head.scheduling import JobViews, build_snapshot, pass_gap, run_core
 from gpud.head.store import JobRecord, Txn
 from gpud.model import JobSpec, JobState
 from gpud.sched.config import SchedConfig
@@ -62,7 +62,7 @@ async def test_views_are_kept_until_the_job_or_its_blocked_reason_changes(tmp_pa
         tasks = arrays.expand(job(spec=JobSpec(script="#!/bin/sh\ntrue\n", name="job", gpus=1, array="0-3")),
                               arrays.parse_array("0-3"))
         saved = await store.insert_jobs(tasks + [job()], r.clock())
-        views = PendingViews()
+        views = JobViews()
         first = build_snapshot(store, SchedConfig(), {}, (), {}, views)
         assert first == build_snapshot(store, SchedConfig(), {}, ())
 
