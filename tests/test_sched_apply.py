@@ -12,7 +12,7 @@ from gpud.sched.core import schedule
 from gpud.sched.plan import Plan, Preemption, Relayout, Start
 from gpud.sched.snapshot import Device, GpuView, NodeView, Part
 
-from .sched_builders import GiB, config, node, nodes, pending, running, snapshot
+from .sched_builders import GiB, node, nodes, pending, running, snapshot
 from .sharing_rig import mig_gpu, mps_gpu, shared_node, timeslice_gpu
 from .test_sched_golden import SNAPSHOTS, golden_snapshot
 
