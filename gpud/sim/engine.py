@@ -34,10 +34,12 @@ nodes of ``ceil(gpus / N)`` GPUs each, so its GPU count is rounded up to a multi
 all N nodes at once (``Start.parts``); the engine takes every part's GPUs, CPUs and
 memory in one step and gives them all back when the run ends.
 
-Jobs that can never start (more GPUs than N nodes of the type can hold, a GPU type the
-cluster lacks, an unknown QOS, a time limit over the partition's) are refused at arrival
-and counted, like the head refusing them at submit.  Trace accounts the config lacks join the account tree
-with one share each, so any trace runs under any config.
+Jobs that can never start are refused at arrival by the head's own submit-time check
+(``gpud.sched.admission``: more GPUs than N nodes of the type can hold, a GPU type the
+cluster lacks, a MIG profile or GPU memory no GPU offers, an unknown QOS, a time limit over
+the partition's, ...) and counted by the kind of reason.  Trace accounts the config lacks
+join the account tree with one share each, and trace users belong to their accounts, so
+any trace runs under any config.
 
 A background load (``--background``, gpud/sim/background.py) arrives merged into the one
 stream of rows; its rows are marked, and with ``drain`` the run ends once every job of the
@@ -66,7 +68,8 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..sched import usage as sched_usage
+from ..sched import admission, usage as sched_usage
+from ..sched.admission import Resolved
 from ..sched.apply import Held, Holdings, apply_plan, pieces
 from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
@@ -94,6 +97,8 @@ PREEMPT_WINDOW_S = 60.0
 # instead scan every live job record several times a pass (about 10 % of a month's CPU).
 GC_EVERY = 8
 GC_OLDER_EVERY = 32
+# Arrivals' admission answers kept by request shape, up to this many.
+REFUSALS_KEPT = 4096
 
 
 class _Job:
@@ -223,6 +228,7 @@ class Simulation:
         # the most whole GPUs of a model (None: any) on one node
         self._max_gpus = {model: counts[0] if counts else 0 for model, counts in self._node_gpus.items()}
         self._fractions = _sharing.Fractions(self.nodes)
+        self._refusals: dict[tuple, str | None] = {}     # _refusal's answers
         # fractional jobs waiting, and whether shared devices may have come free since the last pass
         self._shared_pending = 0
         self._shared_dirty = False
@@ -440,21 +446,26 @@ class Simulation:
         return self.config.partitions.get(self.config.default_partition)
 
     def _refusal(self, row: TraceJob, limit: float | None, gang: tuple[int, int] | None) -> str | None:
-        """Why the head would refuse this job at submit (it could never run), or None;
-        ``gang``: its ``_gang_shape``."""
+        """The kind of reason the head would refuse this job for at submit (it could never
+        run: ``gpud.sched.admission``), or None; ``gang``: its ``_gang_shape``.  The account
+        and user are left out: every trace account and user is valid here."""
+        cfg = self.config
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
-        if gpu_type is not None and gpu_type not in self._max_gpus:
-            return "no_such_gpu_type"
-        if row.gpus > self._max_gpus[gpu_type] and not (
-                row.share < 1 and self._fractions.kind != "whole") and not row.mig_profile \
-                and not row.gpu_mem and gang is None:
-            return "too_many_gpus"
-        if (row.qos or self.config.default_qos) not in self.config.qos:
-            return "no_such_qos"
-        part = self._partition()
-        if part is not None and part.max_time is not None and (limit is None or limit > part.max_time):
-            return "over_time_limit"
-        return None
+        nodes, per_node = gang if gang is not None else (1, row.gpus)
+        fields = _sharing.pending_fields(row, self._fractions, gpu_type)
+        qos = row.qos or cfg.default_qos
+        # the answer depends on the request's shape and the nodes only (cleared when they change)
+        key = (gpu_type, nodes, per_node, fields["mig_profile"], fields["gpu_mem_mb"], qos, limit)
+        if key in self._refusals:
+            return self._refusals[key]
+        if len(self._refusals) >= REFUSALS_KEPT:
+            self._refusals.clear()
+        request = {"gpus": nodes * per_node, "cpus": 1, "gpu_type": gpu_type, "nodes": nodes, **fields}
+        resolved = Resolved(account=row.account or cfg.default_account, partition=cfg.default_partition,
+                            qos=qos, time_limit=limit, mem_mb=cfg.default_mem_mb)
+        why = admission.infeasible(request, resolved, row.user, cfg, self.nodes, accounts=False)
+        kind = self._refusals[key] = None if why is None else why.kind
+        return kind
 
     def _gang_shape(self, row: TraceJob) -> tuple[int, int] | None:
         """(nodes, GPUs per node) for a whole-GPU job bigger than the largest node, when
@@ -569,6 +580,7 @@ class Simulation:
             nodes = _sharing.apply_relayout(self.nodes, r, self.running.values(), t)
             if nodes is not None:
                 self.nodes = nodes
+                self._refusals.clear()
                 self._node_by_name[r.node] = view = next(n for n in nodes if n.name == r.node)
                 self._holdings.renew(view)
                 self._shared_dirty = True
