@@ -277,7 +277,12 @@ class Holdings:
             h.renew(view)
 
     def hold(self, r: RunningJob) -> None:
+        """``r`` runs: it holds what it was given."""
         self._take(r.job_id, r.user, r.exclusive, pieces(r))
+
+    def hold_start(self, s: Start, job: PendingJob) -> None:
+        """Start ``s`` of ``job`` holds: what it is given is held from now on."""
+        self._take(s.job_id, job.user, job.exclusive, pieces(s))
 
     def release(self, r: RunningJob) -> None:
         """``r`` has exited: what it held is free."""
@@ -310,11 +315,11 @@ class Refusal:
 class Outcome:
     """What of a plan holds, in plan order, and the state once it is applied."""
 
+    state: Holdings
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     relayouts: list[Relayout] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
-    state: Holdings | None = None
 
 
 def apply_plan(state: Holdings, plan: Plan, pending: Mapping[int, PendingJob],
@@ -331,7 +336,7 @@ def apply_plan(state: Holdings, plan: Plan, pending: Mapping[int, PendingJob],
             continue
         assert job is not None
         started.add(s.job_id)
-        state._take(s.job_id, job.user, job.exclusive, pieces(s))
+        state.hold_start(s, job)
         out.starts.append(s)
     relaid: set[tuple[str, int]] = set()
     for r in plan.relayouts:
