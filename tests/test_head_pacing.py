@@ -98,6 +98,30 @@ async def test_running_jobs_are_in_the_snapshot_and_not_among_the_views(tmp_path
         assert snap == build_snapshot(r.store, SchedConfig(), {}, ())
 
 
+async def test_running_views_are_kept_until_the_job_changes_and_shared_with_the_recheck(tmp_path) -> None:
+    from gpud.head.scheduling import recheck
+    from gpud.sched.plan import Plan
+
+    async with rig(tmp_path) as r:
+        await r.add_node("gpu01")
+        a, b = await r.submit(), await r.submit()
+        await r.schedule()
+        views = JobViews()
+        first = {v.job_id: v for v in build_snapshot(r.store, SchedConfig(), {}, (), {}, views).running}
+        assert set(first) == {a, b}
+        txn = Txn(r.store)
+        txn.transition(r.store.active[a], JobState.COMPLETING, now=r.clock(), event="cancelled")
+        await r.store.commit(txn)
+        second = {v.job_id: v for v in build_snapshot(r.store, SchedConfig(), {}, (), {}, views).running}
+        assert second[a].stopping and second[a] is not first[a]         # replaced record: a new view
+        assert second[b] is first[b]                                     # the same record: the same view
+        assert list(second.values()) == list(build_snapshot(r.store, SchedConfig(), {}, ()).running)
+        # the re-check of a plan counts what they hold from the same views
+        held = recheck(r.store, Plan(relayouts=[]), views)
+        assert held.state.views == {} and not held.refused               # nothing to start: nothing counted
+        assert {v.job_id: v for v in views.running(r.store.active.values())}[b] is first[b]
+
+
 # -- the collector ------------------------------------------------------------------------------
 
 def test_the_core_runs_with_the_collector_paused_and_leaves_it_as_it_was(monkeypatch) -> None:
