@@ -1,8 +1,8 @@
 """Small builders for scheduler tests, an invariant checker, and a toy cluster on a fake clock.
 
-``ToyCluster`` applies plans the way the head does (starts become running jobs, preempted
-jobs stop after their grace time and are requeued or cancelled) on virtual time, so tests can
-drive the pure core through hours of traffic in milliseconds.
+``ToyCluster`` applies plans the way the head does (``gpud.sched.apply`` re-checks them; starts
+become running jobs, preempted jobs stop after their grace time and are requeued or cancelled)
+on virtual time, so tests can drive the pure core through hours of traffic in milliseconds.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from gpud.sched.apply import Holdings, apply_plan
 from gpud.sched.config import SchedConfig, sched_config_from_dict
 from gpud.sched.core import schedule
 from gpud.sched.plan import Plan
@@ -189,16 +190,19 @@ class ToyCluster:
         plan = schedule(snap, self.now)
         if self.check:
             check_plan(snap, plan, self.now)
-        for s in plan.starts:
+        applied = apply_plan(Holdings(self.node_list, self.running.values()), plan, self.pending, self.running)
+        if self.check:
+            assert not applied.refused, f"the plan does not hold against its own snapshot: {applied.refused}"
+        for s in applied.starts:
             p = self.pending.pop(s.job_id)
             self.running[s.job_id] = RunningJob(
                 job_id=p.job_id, user=p.user, account=p.account, partition=p.partition, qos=p.qos,
                 node=s.node, gpu_indices=s.gpu_indices, cpus=s.cpus, mem_mb=s.mem_mb, start_time=self.now,
                 time_limit=p.time_limit, preempt_count=p.preempt_count, borrowed=s.borrowed,
                 requeue=self.jobs[p.job_id].requeue, submit_time=p.submit_time, nice=p.nice,
-                parts=s.parts, exclusive=p.exclusive)
+                devices=s.devices, parts=s.parts, exclusive=p.exclusive)
             self.log.append((self.now, "start", s.job_id))
-        for pr in plan.preemptions:
+        for pr in applied.preemptions:
             r = self.running[pr.job_id]
             self.running[pr.job_id] = replace(r, stopping=True)
             self.stop_at[pr.job_id] = (self.now + pr.grace_time, pr.mode)

@@ -1,7 +1,7 @@
 """A toy cluster of shared GPUs on a fake clock that applies plans as the head and worker do.
 
-``ShareRig`` runs the pure core, starts jobs on the devices the plan names, and applies
-``Plan.relayouts`` the way a worker must: a slice in use is never destroyed, the new layout
+``ShareRig`` runs the pure core, re-checks the plan as the head does (``gpud.sched.apply``),
+starts jobs on the devices the plan names, and applies ``Plan.relayouts`` the way a worker must: a slice in use is never destroyed, the new layout
 must be valid (``gpud.gpu.mig.validate_layout``), every new slice gets a ``MIG-`` UUID and
 the GPU's ``relaid_at`` becomes now.  ``check_shares`` asserts, after every pass, that no
 slice, MPS GPU or time-slice replica is over-allocated.
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from gpud.gpu import mig
+from gpud.sched.apply import Holdings, apply_plan
 from gpud.sched.config import SchedConfig
 from gpud.sched.core import schedule
 from gpud.sched.plan import Plan
@@ -161,7 +162,9 @@ class ShareRig:
         plan = schedule(snap, self.now)
         check_shares(snap, plan)
         assert schedule(snap, self.now) == plan, "the same snapshot gave another plan"
-        for s in plan.starts:
+        applied = apply_plan(Holdings(snap.nodes, snap.running), plan, self.pending, self.running)
+        assert not applied.refused, f"the plan does not hold against its own snapshot: {applied.refused}"
+        for s in applied.starts:
             p = self.pending.pop(s.job_id)
             self.running[s.job_id] = RunningJob(
                 job_id=p.job_id, user=p.user, account=p.account, partition=p.partition, qos=p.qos,
@@ -170,7 +173,7 @@ class ShareRig:
                 submit_time=p.submit_time, devices=s.devices)
             self.started[s.job_id] = self.now
         if self.apply_relayouts:
-            for x in plan.relayouts:
+            for x in applied.relayouts:
                 self.relayout(x)
         self.last_plan = plan
         return plan

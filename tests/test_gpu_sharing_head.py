@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 
 from gpud.gpu import mig
-from gpud.head.gpusharing import SharedUse
+from gpud.head.gpusharing import gpu_view
 from gpud.head.scheduling import plan_to_txn, running_view
 from gpud.head.store import Store
 from gpud.model import GpuInfo, NodeInfo, SliceInfo
+from gpud.sched.apply import Held, Holdings
 from gpud.sched.plan import Plan, Relayout, Start
-from gpud.sched.snapshot import Device
+from gpud.sched.snapshot import Device, NodeView, Part, PendingJob, RunningJob
 
 from .slurm_head import ALICE, BOB, HeadKit
 
@@ -155,30 +156,37 @@ async def test_a_whole_gpu_for_gpu_mem_when_nothing_smaller(kit):
     assert kit.job(job).gpu_indices == (0,)
 
 
+def held_node(info: NodeInfo, *holders: tuple[str, Device]) -> Held:
+    """Node ``info`` as the head's re-check sees it, with a job of ``user`` holding each device."""
+    view = NodeView(info.name, info.cpus, info.mem_mb, tuple(gpu_view(g) for g in info.gpus))
+    run = [RunningJob(k, user, "a", "gpu", "normal", info.name, (), 1, 1, 0.0, None, devices=(d,))
+           for k, (user, d) in enumerate(holders, start=1)]
+    return Holdings([view], run).node(info.name)
+
+
+def fits(h: Held, user: str, devices: list[Device]) -> str | None:
+    """Why ``user`` cannot have ``devices`` of node ``h`` now (None: it can)."""
+    whole = tuple(d.index for d in devices if d.kind == "gpu")
+    shared = len(whole) != len(devices)
+    job = PendingJob(99, user, "a", "gpu", "normal", len(whole), 1, 1, None, 0.0, gpu_mem_mb=1 if shared else None)
+    return h.refusal(job, (h.view.name, whole, 1, 1, tuple(devices)))
+
+
 def test_plan_recheck_skips_taken_slices_and_relayouts_of_busy_slices():
     layout = [mig.Slice("1g.10gb", s) for s in range(7)]
     info = NodeInfo("n1", 64, 512 * GiB, (a100(0, layout),))
-
-    class Job:
-        def __init__(self, user, devices):
-            self.user, self.node, self.devices = user, "n1", tuple(d.to_dict() for d in devices)
-
-            class S:
-                active = True
-            self.state = S()
-
     busy = Device(0, "mig", "MIG-n1-0-3", 3, 9728, "1g.10gb")
-    use = SharedUse([Job("alice", [busy])])
-    assert use.fits(info, "bob", [busy]) == "slice MIG-n1-0-3 is taken"
-    assert use.fits(info, "bob", [Device(0, "mig", "MIG-n1-0-9", 9)]) == "slice MIG-n1-0-9 is gone from GPU 0"
-    assert use.fits(info, "bob", [Device(0, "mig", "MIG-n1-0-4", 4)]) is None
-    assert use.relayout_ok(info, Relayout("n1", 0, (3,), (), "test")) == "the slice at slot 3 is in use"
-    assert use.relayout_ok(info, Relayout("n1", 0, (4, 5), (), "test")) is None
+    use = held_node(info, ("alice", busy))
+    assert fits(use, "bob", [busy]) == "slice MIG-n1-0-3 is taken"
+    assert fits(use, "bob", [Device(0, "mig", "MIG-n1-0-9", 9)]) == "slice MIG-n1-0-9 is gone from GPU 0"
+    assert fits(use, "bob", [Device(0, "mig", "MIG-n1-0-4", 4)]) is None
+    assert use.relayout_refusal(Relayout("n1", 0, (3,), (), "test")) == "the slice at slot 3 is in use"
+    assert use.relayout_refusal(Relayout("n1", 0, (4, 5), (), "test")) is None
     mps = NodeInfo("n1", 64, 512 * GiB, (h100(0, "mps", mps_max_clients=2),))
-    use = SharedUse([Job("alice", [Device(0, "mps", "GPU-n1-0", None, 60 * GiB)])])
-    assert "another user" in use.fits(mps, "bob", [Device(0, "mps", "GPU-n1-0", None, GiB)])
-    assert "MB left" in use.fits(mps, "alice", [Device(0, "mps", "GPU-n1-0", None, 30 * GiB)])
-    assert use.fits(mps, "alice", [Device(0, "mps", "GPU-n1-0", None, 20 * GiB)]) is None
+    use = held_node(mps, ("alice", Device(0, "mps", "GPU-n1-0", None, 60 * GiB)))
+    assert "another user" in fits(use, "bob", [Device(0, "mps", "GPU-n1-0", None, GiB)])
+    assert "MB left" in fits(use, "alice", [Device(0, "mps", "GPU-n1-0", None, 30 * GiB)])
+    assert fits(use, "alice", [Device(0, "mps", "GPU-n1-0", None, 20 * GiB)]) is None
 
 
 async def test_devices_survive_a_head_restart_and_requeue_clears_them(kit, tmp_path):
@@ -206,21 +214,30 @@ async def test_stale_plans_do_not_double_book(kit):
     assert [j.job_id for j in applied.launches] == [a]
 
 
-def test_the_head_recheck_keeps_an_mps_dynamic_gpu_whole_or_shared_never_both():
-    from types import SimpleNamespace
+async def test_a_plan_starts_only_what_still_holds_and_logs_only_what_no_longer_fits(kit, caplog):
+    kit.put_node(h100(0), h100(1))
+    kit.put_node(h100(0), h100(1), name="n2")
+    a, b, c, e = [await kit.submit(gpus=1) for _ in range(4)]
+    d = await kit.submit(gpus=2, nodes=2)
+    await kit.call("cancel", ALICE, job_ids=[a])           # cancelled while the core ran ...
+    kit.store.nodes["n2"].state = "DRAIN"                  # ... and n2 drained
+    plan = Plan(starts=[Start(a, "n1", (0,), 1, GiB), Start(b, "n1", (0,), 1, GiB), Start(c, "n1", (0,), 1, GiB),
+                        Start(d, "n1", (1,), 1, GiB, parts=(Part("n2", (0,), 1, GiB),)), Start(e, "n1", (1,), 1, GiB)])
+    with caplog.at_level("WARNING", logger="gpud.sched"):
+        txn, applied = plan_to_txn(kit.store, plan, kit.clock())
+    assert [j.job_id for j in applied.launches] == [b, e]          # d's refused gang held nothing of n1
+    assert [r.getMessage() for r in caplog.records] == [f"plan start of job {c} on n1 skipped: on n1: GPU 0 is taken"]
 
-    from gpud.head.gpusharing import SharedUse
-    from gpud.sched.snapshot import Device, GpuView
-    info = SimpleNamespace(name="n1", gpus=[GpuView(0, "GPU-0", "H100-80GB", 81920, mode="mps", dynamic=True)])
+
+def test_the_head_recheck_keeps_an_mps_dynamic_gpu_whole_or_shared_never_both():
+    info = NodeInfo("n1", 64, 512 * GiB, (GpuInfo(0, "GPU-0", "H100-80GB", 81920, mode="mps", dynamic=True),))
     whole, share = Device(0, "gpu", "GPU-0"), Device(0, "mps", "GPU-0", None, 1024)
-    idle = SharedUse([])
-    assert idle.fits(info, "u", [whole]) is None and idle.fits(info, "u", [share]) is None
-    shared = SharedUse([])
-    shared.add("n1", "u", [share])
-    assert "serves MPS shares" in shared.fits(info, "u", [whole])
-    held = SharedUse([])
-    held.add("n1", "u", [whole])
-    assert "held whole" in held.fits(info, "u", [share])
+    idle = held_node(info)
+    assert fits(idle, "u", [whole]) is None and fits(idle, "u", [share]) is None
+    shared = held_node(info, ("u", share))
+    assert "serves MPS shares" in fits(shared, "u", [whole])
+    held = held_node(info, ("u", whole))
+    assert "held whole" in fits(held, "u", [share])
 
 
 def test_a_refused_relayout_backs_off_and_is_retried_with_the_heads_interval():

@@ -10,7 +10,7 @@ import pytest
 from gpud import config
 from gpud.config import ConfigError, HeadConfig
 from gpud.head import arrays
-from gpud.head.scheduling import PendingViews, build_snapshot, pass_gap, run_core
+from gpud.head.scheduling import JobViews, build_snapshot, pass_gap, run_core
 from gpud.head.store import JobRecord, Txn
 from gpud.model import JobSpec, JobState
 from gpud.sched.config import SchedConfig
@@ -62,7 +62,7 @@ async def test_views_are_kept_until_the_job_or_its_blocked_reason_changes(tmp_pa
         tasks = arrays.expand(job(spec=JobSpec(script="#!/bin/sh\ntrue\n", name="job", gpus=1, array="0-3")),
                               arrays.parse_array("0-3"))
         saved = await store.insert_jobs(tasks + [job()], r.clock())
-        views = PendingViews()
+        views = JobViews()
         first = build_snapshot(store, SchedConfig(), {}, (), {}, views)
         assert first == build_snapshot(store, SchedConfig(), {}, ())
 
@@ -96,6 +96,30 @@ async def test_running_jobs_are_in_the_snapshot_and_not_among_the_views(tmp_path
         assert first in {j.job_id for j in snap.running}
         assert first not in {p.job_id for p in snap.pending}
         assert snap == build_snapshot(r.store, SchedConfig(), {}, ())
+
+
+async def test_running_views_are_kept_until_the_job_changes_and_shared_with_the_recheck(tmp_path) -> None:
+    from gpud.head.scheduling import recheck
+    from gpud.sched.plan import Plan
+
+    async with rig(tmp_path) as r:
+        await r.add_node("gpu01")
+        a, b = await r.submit(), await r.submit()
+        await r.schedule()
+        views = JobViews()
+        first = {v.job_id: v for v in build_snapshot(r.store, SchedConfig(), {}, (), {}, views).running}
+        assert set(first) == {a, b}
+        txn = Txn(r.store)
+        txn.transition(r.store.active[a], JobState.COMPLETING, now=r.clock(), event="cancelled")
+        await r.store.commit(txn)
+        second = {v.job_id: v for v in build_snapshot(r.store, SchedConfig(), {}, (), {}, views).running}
+        assert second[a].stopping and second[a] is not first[a]         # replaced record: a new view
+        assert second[b] is first[b]                                     # the same record: the same view
+        assert list(second.values()) == list(build_snapshot(r.store, SchedConfig(), {}, ()).running)
+        # the re-check of a plan counts what they hold from the same views
+        held = recheck(r.store, Plan(relayouts=[]), views)
+        assert held.state.views == {} and not held.refused               # nothing to start: nothing counted
+        assert {v.job_id: v for v in views.running(r.store.active.values())}[b] is first[b]
 
 
 # -- the collector ------------------------------------------------------------------------------

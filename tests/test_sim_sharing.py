@@ -71,6 +71,25 @@ def test_apply_relayout_refuses_what_a_worker_refuses():
     assert g.relaid_at == 42.0 and [(s.profile, s.start) for s in g.slices][:2] == [("2g.20gb", 0), ("1g.10gb", 3)]
 
 
+def test_fractions_no_gpu_can_serve_are_refused_at_arrival_as_the_head_refuses_them():
+    from gpud.sched.admission import Resolved, infeasible, refusal
+    from gpud.sched.config import SchedConfig
+
+    # a static layout of 1g.10gb slices: no 7g.80gb ever, and no slice holds 40 GiB
+    static = node(gpus=1, dynamic=False, layout="all-1g.10gb")
+    jobs = [row(1, 0.0, 60.0, "1g.10gb"), row(2, 0.0, 60.0, "7g.80gb"), row(3, 0.0, 60.0, mem="40G")]
+    report = Simulation((static,), jobs).run()
+    assert report["jobs"]["infeasible"] == {"gpu_mem_too_large": 1, "no_such_mig_profile": 1}
+    assert report["jobs"]["completed"] == 1 and report["jobs"]["pending"] == 0
+    # the kinds are those of the head's own refusals, whose messages go to the user
+    cfg = SchedConfig()
+    resolved = Resolved("default", "gpu", "normal", 60.0, cfg.default_mem_mb)
+    for request, kind in (({"gpus": 1, "mig_profile": "7g.80gb"}, "no_such_mig_profile"),
+                          ({"gpus": 1, "gpu_mem_mb": 40960}, "gpu_mem_too_large")):
+        why = infeasible(request, resolved, "u", cfg, (static,))
+        assert why.kind == kind and why.message == refusal(request, resolved, "u", cfg, (static,))
+
+
 def test_pending_fields():
     assert sharing.pending_fields(row(1, 0, 1, "MIG 2G.20GB")) == {"mig_profile": "2g.20gb", "gpu_mem_mb": None}
     assert sharing.pending_fields(row(1, 0, 1, mem="20G")) == {"mig_profile": None, "gpu_mem_mb": 20480}

@@ -84,7 +84,7 @@ from .relayed import RelayedRequests
 from .outcomes import WorkerReports
 from ..sched.plan import Plan
 from ..sched.snapshot import live_claims
-from .scheduling import (DOWN, DRAIN, UP, Applied, PendingViews, annotate, build_snapshot, node_view, pass_gap,
+from .scheduling import (DOWN, DRAIN, UP, Applied, JobViews, annotate, build_snapshot, node_view, pass_gap,
                          plan_to_txn, run_core, running_view)
 from .gpusharing import MigCommands, launch_devices
 from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_kb, storage_problem
@@ -127,7 +127,7 @@ class Head:
         self.status_refresh = STATUS_REFRESH
         self._last_pass = float("-inf")       # time.monotonic() at the end of the last pass
         self._gap = 0.0                       # the least time from it to the next pass
-        self.views = PendingViews()           # pending jobs' snapshot views, kept between passes
+        self.views = JobViews()               # jobs' snapshot views, kept between passes
         # victim -> the job it was preempted for, until that one starts (Snapshot.claims);
         # memory only: after a restart the queue order alone decides, as before
         self.claims: dict[int, int] = {}
@@ -359,7 +359,7 @@ class Head:
         # changed before anything is committed.
         plan = await self._core(snap, now)
         async with self.lock:
-            txn, applied = plan_to_txn(self.store, plan, now)
+            txn, applied = plan_to_txn(self.store, plan, now, self.views)
             await self.store.commit(txn)
             annotate(self.store, plan)
             self.last_plan = plan

@@ -10,11 +10,11 @@ slot), ``mps`` (a share with its pinned memory) or ``timeslice``.  A job's
 scheduler's view drops them for fractions, which it tracks by device.  Allocations made
 before devices existed have none: ``launch_devices`` rebuilds whole-GPU entries for them.
 
-Re-checks.  ``SharedUse`` counts what active jobs hold on shared GPUs; ``plan_to_txn`` asks
-it whether a planned fractional start still fits (the slice exists with that UUID and is
-free, the MPS GPU has room and no other user, the time-slice a replica) and whether a
-planned re-layout still destroys only free slices.  Anything that no longer holds is
-skipped with a log line; the next pass plans again.
+Re-checks.  ``plan_to_txn`` re-checks a plan with ``gpud.sched.apply``, which counts what
+running jobs hold of shared GPUs from their devices: a planned fractional start still fits
+when its slice exists with that UUID and is free, the MPS GPU has room and no other user,
+the time-slice a replica; a planned re-layout when it destroys only free slices.  Anything
+that no longer holds is skipped with a log line; the next pass plans again.
 
 Re-layouts.  ``MigCommands`` sends each planned re-layout as a ``mig`` command to the
 node and remembers it as *in flight* until the worker re-registers (it does after every
@@ -97,78 +97,6 @@ def start_changes(s: Start, info: NodeInfo) -> dict[str, Any]:
     uuids = tuple(by_index[i].uuid for i in s.gpu_indices)
     return {"gpu_indices": tuple(s.gpu_indices), "gpu_uuids": uuids,
             "devices": tuple(Device(i, "gpu", u).to_dict() for i, u in zip(s.gpu_indices, uuids))}
-
-
-class SharedUse:
-    """What active jobs hold of each shared GPU, for re-checking a plan."""
-
-    def __init__(self, jobs: Iterable["JobRecord"]) -> None:
-        self.slices: set[tuple[str, int, int]] = set()                      # (node, gpu, start)
-        self.clients: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)   # (user, mem)
-        self.whole: set[tuple[str, int]] = set()          # (node, gpu) held whole: mps:dynamic checks it
-        for j in jobs:
-            if j.state.active and j.node is not None:
-                devices = job_devices(j)
-                self.add(j.node, j.user, devices)
-                if not devices:
-                    self.whole.update((j.node, i) for i in j.gpu_indices)
-
-    def add(self, node: str, user: str, devices: Iterable[Device]) -> None:
-        for d in devices:
-            if d.kind == "gpu":
-                self.whole.add((node, d.index))
-            elif d.kind == "mig" and d.slice_start is not None:
-                self.slices.add((node, d.index, d.slice_start))
-            elif d.kind in ("mps", "timeslice"):
-                self.clients[(node, d.index)].append((user, d.mem_mb or 0))
-
-    def fits(self, info: NodeInfo, user: str, devices: Iterable[Device]) -> str | None:
-        """None if the devices can be given now; else why not (for the log)."""
-        gpus = {g.index: g for g in info.gpus}
-        for d in devices:
-            g = gpus.get(d.index)
-            if g is None:
-                return f"no GPU {d.index}"
-            if d.kind == "gpu":
-                if g.mode == "mps" and g.dynamic:      # whole or shares, never both at once
-                    if self.clients.get((info.name, d.index)):
-                        return f"GPU {d.index} serves MPS shares now"
-                elif g.mode != "whole":
-                    return f"GPU {d.index} is in {g.mode} mode now"
-                continue
-            if d.kind == "mps" and g.dynamic and (info.name, d.index) in self.whole:
-                return f"GPU {d.index} is held whole now"
-            if g.mode != d.kind:
-                return f"GPU {d.index} is in {g.mode} mode now, not {d.kind}"
-            if d.kind == "mig":
-                if not any(s.start == d.slice_start and s.uuid == d.uuid for s in g.slices):
-                    return f"slice {d.uuid} is gone from GPU {d.index}"
-                if (info.name, d.index, d.slice_start) in self.slices:
-                    return f"slice {d.uuid} is taken"
-                continue
-            held = self.clients.get((info.name, d.index), [])
-            if d.kind == "mps":
-                if len(held) >= g.mps_max_clients:
-                    return f"MPS GPU {d.index} has {len(held)} clients"
-                if any(u != user for u, _ in held):
-                    return f"MPS GPU {d.index} serves another user"
-                if sum(m for _, m in held) + (d.mem_mb or 0) > g.memory_mb:
-                    return f"MPS GPU {d.index} has not {d.mem_mb} MB left"
-            elif len(held) >= g.replicas:
-                return f"time-sliced GPU {d.index} has all {g.replicas} replicas taken"
-        return None
-
-    def relayout_ok(self, info: NodeInfo, r: Relayout) -> str | None:
-        g = next((g for g in info.gpus if g.index == r.gpu), None)
-        if g is None or g.mode != "mig" or not g.dynamic:
-            return f"GPU {r.gpu} is not a dynamic MIG GPU"
-        have = {s.start for s in g.slices}
-        for start in r.destroy:
-            if start not in have:
-                return f"no slice at slot {start}"
-            if (info.name, r.gpu, start) in self.slices:
-                return f"the slice at slot {start} is in use"
-        return None
 
 
 def gpu_usage(gpus: list[dict[str, Any]], jobs: Iterable["JobRecord"]) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """One scheduler pass: snapshot from the head's memory, the pure core, then the plan applied.
 
 The core (``gpud.sched.core.schedule``) decides; this module only translates.  A plan is
-re-checked against the current state before it is committed (a job cancelled or a node
-lost while the core ran is skipped), applied in one transaction, and only then turned
-into messages for the workers.
+re-checked against the current state before it is committed (``gpud.sched.apply``, the
+re-check the simulator makes too: a job cancelled or a node lost while the core ran, or a
+GPU, slice or share taken meanwhile, is skipped), what holds is applied in one
+transaction, and only then turned into messages for the workers.
 
 A multi-node (gang) start carries ``parts`` (rank 1..N-1); every part is re-checked like
 rank 0 and the job starts on all its nodes in the same transaction, or not at all
@@ -16,14 +17,16 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Iterable
 
 from ..model import GpuInfo, JobState, NodeInfo, StopReason
+from ..sched.apply import Holdings, Outcome, apply_plan
 from ..sched.core import schedule
 from ..sched.plan import Plan, Preemption, Relayout, Start
 from ..sched.gpustate import is_shared
-from ..sched.snapshot import Device, NodeView, PendingJob, RunningJob, Snapshot
+from ..sched.snapshot import NodeView, Part, PendingJob, RunningJob, Snapshot
 from . import gang
-from .gpusharing import SharedUse, gpu_view, job_devices, start_changes
+from .gpusharing import gpu_view, job_devices, start_changes
 from .store import JobRecord, Store, Txn
 
 log = logging.getLogger("gpud.sched")
@@ -88,13 +91,14 @@ def running_view(j: JobRecord) -> RunningJob:
 
 
 def build_snapshot(store: Store, config, usage: dict, recent_preemptions: tuple[float, ...],
-                   blocked: dict[int, str] | None = None, views: "PendingViews | None" = None) -> Snapshot:
+                   blocked: dict[int, str] | None = None, views: "JobViews | None" = None) -> Snapshot:
     """``blocked``: why pending jobs may not start now (slurm.SlurmSupport.before_pass).
-    ``views``: the pending jobs' views kept from the last pass (a fresh set without it)."""
+    ``views``: the jobs' views kept from the last pass (a fresh set without it)."""
     blocked = blocked or {}
     nodes = [v for v in (node_view(store, name) for name in store.nodes) if v is not None]
-    pending, others = (views if views is not None else PendingViews()).pending(store, blocked)
-    running = [running_view(j) for j in others if j.state.active and j.node is not None]
+    views = views if views is not None else JobViews()
+    pending, others = views.pending(store, blocked)
+    running = views.running(others)
     nodes.sort(key=lambda n: n.name)
     pending.sort(key=_JOB_ID)
     running.sort(key=_JOB_ID)
@@ -116,17 +120,21 @@ def pending_view(j: JobRecord, blocked_reason: str | None) -> PendingJob:
     )
 
 
-class PendingViews:
-    """Each pending job's ``PendingJob``, kept from one pass to the next.
+class JobViews:
+    """Each unfinished job's view (``PendingJob``, or ``RunningJob`` for one that holds
+    resources), kept from one pass to the next.
 
-    A view is made again only when its job's record is another object or its blocked
-    reason changed: every change of a job's columns replaces its record (``Txn.transition``;
-    only the pass's own annotations are written in place), so the same record means the
-    same view.  Making 100,000 views took over a second of the head's loop per pass.
+    A view is made again only when its job's record is another object or (pending) its
+    blocked reason changed: every change of a job's columns replaces its record
+    (``Txn.transition``; only the pass's own annotations and telemetry are written in place),
+    so the same record means the same view.  Making 100,000 views took over a second of the
+    head's loop per pass, and the views of running jobs are wanted twice a pass: for the
+    snapshot and for the re-check of its plan.
     """
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[JobRecord, PendingJob]] = {}
+        self._running: dict[int, tuple[JobRecord, RunningJob]] = {}
 
     def pending(self, store: Store, blocked: dict[int, str]) -> tuple[list[PendingJob], list[JobRecord]]:
         """The pending jobs' views, and the records of the other unfinished jobs."""
@@ -144,6 +152,27 @@ class PendingViews:
             views.append(entry[1])
         self._kept = fresh     # ended and started jobs drop out
         return views, others
+
+    def running(self, jobs: Iterable[JobRecord]) -> list[RunningJob]:
+        """The views of those of ``jobs`` that hold resources (all of them, each call)."""
+        kept, fresh, views = self._running, {}, []
+        for j in jobs:
+            if j.node is None or not j.state.active:
+                continue
+            entry = kept.get(j.job_id)
+            if entry is None or entry[0] is not j:
+                entry = (j, running_view(j))
+            fresh[j.job_id] = entry
+            views.append(entry[1])
+        self._running = fresh  # ended and requeued jobs drop out
+        return views
+
+    def eligible(self, j: JobRecord) -> PendingJob:
+        """Pending job ``j``'s view as a job free to start (its kept one when that is it)."""
+        entry = self._kept.get(j.job_id)
+        if entry is not None and entry[0] is j and entry[1].blocked_reason is None:
+            return entry[1]
+        return pending_view(j, None)
 
 
 def _gang_request(j: JobRecord) -> dict:
@@ -186,50 +215,48 @@ class Applied:
     relayouts: list[Relayout] = field(default_factory=list)     # MIG re-layouts to send
 
 
-def _holding(store: Store) -> list[JobRecord]:
-    """The jobs that hold resources (the node test first: it rules out pending jobs at once)."""
-    return [j for j in store.active.values() if j.node is not None and j.state.active]
+def recheck(store: Store, plan: Plan, views: JobViews | None = None) -> Outcome:
+    """What of ``plan`` still holds against the store (``gpud.sched.apply``); ``views``: the
+    jobs' views kept by the pass.  What running jobs hold is counted only when something is
+    to start or be re-laid: most passes over a long queue start nothing, and then nothing
+    needs it."""
+    active = store.active
+    views = views if views is not None else JobViews()
+    checking = bool(plan.starts or plan.relayouts)
+    nodes = {name: v for name in store.nodes if (v := node_view(store, name)) is not None} if checking else {}
+    holding = views.running(active.values()) if checking else []
+    pending = {}
+    for s in plan.starts:
+        j = active.get(s.job_id)
+        if j is not None and j.state is JobState.PENDING:
+            pending[s.job_id] = views.eligible(j)
+    victims = {}
+    for p in plan.preemptions:
+        j = active.get(p.job_id)
+        if j is not None and j.node is not None and j.state.active:
+            victims[p.job_id] = running_view(j)
+    return apply_plan(Holdings(nodes, holding), plan, pending, victims)
 
 
-def _in_use(holding: list[JobRecord]) -> dict[str, tuple[set[int], int, int]]:
-    used: dict[str, tuple[set[int], int, int]] = {}
-    for j in holding:
-        for node, indices, c, m in [(j.node, j.gpu_indices, j.cpus, j.mem_mb)] + [
-                (p.node, p.gpu_indices, p.cpus, p.mem_mb) for p in gang.parts_view(j)]:
-            gpus, cpus, mem = used.get(node, (set(), 0, 0))
-            used[node] = (gpus | set(indices), cpus + c, mem + m)
-    return used
-
-
-def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
-    """Re-check ``plan`` against the store and turn what still holds into one transaction."""
+def plan_to_txn(store: Store, plan: Plan, now: float, views: JobViews | None = None) -> tuple[Txn, Applied]:
+    """Re-check ``plan`` against the store and turn what still holds into one transaction;
+    ``views``: the jobs' views kept by the pass (``build_snapshot``'s)."""
     txn = Txn(store)
     applied = Applied()
-    # Most passes over a long queue start nothing, and then nothing needs re-checking.
-    holding = _holding(store) if plan.starts or plan.relayouts else []
-    used, shared = _in_use(holding), SharedUse(holding)
-    for s in plan.starts:
-        job = store.active.get(s.job_id)
-        if job is None or job.state is not JobState.PENDING or job.spec.hold:
+    out = recheck(store, plan, views)
+    for refused in out.refused:
+        if refused.gone:       # cancelled, held, ended or lost while the core ran: the next pass knows
             continue
+        what = refused.decision
+        if isinstance(what, Start):
+            log.warning("plan start of job %d on %s skipped: %s", what.job_id, what.node, refused.reason)
+        elif isinstance(what, Relayout):
+            log.warning("planned re-layout of %s GPU %d skipped: %s", what.node, what.gpu, refused.reason)
+    for s in out.starts:
+        job = store.active[s.job_id]
         info = node_info(store, s.node)
-        rec = store.nodes.get(s.node)
-        if info is None or rec is None or rec.state != UP:
-            continue
-        if not _fits(info, used.get(s.node, (set(), 0, 0)), s):
-            log.warning("plan start of job %d on %s no longer fits; skipped", s.job_id, s.node)
-            continue
-        why = shared.fits(info, job.user, s.devices)
-        if why:
-            log.warning("plan start of job %d on %s skipped: %s", s.job_id, s.node, why)
-            continue
-        parts = _check_parts(store, used, shared, job.user, s)
-        if parts is None:
-            continue
-        shared.add(s.node, job.user, s.devices)
-        for p in (s, *s.parts):
-            gpus, cpus, mem = used.get(p.node, (set(), 0, 0))
-            used[p.node] = (gpus | set(p.gpu_indices), cpus + p.cpus, mem + p.mem_mb)
+        assert info is not None        # the re-check found the node
+        parts = [_part(store, p) for p in s.parts]
         alloc = start_changes(s, info)
         attempt = job.attempt + 1
         where = s.node if not parts else gang.nodelist_text([s.node] + [p["node"] for p in parts])
@@ -242,20 +269,9 @@ def plan_to_txn(store: Store, plan: Plan, now: float) -> tuple[Txn, Applied]:
         )
         txn.start_allocation(updated, now=now)
         applied.launches.append(updated)
-    for r in plan.relayouts:
-        info = node_info(store, r.node)
-        rec = store.nodes.get(r.node)
-        if info is None or rec is None or rec.state != UP:
-            continue
-        why = shared.relayout_ok(info, r)
-        if why:
-            log.warning("planned re-layout of %s GPU %d skipped: %s", r.node, r.gpu, why)
-            continue
-        applied.relayouts.append(r)
-    for p in plan.preemptions:
-        job = store.active.get(p.job_id)
-        if job is None or job.state is not JobState.RUNNING:
-            continue
+    applied.relayouts.extend(out.relayouts)
+    for p in out.preemptions:
+        job = store.active[p.job_id]
         updated = txn.transition(
             job, JobState.COMPLETING, now=now, event="preempted", detail=p.reason,
             stop_reason=StopReason.preempted(p.mode).value, stop_time=now, preempt_count=job.preempt_count + 1,
@@ -273,37 +289,12 @@ def _shown(alloc: dict) -> str:
     return "[" + ", ".join(f"{d['index']}:{d.get('profile') or d['kind']}" for d in devices) + "]"
 
 
-def _check_parts(store: Store, used: dict[str, tuple[set[int], int, int]], shared: SharedUse,
-                 user: str, s: Start) -> list[dict] | None:
-    """Ranks 1..N-1 of a gang start, re-checked like rank 0 (whole GPUs only), as
-    gang.part_dict entries; None when any of them no longer fits."""
-    out: list[dict] = []
-    seen = {s.node}
-    for p in s.parts:
-        info = node_info(store, p.node)
-        rec = store.nodes.get(p.node)
-        if info is None or rec is None or rec.state != UP or p.node in seen:
-            log.warning("plan start of job %d: part on %s is unavailable; skipped", s.job_id, p.node)
-            return None
-        seen.add(p.node)
-        by_index = {g.index: g for g in info.gpus}
-        probe = Start(s.job_id, p.node, p.gpu_indices, p.cpus, p.mem_mb)
-        why = None if _fits(info, used.get(p.node, (set(), 0, 0)), probe) else "no longer fits"
-        why = why or shared.fits(info, user, [Device(i, "gpu", by_index[i].uuid) for i in p.gpu_indices])
-        if why:
-            log.warning("plan start of job %d: part on %s skipped: %s", s.job_id, p.node, why)
-            return None
-        out.append(gang.part_dict(p.node, p.gpu_indices, [by_index[i].uuid for i in p.gpu_indices],
-                                  p.cpus, p.mem_mb))
-    return out
-
-
-def _fits(info: NodeInfo, used: tuple[set[int], int, int], s: Start) -> bool:
-    gpus, cpus, mem = used
-    indices = {g.index for g in info.gpus}
-    if any(i in gpus or i not in indices for i in s.gpu_indices) or len(set(s.gpu_indices)) != len(s.gpu_indices):
-        return False
-    return cpus + s.cpus <= info.cpus and mem + s.mem_mb <= info.mem_mb
+def _part(store: Store, p: Part) -> dict:
+    """A gang start's rank 1..N-1 on one node, as a gang.part_dict entry (with GPU UUIDs)."""
+    info = node_info(store, p.node)
+    assert info is not None        # the re-check found the node
+    uuids = {g.index: g.uuid for g in info.gpus}
+    return gang.part_dict(p.node, p.gpu_indices, [uuids[i] for i in p.gpu_indices], p.cpus, p.mem_mb)
 
 
 def annotate(store: Store, plan: Plan) -> None:

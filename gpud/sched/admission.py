@@ -10,7 +10,9 @@ cluster is configured (flux calls this "infeasible", as opposed to "not now"): a
 partition, QOS or account, an account the user is not in, a time limit over the
 partition's ``max_time``, a GPU type no node has, or more GPUs, CPUs or memory than any one
 node of the partition has.  Node checks apply only once nodes have registered; before that,
-a request waits instead.
+a request waits instead.  ``infeasible`` gives the same answer with the kind of its reason
+(``Infeasible.kind``: ``no_such_qos``, ``too_many_gpus``, ...): the simulator refuses trace
+jobs with it, so its refusals are the head's, counted by kind.
 
 Multi-node jobs (``nodes`` > 1) and jobs that name nodes, features or exclusivity are
 refused when the request contradicts itself (GPUs not divisible by the node count, more
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ..gpu import mig
 from ..units import format_duration, format_size_mb
@@ -90,26 +92,42 @@ def resolve_job(req: Any, user: str, cfg: SchedConfig, nodes: Sequence[Any] = ()
     return Resolved(account=account, partition=partition, qos=qos, time_limit=time_limit, mem_mb=mem)
 
 
+class Infeasible(NamedTuple):
+    """Why a request can never run: a short name for the kind of reason, and the message."""
+
+    kind: str          # e.g. "no_such_qos", "too_many_gpus" (the simulator counts refusals by it)
+    message: str       # one line with what to change, for the user
+
+
 def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Sequence[Any] = ()) -> str | None:
     """Why the request can never run, in one line with what to change; None if it can."""
+    why = infeasible(req, resolved, user, cfg, nodes)
+    return None if why is None else why.message
+
+
+def infeasible(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Sequence[Any] = (), *,
+               accounts: bool = True) -> Infeasible | None:
+    """``refusal`` with the kind of its reason.  ``accounts=False`` leaves out whether the
+    account exists and the user may use it (the simulator makes every trace account and
+    user valid)."""
     part = cfg.partitions.get(resolved.partition)
     if part is None:
-        return (f"invalid partition {resolved.partition!r}: choose one of {', '.join(cfg.partitions)} "
-                "with --partition")
+        return Infeasible(
+            "no_such_partition",
+            f"invalid partition {resolved.partition!r}: choose one of "
+            f"{', '.join(cfg.partitions)} with --partition")
     if resolved.qos not in cfg.qos:
-        return f"invalid QOS {resolved.qos!r}: choose one of {', '.join(cfg.qos)} with --qos"
-    named = _get(req, "account") is not None
-    if not named and not cfg.user_in_account(user, resolved.account):
-        return f"user {user} belongs to no account: ask an administrator to add them to one in gpud.toml"
-    if resolved.account not in cfg.accounts:
-        return f"invalid account {resolved.account!r}: choose one of {', '.join(cfg.accounts)} with --account"
-    if not cfg.user_in_account(user, resolved.account):
-        mine = [a.name for a in cfg.accounts.values() if cfg.user_in_account(user, a.name)]
-        hint = f"use --account {' or '.join(mine)}" if mine else "ask an administrator to add you"
-        return f"user {user} is not in account {resolved.account!r}: {hint}"
+        return Infeasible("no_such_qos",
+                          f"invalid QOS {resolved.qos!r}: choose one of {', '.join(cfg.qos)} with --qos")
+    if accounts:
+        why = _account_refusal(req, resolved, user, cfg)
+        if why:
+            return why
     if part.max_time is not None and (resolved.time_limit is None or resolved.time_limit > part.max_time):
-        return (f"time limit {format_duration(resolved.time_limit)} exceeds partition {part.name}'s "
-                f"max_time of {format_duration(part.max_time)}: ask for less with --time")
+        return Infeasible(
+            "over_time_limit",
+            f"time limit {format_duration(resolved.time_limit)} exceeds partition "
+            f"{part.name}'s max_time of {format_duration(part.max_time)}: ask for less with --time")
     view = _members(nodes, part.nodes)
     members = view.members
     gpus, cpus = int(_get(req, "gpus", 0)), int(_get(req, "cpus", 1))
@@ -137,21 +155,48 @@ def refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig, nodes: Se
 
     most = view.most_whole(gpu_type)
     if gpu_type is not None and not most:
-        models = sorted({g.model for n in members for g in n.gpus if _takes_whole(g)})
-        return (f"no node in partition {part.name} has GPUs of type {gpu_type!r}: use one of "
-                f"{', '.join(models) or '(none: this partition has no GPUs)'} with --gpu-type")
+        models = view.whole_models()
+        return Infeasible(
+            "no_such_gpu_type",
+            f"no node in partition {part.name} has GPUs of type {gpu_type!r}: use one of "
+            f"{', '.join(models) or '(none: this partition has no GPUs)'} with --gpu-type")
     if gpus > most:
-        return (f"Requested node configuration is not available: {gpus} GPUs on one node, but the largest "
-                f"node in partition {part.name} has {most}; ask for at most {most}")
+        return Infeasible(
+            "too_many_gpus",
+            f"Requested node configuration is not available: {gpus} GPUs on one node, but the largest "
+            f"node in partition {part.name} has {most}; ask for at most {most}")
     if cpus > view.cpus:
-        return (f"Requested node configuration is not available: {cpus} CPUs, but the largest node in "
-                f"partition {part.name} has {view.cpus}; ask for at most {view.cpus}")
+        return Infeasible(
+            "too_many_cpus",
+            f"Requested node configuration is not available: {cpus} CPUs, but the largest node in "
+            f"partition {part.name} has {view.cpus}; ask for at most {view.cpus}")
     if mem > view.mem_mb:
-        return (f"Requested node configuration is not available: {format_size_mb(mem)} of memory, but the "
-                f"largest node in partition {part.name} has {format_size_mb(view.mem_mb)}; ask for less with --mem")
+        return Infeasible(
+            "too_much_memory",
+            f"Requested node configuration is not available: {format_size_mb(mem)} of memory, but the "
+            f"largest node in partition {part.name} has {format_size_mb(view.mem_mb)}; ask for less with --mem")
     if not any(_whole(n, gpu_type) >= gpus and n.cpus >= cpus and n.mem_mb >= mem for n in members):
-        return (f"Requested node configuration is not available: no node in partition {part.name} has "
-                f"{gpus} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
+        return Infeasible(
+            "no_node_fits",
+            f"Requested node configuration is not available: no node in partition {part.name} has "
+            f"{gpus} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
+    return None
+
+
+def _account_refusal(req: Any, resolved: Resolved, user: str, cfg: SchedConfig) -> Infeasible | None:
+    named = _get(req, "account") is not None
+    if not named and not cfg.user_in_account(user, resolved.account):
+        return Infeasible("no_account",
+                          f"user {user} belongs to no account: ask an administrator to add them to one in gpud.toml")
+    if resolved.account not in cfg.accounts:
+        return Infeasible(
+            "no_such_account",
+            f"invalid account {resolved.account!r}: choose one of "
+            f"{', '.join(cfg.accounts)} with --account")
+    if not cfg.user_in_account(user, resolved.account):
+        mine = [a.name for a in cfg.accounts.values() if cfg.user_in_account(user, a.name)]
+        hint = f"use --account {' or '.join(mine)}" if mine else "ask an administrator to add you"
+        return Infeasible("not_in_account", f"user {user} is not in account {resolved.account!r}: {hint}")
     return None
 
 
@@ -170,12 +215,19 @@ class _Members:
         self.cpus = max((n.cpus for n in self.members), default=0)
         self.mem_mb = max((n.mem_mb for n in self.members), default=0)
         self._whole: dict[str | None, int] = {}
+        self._models: list[str] | None = None
 
     def most_whole(self, gpu_type: str | None) -> int:
         most = self._whole.get(gpu_type)
         if most is None:
             most = self._whole[gpu_type] = max((_whole(n, gpu_type) for n in self.members), default=0)
         return most
+
+    def whole_models(self) -> list[str]:
+        """The models of the members' GPUs that can be given whole, sorted."""
+        if self._models is None:
+            self._models = sorted({g.model for n in self.members for g in n.gpus if _takes_whole(g)})
+        return self._models
 
 
 _KEPT: dict[tuple[str, ...], _Members] = {}
@@ -195,64 +247,82 @@ def _members(nodes: Sequence[Any], patterns: Sequence[str]) -> _Members:
 
 
 def _request_refusal(count: int, gpus: int, shared: bool, exclusive: bool, wanted: tuple[str, ...],
-                     banned: tuple[str, ...], features: str | None) -> str | None:
+                     banned: tuple[str, ...], features: str | None) -> Infeasible | None:
     """Why a node request contradicts itself, whatever the nodes."""
     if count < 1:
-        return f"invalid node count {count}: ask for at least 1 node with -N"
+        return Infeasible("bad_request", f"invalid node count {count}: ask for at least 1 node with -N")
     if shared and (count > 1 or exclusive):
-        return ("GPU fractions (a MIG profile or --gpu-mem) run on one node and share it: drop -N and "
-                "--exclusive, or ask for whole GPUs with --gpus")
+        return Infeasible(
+            "bad_request",
+            "GPU fractions (a MIG profile or --gpu-mem) run on one node and share it: drop -N and "
+            "--exclusive, or ask for whole GPUs with --gpus")
     if gpus % count:
-        return (f"{gpus} GPUs cannot be split evenly over {count} nodes: ask for a multiple of {count} "
-                "with --gpus, or give --gpus-per-node")
+        return Infeasible(
+            "bad_request",
+            f"{gpus} GPUs cannot be split evenly over {count} nodes: ask for a multiple of {count} "
+            "with --gpus, or give --gpus-per-node")
     if len(set(wanted)) > count:
         k = len(set(wanted))
-        return f"--nodelist names {k} nodes but the job asks for {count}: ask for -N {k}, or name fewer nodes"
+        return Infeasible(
+            "bad_request",
+            f"--nodelist names {k} nodes but the job asks for {count}: ask for -N {k}, or name fewer nodes")
     both = sorted(set(wanted) & set(banned))
     if both:
-        return f"node {both[0]} is both required (--nodelist) and excluded (--exclude): drop it from one"
+        return Infeasible(
+            "bad_request",
+            f"node {both[0]} is both required (--nodelist) and excluded (--exclude): drop it from one")
     try:
         parse_constraint(features)
     except ValueError as e:
-        return str(e)
+        return Infeasible("bad_request", str(e))
     return None
 
 
 def _gang_refusal(part: str, members: list[Any], count: int, per_node: int, cpus: int, mem: int,
                   gpu_type: str | None, wanted: tuple[str, ...], banned: tuple[str, ...],
-                  features: str | None, exclusive: bool) -> str | None:
+                  features: str | None, exclusive: bool) -> Infeasible | None:
     """Why a multi-node job, or one that names nodes or features, can never run in ``part``."""
     names = {n.name for n in members}
     unknown = sorted(set(wanted) - names)
     if unknown:
-        return (f"Invalid node name specified: {unknown[0]} is not a node of partition {part}; "
-                "see gpuctl sinfo for its nodes")
+        return Infeasible(
+            "no_such_node",
+            f"Invalid node name specified: {unknown[0]} is not a node of partition {part}; "
+            "see gpuctl sinfo for its nodes")
     if count > len(members):
-        return (f"Requested node configuration is not available: {count} nodes, but partition {part} has "
-                f"{len(members)}; ask for at most {len(members)} with -N")
+        return Infeasible(
+            "too_many_nodes",
+            f"Requested node configuration is not available: {count} nodes, but partition {part} has "
+            f"{len(members)}; ask for at most {len(members)} with -N")
     alternatives = parse_constraint(features)
     usable = [n for n in members if n.name not in banned]
     if alternatives:
         usable = [n for n in usable if any(a <= node_features(_labels(n)) for a in alternatives)]
         if not usable:
             offered = sorted({f for n in members for f in node_features(_labels(n))})
-            return (f"Invalid feature specification: no node in partition {part} has {features}; "
-                    f"its nodes offer {', '.join(offered) or 'no features'}")
+            return Infeasible(
+                "no_such_feature",
+                f"Invalid feature specification: no node in partition {part} has {features}; "
+                f"its nodes offer {', '.join(offered) or 'no features'}")
 
     def have(n: Any) -> int:
         return sum(1 for g in n.gpus if (gpu_type is None or g.model == gpu_type) and _takes_whole(g))
 
     most = max(have(n) for n in members)
     if per_node > most:
-        return (f"Requested node configuration is not available: {per_node} GPUs per node, but the largest "
-                f"node in partition {part} has {most}; ask for at most {most * count} GPUs over {count} nodes")
+        return Infeasible(
+            "too_many_gpus",
+            f"Requested node configuration is not available: {per_node} GPUs per node, but the largest "
+            f"node in partition {part} has {most}; ask for at most {most * count} GPUs over {count} nodes")
     able = [n for n in usable if have(n) >= per_node and n.cpus >= cpus and n.mem_mb >= mem]
     if len(able) < count or not set(wanted) <= {n.name for n in able}:
         what = f"{per_node} GPUs, {cpus} CPUs and {format_size_mb(mem)} of memory"
         including = f" (including {', '.join(sorted(wanted))})" if wanted else ""
-        return (f"Requested node configuration is not available: the job needs {count} nodes{including} with "
-                f"{what} each, but only {len(able)} matching nodes of partition {part} have that; ask for "
-                "fewer nodes or less per node")
+        return Infeasible(
+            "no_node_fits",
+            f"Requested node configuration is not available: the job needs {count} nodes{including} with "
+            f"{what} each, but only {len(able)} matching nodes of partition {part} have that; ask for "
+            "fewer nodes or less per node")
     return None
 
 
@@ -292,7 +362,7 @@ def _largest_mb(g: Any) -> int:
     return max((slice_capacity_mb(s.profile, s.memory_mb) for s in getattr(g, "slices", ())), default=0)
 
 
-def _shared_refusal(req: Any, part: str, members: list[Any], cpus: int, mem: int) -> str | None:
+def _shared_refusal(req: Any, part: str, members: list[Any], cpus: int, mem: int) -> Infeasible | None:
     """Why a MIG or --gpu-mem request can never run in partition ``part``."""
     gpu_type = _get(req, "gpu_type")
     profile = _get(req, "mig_profile")
@@ -312,24 +382,32 @@ def _shared_refusal(req: Any, part: str, members: list[Any], cpus: int, mem: int
             hint = (f"MIG GPUs here offer {', '.join(offered)}" if offered
                     else "it has no GPUs in MIG mode; ask for whole GPUs (--gpus N) or memory (--gpu-mem)")
             kind = f" of type {gpu_type}" if gpu_type else ""
-            return f"no GPU{kind} in partition {part} offers MIG profile {profile}: {hint}"
+            return Infeasible(
+                "no_such_mig_profile",
+                f"no GPU{kind} in partition {part} offers MIG profile {profile}: {hint}")
         most = max(cap(n) for n in members)
         if count > most:
-            return (f"Requested node configuration is not available: {count} {profile} slices on one node, but "
-                    f"the most one node of partition {part} can hold is {most}; ask for at most {most}")
+            return Infeasible(
+                "too_many_slices",
+                f"Requested node configuration is not available: {count} {profile} slices on one node, but "
+                f"the most one node of partition {part} can hold is {most}; ask for at most {most}")
         what = f"{count} {profile} slice{'s' if count > 1 else ''}"
     else:
         def cap(n: Any) -> int:
             return int(any(_largest_mb(g) >= want for g in gpus(n)))
         if not any(cap(n) for n in members):
             top = max((_largest_mb(g) for n in members for g in gpus(n)), default=0)
-            return (f"no GPU, slice or share in partition {part} has {format_size_mb(want)} of GPU memory; "
-                    f"the largest has {format_size_mb(top)}: ask for less with --gpu-mem")
+            return Infeasible(
+                "gpu_mem_too_large",
+                f"no GPU, slice or share in partition {part} has {format_size_mb(want)} of GPU memory; "
+                f"the largest has {format_size_mb(top)}: ask for less with --gpu-mem")
         what = f"a GPU device with {format_size_mb(want)}"
     if cpus > max(n.cpus for n in members) or mem > max(n.mem_mb for n in members) or not any(
             cap(n) >= (count if profile else 1) and n.cpus >= cpus and n.mem_mb >= mem for n in members):
-        return (f"Requested node configuration is not available: no node in partition {part} has {what}, "
-                f"{cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
+        return Infeasible(
+            "no_node_fits",
+            f"Requested node configuration is not available: no node in partition {part} has {what}, "
+            f"{cpus} CPUs and {format_size_mb(mem)} of memory together; ask for less")
     return None
 
 

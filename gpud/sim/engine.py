@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 The simulator plays the head's part: it keeps the cluster's state, builds a ``Snapshot``,
 calls ``gpud.sched.core.schedule(snapshot, now)`` and applies the ``Plan`` the way the
-head does (``gpud.head.scheduling``): starts are re-checked against what is free, then
-preemptions signal their victims.  No scheduling decision is made here.
+head does: ``gpud.sched.apply`` re-checks it against what running jobs hold (kept in one
+``Holdings`` for the whole run), then what holds starts, preemptions signal their victims
+and re-layouts re-cut their GPUs.  No scheduling decision is made here.
 
 Time moves only from event to event.  Events are trace arrivals (pulled one row at a time
 from the streaming trace reader, so the trace is never all in memory), run ends
@@ -33,10 +34,12 @@ nodes of ``ceil(gpus / N)`` GPUs each, so its GPU count is rounded up to a multi
 all N nodes at once (``Start.parts``); the engine takes every part's GPUs, CPUs and
 memory in one step and gives them all back when the run ends.
 
-Jobs that can never start (more GPUs than N nodes of the type can hold, a GPU type the
-cluster lacks, an unknown QOS, a time limit over the partition's) are refused at arrival
-and counted, like the head refusing them at submit.  Trace accounts the config lacks join the account tree
-with one share each, so any trace runs under any config.
+Jobs that can never start are refused at arrival by the head's own submit-time check
+(``gpud.sched.admission``: more GPUs than N nodes of the type can hold, a GPU type the
+cluster lacks, a MIG profile or GPU memory no GPU offers, an unknown QOS, a time limit over
+the partition's, ...) and counted by the kind of reason.  Trace accounts the config lacks
+join the account tree with one share each, and trace users belong to their accounts, so
+any trace runs under any config.
 
 A background load (``--background``, gpud/sim/background.py) arrives merged into the one
 stream of rows; its rows are marked, and with ``drain`` the run ends once every job of the
@@ -65,12 +68,14 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..sched import usage as sched_usage
+from ..sched import admission, usage as sched_usage
+from ..sched.admission import Resolved
+from ..sched.apply import Held, Holdings, apply_plan, pieces
 from ..sched.config import AccountConfig, PartitionConfig, SchedConfig
 from ..sched.core import schedule as core_schedule
 from ..sched.fragmentation import DEFAULT_SIZE
-from ..sched.plan import Plan, Preemption, Start
-from ..sched.snapshot import Device, NodeView, PendingJob, RunningJob, Snapshot, live_claims
+from ..sched.plan import Plan, Preemption, Relayout, Start
+from ..sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, live_claims
 from . import sharing as _sharing
 from .estimates import Estimates
 from .report import Tally, size_bucket
@@ -92,6 +97,8 @@ PREEMPT_WINDOW_S = 60.0
 # instead scan every live job record several times a pass (about 10 % of a month's CPU).
 GC_EVERY = 8
 GC_OLDER_EVERY = 32
+# Arrivals' admission answers kept by request shape, up to this many.
+REFUSALS_KEPT = 4096
 
 
 class _Job:
@@ -191,14 +198,11 @@ class Simulation:
         self.jobs: dict[int, _Job] = {}
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
-        # whole GPUs free per node; shared GPUs are the core's to count (their jobs' devices)
-        # (an mps:dynamic GPU is whole while no share holds it: ``_dynamic`` counts its shares)
-        self._free = {n.name: {g.index for g in n.gpus if g.mode == "whole" or (g.mode == "mps" and g.dynamic)}
-                      for n in self.nodes}
-        self._dynamic: dict[tuple[str, int], int] = {(n.name, g.index): 0 for n in self.nodes for g in n.gpus
-                                                     if g.mode == "mps" and g.dynamic}
-        self._free_cpus = {n.name: n.cpus for n in self.nodes}
-        self._free_mem = {n.name: n.mem_mb for n in self.nodes}
+        self._node_by_name = {n.name: n for n in self.nodes}
+        # what running jobs hold, kept for the whole run: plans are re-checked against it
+        # (gpud.sched.apply), and ``_free`` is each node's set of GPUs free to be given whole
+        self._holdings = Holdings(self._node_by_name)
+        self._free = {n.name: self._node(n.name).free for n in self.nodes}
         self._models = {n.name: {g.index: g.model for g in n.gpus} for n in self.nodes}
         self._node_model = {n.name: (n.gpus[0].model if len({g.model for g in n.gpus}) == 1
                                      else None) for n in self.nodes}
@@ -224,11 +228,11 @@ class Simulation:
         # the most whole GPUs of a model (None: any) on one node
         self._max_gpus = {model: counts[0] if counts else 0 for model, counts in self._node_gpus.items()}
         self._fractions = _sharing.Fractions(self.nodes)
+        self._refusals: dict[tuple, str | None] = {}     # _refusal's answers
         # fractional jobs waiting, and whether shared devices may have come free since the last pass
         self._shared_pending = 0
         self._shared_dirty = False
         self.total_gpus = sum(len(n.gpus) for n in self.nodes)
-        self._node_by_name = {n.name: n for n in self.nodes}
         self.allocated = 0.0               # GPUs occupied: whole ones, plus slices and shares by fraction
         self.tally = Tally(total_gpus=self.total_gpus, period=period, series_step=series_step,
                            frag_size=max(1, min(DEFAULT_SIZE, self._max_gpus[None])))
@@ -442,21 +446,26 @@ class Simulation:
         return self.config.partitions.get(self.config.default_partition)
 
     def _refusal(self, row: TraceJob, limit: float | None, gang: tuple[int, int] | None) -> str | None:
-        """Why the head would refuse this job at submit (it could never run), or None;
-        ``gang``: its ``_gang_shape``."""
+        """The kind of reason the head would refuse this job for at submit (it could never
+        run: ``gpud.sched.admission``), or None; ``gang``: its ``_gang_shape``.  The account
+        and user are left out: every trace account and user is valid here."""
+        cfg = self.config
         gpu_type = None if self.ignore_gpu_type else row.gpu_type
-        if gpu_type is not None and gpu_type not in self._max_gpus:
-            return "no_such_gpu_type"
-        if row.gpus > self._max_gpus[gpu_type] and not (
-                row.share < 1 and self._fractions.kind != "whole") and not row.mig_profile \
-                and not row.gpu_mem and gang is None:
-            return "too_many_gpus"
-        if (row.qos or self.config.default_qos) not in self.config.qos:
-            return "no_such_qos"
-        part = self._partition()
-        if part is not None and part.max_time is not None and (limit is None or limit > part.max_time):
-            return "over_time_limit"
-        return None
+        nodes, per_node = gang if gang is not None else (1, row.gpus)
+        fields = _sharing.pending_fields(row, self._fractions, gpu_type)
+        qos = row.qos or cfg.default_qos
+        # the answer depends on the request's shape and the nodes only (cleared when they change)
+        key = (gpu_type, nodes, per_node, fields["mig_profile"], fields["gpu_mem_mb"], qos, limit)
+        if key in self._refusals:
+            return self._refusals[key]
+        if len(self._refusals) >= REFUSALS_KEPT:
+            self._refusals.clear()
+        request = {"gpus": nodes * per_node, "cpus": 1, "gpu_type": gpu_type, "nodes": nodes, **fields}
+        resolved = Resolved(account=row.account or cfg.default_account, partition=cfg.default_partition,
+                            qos=qos, time_limit=limit, mem_mb=cfg.default_mem_mb)
+        why = admission.infeasible(request, resolved, row.user, cfg, self.nodes, accounts=False)
+        kind = self._refusals[key] = None if why is None else why.kind
+        return kind
 
     def _gang_shape(self, row: TraceJob) -> tuple[int, int] | None:
         """(nodes, GPUs per node) for a whole-GPU job bigger than the largest node, when
@@ -502,14 +511,10 @@ class Simulation:
     def _end_run(self, job: _Job, t: float, *, natural: bool) -> None:
         job_id = job.trace.seq
         run = self.running.pop(job_id)
-        for node, gpus, cpus, mem in _pieces(run):      # a gang's nodes all free together
-            before = self._free_counts(node)
-            self._free[node].update(gpus)
-            if self._dynamic:
-                self._free[node].update(self._shares_end(node, run.devices))
-            self._refile(node, before)
-            self._free_cpus[node] += cpus
-            self._free_mem[node] += mem
+        before = self._counts_before([run])             # a gang's nodes all free together
+        self._holdings.release(run)
+        for node, counts in before.items():
+            self._refile(node, counts)
         self.allocated -= job.amount
         if abs(self.allocated) < 1e-9:
             self.allocated = 0.0           # no float residue once nothing runs
@@ -556,15 +561,28 @@ class Simulation:
         if self.tally.passes % GC_EVERY == 0:
             gc.collect(1 if self.tally.passes % (GC_EVERY * GC_OLDER_EVERY) == 0 else 0)
         self._shared_dirty = False
-        for s in plan.starts:
+        before = self._counts_before(plan.starts)
+        out = apply_plan(self._holdings, plan, self.pending, self.running)     # the head's re-check
+        for refused in out.refused:
+            what = refused.decision
+            if isinstance(what, Start):
+                log.warning("plan start of job %d on %s does not fit; skipped: %s", what.job_id,
+                            ",".join(p[0] for p in pieces(what)), refused.reason)
+            elif isinstance(what, Relayout):
+                log.warning("planned re-layout of %s GPU %d skipped: %s", what.node, what.gpu, refused.reason)
+        for node, counts in before.items():
+            self._refile(node, counts)
+        for s in out.starts:
             self._start(s, t)
-        for p in plan.preemptions:
+        for p in out.preemptions:
             self._preempt(p, t)
-        for r in plan.relayouts:           # shared GPUs: re-cut now, start the waiting jobs soon
+        for r in out.relayouts:            # shared GPUs: re-cut now, start the waiting jobs soon
             nodes = _sharing.apply_relayout(self.nodes, r, self.running.values(), t)
             if nodes is not None:
                 self.nodes = nodes
-                self._node_by_name[r.node] = next(n for n in nodes if n.name == r.node)
+                self._refusals.clear()
+                self._node_by_name[r.node] = view = next(n for n in nodes if n.name == r.node)
+                self._holdings.renew(view)
                 self._shared_dirty = True
                 self._wake(t + _sharing.RELAYOUT_S)
         pending = self.pending
@@ -580,41 +598,32 @@ class Simulation:
             self._wakes.add(w)
             self._push(w, _WAKE)
 
+    def _counts_before(self, held: Iterable[Start | RunningJob]) -> dict[str, dict[str | None, int]]:
+        """Free GPU counts of the nodes of ``held``, before they change (for ``_refile``)."""
+        return {p[0]: self._free_counts(p[0]) for x in held for p in pieces(x) if p[0] in self._free}
+
+    def _node(self, name: str) -> Held:
+        h = self._holdings.node(name)
+        assert h is not None
+        return h
+
     def _start(self, s: Start, t: float) -> None:
-        job = self.jobs.get(s.job_id)
-        if job is None or s.job_id not in self.pending or s.node not in self._free:
-            log.warning("plan starts job %s on %s, which is not possible; skipped", s.job_id, s.node)
-            return
-        pend = self.pending[s.job_id]
-        shared = any(d.kind != "gpu" for d in s.devices)    # slices and shares: the core's to count
-        pieces = _pieces(s)
-        if not self._fits(pend, pieces, shared, s.devices):
-            log.warning("plan start of job %d on %s does not fit; skipped", s.job_id,
-                        ",".join(p[0] for p in pieces))
-            return
-        del self.pending[s.job_id]
+        """Book-keeping for a start the re-check let through (its resources are held)."""
+        job = self.jobs[s.job_id]
+        pend = self.pending.pop(s.job_id)
+        shared = any(d.kind != "gpu" for d in s.devices)    # slices and shares: counted by fraction
+        placed = pieces(s)
         if pend.shared:
             self._shared_pending -= 1
         else:
             self._pending_shapes[(pend.gpu_type, pend.gpus // pend.nodes, pend.nodes)] -= 1
         self.tally.queue(job.account, -job.trace.share, job.qos)
-        for node, gpus, cpus, mem in pieces:        # a gang takes all its nodes at once
-            before = self._free_counts(node)
-            self._free[node].difference_update(gpus)
-            if self._dynamic:
-                for d in s.devices:
-                    if d.kind == "mps" and (node, d.index) in self._dynamic:
-                        self._dynamic[(node, d.index)] += 1
-                        self._free[node].discard(d.index)
-            self._refile(node, before)
-            self._free_cpus[node] -= cpus
-            self._free_mem[node] -= mem
         if shared:
             job.amount = _sharing.device_amount(s.devices, tuple(s.gpu_indices), self._gpu_views(s.node))
             job.weight = self._weight([(s.node, set(s.gpu_indices) or {d.index for d in s.devices})])
         else:
-            job.amount = float(sum(len(p[1]) for p in pieces))
-            job.weight = self._weight([(p[0], p[1]) for p in pieces])
+            job.amount = float(sum(len(p[1]) for p in placed))
+            job.weight = self._weight([(p[0], p[1]) for p in placed])
         job.shared = shared
         self.allocated += job.amount
         job.attempt += 1
@@ -637,39 +646,6 @@ class Simulation:
         run_for = job.trace.duration_s if job.limit is None else min(job.trace.duration_s, job.limit)
         self._push(t + run_for, _END, s.job_id, job.attempt)
 
-    def _fits(self, pend: PendingJob, pieces: tuple[tuple[str, tuple[int, ...], int, int], ...],
-              shared: bool, devices: tuple[Device, ...] = ()) -> bool:
-        """Whether every part of a start is free now: the head's re-check of a plan."""
-        if len(pieces) != pend.nodes or len({p[0] for p in pieces}) != len(pieces):
-            return False
-        per_node = pend.gpus // pend.nodes
-        for node, gpus, cpus, mem in pieces:
-            free = self._free.get(node)
-            if free is None or cpus > self._free_cpus[node] or mem > self._free_mem[node]:
-                return False
-            want = set(gpus)
-            if not shared and (len(want) != len(gpus) or not want <= free or len(want) != per_node):
-                return False
-            if shared and self._dynamic and any(
-                    d.kind == "mps" and self._dynamic.get((node, d.index)) == 0 and d.index not in free
-                    for d in devices):
-                return False               # an mps:dynamic GPU a whole-GPU job holds
-            models = self._models[node]
-            if pend.gpu_type is not None and any(models.get(i) != pend.gpu_type for i in want):
-                return False
-        return True
-
-    def _shares_end(self, node: str, devices: Iterable[Device]) -> list[int]:
-        """The mps:dynamic GPUs of ``node`` left without shares once ``devices`` end."""
-        idle = []
-        for d in devices:
-            key = (node, d.index)
-            if d.kind == "mps" and key in self._dynamic:
-                self._dynamic[key] -= 1
-                if self._dynamic[key] == 0:
-                    idle.append(d.index)
-        return idle
-
     def _gpu_views(self, node: str) -> dict[int, Any]:
         return {g.index: g for g in self._node_by_name[node].gpus}
 
@@ -681,10 +657,8 @@ class Simulation:
         return sum(ws) / len(ws) if ws else 1.0
 
     def _preempt(self, p: Preemption, t: float) -> None:
-        job = self.jobs.get(p.job_id)
-        run = self.running.get(p.job_id)
-        if job is None or run is None or job.stop_mode is not None:
-            return
+        """Book-keeping for a preemption the re-check let through (its victim runs)."""
+        job, run = self.jobs[p.job_id], self.running[p.job_id]
         job.stop_mode = "cancel" if p.mode == "cancel" else "requeue"
         job.preempt_count += 1
         self.running[p.job_id] = replace(run, stopping=True, preempt_count=job.preempt_count)
@@ -693,14 +667,6 @@ class Simulation:
         if p.for_job is not None:
             self._claims[p.job_id] = p.for_job
         self._push(t + max(0.0, float(p.grace_time)), _GRACE, p.job_id, job.attempt)
-
-
-def _pieces(x: Start | RunningJob) -> tuple[tuple[str, tuple[int, ...], int, int], ...]:
-    """(node, GPU indices, CPUs, memory) of every node of a start or run, rank 0 first."""
-    first = (x.node, tuple(x.gpu_indices), x.cpus, x.mem_mb)
-    if not x.parts:
-        return (first,)
-    return (first, *((p.node, tuple(p.gpu_indices), p.cpus, p.mem_mb) for p in x.parts))
 
 
 def _may_preempt(config: SchedConfig) -> bool:
