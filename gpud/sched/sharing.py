@@ -358,6 +358,7 @@ class Sharing:
         for g in cands:
             if g.view.dynamic and not g.busy:
                 by_node.setdefault(g.node, []).append(g)
+        usable = self._candidate_set(job, ("mig",))    # not a node's GPUs of another model
         # Nodes whose busiest dynamic GPU is busiest first: with nothing to destroy, the first
         # node that can cut the slices is the answer; destroying, the fewest slices win.
         order = sorted(by_node, key=lambda i: (-max(g.used_compute() for g in by_node[i]), i))
@@ -366,7 +367,7 @@ class Sharing:
             for i in order:
                 if not self._node_ok_later(i, job):
                     continue
-                found = self._node_option(job, p, k, end, self.on_node[i], destroying)
+                found = self._node_option(job, p, k, end, [g for g in self.on_node[i] if g in usable], destroying)
                 if found is None:
                     continue
                 opts, mine = found
