@@ -1,6 +1,6 @@
 """Shared GPUs as one scheduling pass sees them: per-GPU state, device arithmetic, MIG caches.
 
-``GpuState`` is a shared GPU's working copy in a pass (gpud/sched/sharing.py mutates it):
+``GpuState`` is a shared GPU's working copy in a pass (gpud/sched/slices.py and shares.py mutate it):
 the slices it has and which are held (with when their holders end), its MPS or time-slice
 clients, whether a re-layout is on its way, the claims waiting jobs put on it, and slices a
 re-layout planned in this pass will bring.  ``used`` and ``clients`` only grow during a pass,
@@ -66,7 +66,7 @@ def device_fraction(dev: Device, gpu: GpuView | None) -> float:
 
 def serves_whole(g: GpuView) -> bool:
     """Whether ``g`` can be given whole to a ``--gpus N`` job: a ``whole`` GPU, or an
-    ``mps:dynamic`` one while no share is on it (the core checks that; see sharing.py)."""
+    ``mps:dynamic`` one while no share is on it (the core checks that; see shares.py)."""
     return g.mode == "whole" or (g.mode == "mps" and g.dynamic)
 
 
