@@ -3,8 +3,10 @@
 ``GpuState`` is a shared GPU's working copy in a pass (gpud/sched/slices.py and shares.py mutate it):
 the slices it has and which are held (with when their holders end), its MPS or time-slice
 clients, whether a re-layout is on its way, the claims waiting jobs put on it, and slices a
-re-layout planned in this pass will bring.  ``used`` and ``clients`` only grow during a pass,
-which is what makes the memoised answers in ``memo`` and the pass's pruning sound.
+re-layout planned in this pass will bring.  ``used``, ``clients`` and ``claims`` only grow
+during a pass and ``busy`` is only ever set, which is what makes the memoised answers in
+``memo`` and the pass's pruning sound.  They change only through ``take``, ``add_client``,
+``add_claim`` and ``set_busy``, which tell ``on_change`` (the pass's index of GPUs by state).
 
 Device arithmetic: a slice's capacity for a ``--gpu-mem`` request is its real memory or the
 size in its name, whichever is larger; a device's billed fraction of its GPU is
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections import Counter
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..gpu import mig
 from .snapshot import Device, GpuView, PendingJob
@@ -98,6 +100,34 @@ class GpuState:
     # say whether an answer is still current
     memo: dict = field(default_factory=dict)
     by_start: dict = field(default_factory=dict)        # start -> its SliceView (uuid, memory)
+    layout_key: tuple = ()                              # its slices as sorted (start, profile): cheap to hash
+    on_change: Callable[["GpuState"], None] | None = None
+    shared_mb: int = 0                                  # the clients' memory, summed
+    holders: set[str] = field(default_factory=set)      # the clients' users
+
+    def take(self, start: int, end: float) -> None:
+        """A job ending at ``end`` takes the free slice at ``start``."""
+        self.used[start] = end
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def add_client(self, end: float, user: str, mem_mb: int) -> None:
+        self.clients.append((end, user, mem_mb))
+        self.shared_mb += mem_mb
+        self.holders.add(user)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def add_claim(self, claim: Claim) -> None:
+        self.claims.append(claim)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def set_busy(self) -> None:
+        """A re-layout is planned: the GPU takes no other start or re-layout in the pass."""
+        self.busy = True
+        if self.on_change is not None:
+            self.on_change(self)
 
     @property
     def index(self) -> int:
@@ -138,10 +168,10 @@ class GpuState:
         return True
 
     def mem_used(self) -> int:
-        return sum(m for _, _, m in self.clients)
+        return self.shared_mb
 
     def users(self) -> set[str]:
-        return {u for _, u, _ in self.clients}
+        return self.holders
 
 
 # Placement searches repeat across jobs and passes (a few layouts, a few profiles): they are
@@ -151,6 +181,7 @@ _LAYOUTS: dict[tuple, tuple[mig.Slice, ...] | None] = {}
 _CATALOGS: dict[str, dict[str, mig.MigProfile]] = {}
 _MASKS: dict[tuple[str, str, int], int] = {}
 _FOR_MEMORY: dict[tuple[str, int], str | None] = {}
+_DEMANDED: dict[tuple, tuple[mig.Slice, ...]] = {}
 _CACHE_MAX = 20000
 
 
@@ -173,6 +204,19 @@ def place(model: str, profiles: list[str], used: Iterable[mig.Slice]) -> list[mi
     return None if hit is None else list(hit)
 
 
+def layouts_for_demand(model: str, demand: dict[str, int], used: Iterable[mig.Slice]) -> list[mig.Slice]:
+    """``mig.layouts_for_demand``, kept: it sees no more of a profile than a GPU can hold, so
+    counts past that are one answer."""
+    cat = catalog(model)
+    key = (model, tuple(sorted((p, min(n, cat[p].max_count)) for p, n in demand.items())), tuple(sorted(used)))
+    hit = _DEMANDED.get(key)
+    if hit is None:
+        if len(_DEMANDED) > _CACHE_MAX:
+            _DEMANDED.clear()
+        hit = _DEMANDED[key] = tuple(mig.layouts_for_demand(model, dict(key[1]), key[2]))
+    return list(hit)
+
+
 def load_layout(g: GpuState) -> bool:
     """Read a MIG GPU's reported slices; False (no MIG use) for an unknown model or bad layout."""
     key = (g.model, tuple((s.profile, s.start) for s in g.view.slices))
@@ -190,6 +234,7 @@ def load_layout(g: GpuState) -> bool:
         return False
     g.slices = {s.start: s for s in slices}
     g.by_start = {v.start: v for v in g.view.slices}
+    g.layout_key = tuple(sorted((s.start, s.profile) for s in slices))
     return True
 
 

@@ -87,7 +87,7 @@ class SharedGpus:
                 if d.kind == "mig" and d.slice_start is not None:
                     g.used[d.slice_start] = end
                 elif d.kind in ("mps", "timeslice"):
-                    g.clients.append((end, r.user, d.mem_mb or 0))
+                    g.add_client(end, r.user, d.mem_mb or 0)
         self._members: dict[str, frozenset[int]] = {}
         self._cands: dict[tuple, list[GpuState]] = {}
         self._cand_sets: dict[tuple, frozenset[GpuState]] = {}

@@ -27,7 +27,6 @@ from typing import Callable
 from ..gpu import mig
 from .gpustate import (SHARED_MODES, Claim, GpuState, catalog, most_memory, profile_for_memory, slice_capacity_mb,
                        slice_mem, type_ok)
-from .placement import Cluster
 from .shapes import ShapeIndex
 from .shared import INF, Decision, NodeOk, SharedGpus, slice_device
 from .slices import Slices
@@ -47,6 +46,9 @@ class Shares:
         self._reasons: dict[tuple, str] = {}       # the reason of a job past backfill_depth
         self._slices_by_memory: list[tuple] | None = None
         self._whole_by_memory: list[tuple] | None = None
+        self._mps: dict[str | None, list[tuple[int, int, GpuState]]] | None = None   # see _first_mps
+        self._timeslice_of: dict[int, list[GpuState]] = {}
+        self._earliest: dict[tuple, tuple[GpuState | None, tuple | None, bool]] = {}   # see _earliest_gpu
         self.scorer: ShapeIndex | None = None     # placement "shapes": where a share goes (shapes.py)
 
     def consider(self, job: PendingJob, end: float, node_ok: NodeOk, may_claim: bool) -> Decision:
@@ -86,15 +88,19 @@ class Shares:
                     lambda g: (g in shareable and not g.busy and self._share_fits(g, job, end)
                                and node_ok(g.node, ())))
                 if scored is not None:
-                    offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), _start_share(scored, job, end, c))
-            for g in (() if scored is not None else pool.candidates(job, ("mps", "timeslice"))):
-                v = g.view
-                if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
-                    continue
-                waste = 0 if v.mode == "mps" else max(0, v.memory_mb // max(1, v.replicas) - want)
-                offer((waste, 0, _KIND_RANK[v.mode], g.node, g.index, 0), _start_share(g, job, end, c))
-                if v.mode == "mps":
-                    break          # waste 0 at MPS's rank: nothing later can do better
+                    offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), self._start_share(scored, job, end))
+            if scored is None:
+                # an MPS share wastes nothing, at MPS's rank: the first that fits beats any
+                # time-slice replica, which is then only looked at when no MPS GPU fits
+                g = self._first_mps(job, end, node_ok)
+                if g is not None:
+                    offer((0, 0, _KIND_RANK["mps"], g.node, g.index, 0), self._start_share(g, job, end))
+                else:
+                    for g in self._timesliced(job):
+                        if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
+                            continue
+                        waste = max(0, g.view.memory_mb // max(1, g.view.replicas) - want)
+                        offer((waste, 0, _KIND_RANK["timeslice"], g.node, g.index, 0), self._start_share(g, job, end))
             for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
                 if (i in members and gi in c.free[i] and type_ok(job, v) and node_ok(i, (gi,))):
                     offer((mem - want, 0, 3, i, gi, 0),
@@ -103,16 +109,17 @@ class Shares:
                     break
         immediate = best is not None
         # slices being cut in this pass, else a new one on a dynamic GPU
-        cut = self.slices.cut
-        mig_ok = pool.candidate_set(job, ("mig",)) if cut else frozenset()
-        fits: dict[str, str | None] = {}           # model -> the profile for ``want``
-        for g in cut:
-            if g not in mig_ok:
-                continue
-            q = fits[g.model] if g.model in fits else fits.setdefault(g.model, profile_for_memory(g.model, want))
-            if q is not None and g.incoming.get(q, 0) > 0 and pool.node_ok_later(g.node, job):
-                offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
-                      _take_incoming(g, q))
+        incoming = self.slices.incoming
+        if incoming:
+            mig_ok = pool.candidate_set(job, ("mig",))
+            fits: dict[str, str | None] = {}       # model -> the profile for ``want``
+            for q, gs in incoming.items():
+                for g in gs:
+                    if g.model not in fits:
+                        fits[g.model] = profile_for_memory(g.model, want)
+                    if fits[g.model] == q and g in mig_ok and pool.node_ok_later(g.node, job):
+                        offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
+                              _take_incoming(self.slices, g, q))
         again = ("mem", want, job.partition, job.gpu_type, job.cpus, job.mem_mb)
         if again not in self._no_relayout:
             found = self.slices.new_slice_for(job, want)
@@ -147,6 +154,50 @@ class Shares:
                  for v in n.gpus if v.mode == "whole"), key=lambda t: t[:3])
         return self._whole_by_memory
 
+    def _first_mps(self, job: PendingJob, end: float, node_ok: NodeOk) -> GpuState | None:
+        """The first MPS GPU, in node and GPU order, where the job's share fits now.
+
+        A share may go only where no other user's are, so the MPS GPUs are kept by the one
+        user whose shares they hold (or none yet): two short lists to look through."""
+        if self._mps is None:
+            self._mps = {}
+            for g in self.pool.gpus:
+                users = g.users()
+                if g.view.mode == "mps" and len(users) <= 1:
+                    self._mps.setdefault(next(iter(users), None), []).append((g.node, g.index, g))
+        shareable = self.pool.candidate_set(job, ("mps", "timeslice"))
+        best: tuple[int, int, GpuState] | None = None
+        for filed in (self._mps.get(None, ()), self._mps.get(job.user, ())):
+            for entry in filed:
+                if best is not None and entry[:2] > best[:2]:
+                    break
+                g = entry[2]
+                if g in shareable and not g.busy and self._share_fits(g, job, end) and node_ok(g.node, ()):
+                    best = entry
+                    break
+        return None if best is None else best[2]
+
+    def _timesliced(self, job: PendingJob) -> list[GpuState]:
+        cands = self.pool.candidates(job, ("mps", "timeslice"))
+        found = self._timeslice_of.get(id(cands))
+        if found is None:
+            found = self._timeslice_of[id(cands)] = [g for g in cands if g.view.mode == "timeslice"]
+        return found
+
+    def _start_share(self, g: GpuState, job: PendingJob, end: float) -> Callable[[], Decision]:
+        def act() -> Decision:
+            want = job.gpu_mem_mb or 0
+            if not g.clients:
+                if g.view.dynamic:         # an idle mps:dynamic GPU turns to shares
+                    self.cluster.allocate(g.node, (g.index,), 0, 0)
+                if self._mps is not None and g.view.mode == "mps":     # it is this user's now
+                    entry = (g.node, g.index, g)
+                    self._mps[None].remove(entry)
+                    bisect.insort(self._mps.setdefault(job.user, []), entry, key=lambda e: e[:2])
+            g.add_client(end, job.user, want)
+            return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
+        return act
+
     def _share_fits(self, g: GpuState, job: PendingJob, end: float) -> bool:
         v, want = g.view, job.gpu_mem_mb or 0
         if not g.allowed(job.job_id, end):
@@ -162,8 +213,6 @@ class Shares:
 
     def _wait_for_memory(self, job: PendingJob, want: int, may_claim: bool) -> Decision:
         pool = self.pool
-        best: tuple[float, int, int, GpuState] | None = None
-        reconfiguring = False
         if not may_claim:              # the reason only: whether a GPU it could use is being re-laid
             key = (job.partition, job.gpu_type, want, job.cpus, job.mem_mb)
             hit = self._reasons.get(key)
@@ -172,19 +221,43 @@ class Shares:
                     g.view.reconfiguring for g in pool.candidates(job, SHARED_MODES)
                     if pool.node_fits(g.node, job) and most_memory(g) >= want) else "Resources"
             return Decision(reason=hit)
-        for g in pool.candidates(job, SHARED_MODES):
+        g, reconfiguring = self._earliest_gpu(job, want)
+        reason = "MigReconfig" if reconfiguring else "Resources"
+        if g is None:
+            return Decision(reason=reason)
+        t = self._earliest_share(g, job, want)
+        g.add_claim(Claim(job.job_id, t))
+        return Decision(reason=reason, expected=t, expected_node=g.node)
+
+    def _earliest_gpu(self, job: PendingJob, want: int) -> tuple[GpuState | None, bool]:
+        """The shared GPU on a node big enough for the job where its share or slice comes
+        earliest (then node and GPU order), and whether any it could use is being re-laid.
+
+        As for slices (slices.py, ``Slices._earliest_gpu``): a GPU's earliest time only gets
+        later in a pass, so the GPU found last time for the same request stays the answer
+        while it is unchanged."""
+        pool = self.pool
+        cands = pool.candidates(job, SHARED_MODES)
+        key = (job.user, want, job.cpus, job.mem_mb, id(cands))
+        hit = self._earliest.get(key)
+        if hit is not None and (hit[0] is None or self._version(hit[0]) == hit[1]):
+            return hit[0], hit[2]
+        best: tuple[float, int, int, GpuState] | None = None
+        reconfiguring = False
+        for g in cands:
             if not pool.node_fits(g.node, job) or most_memory(g) < want:
                 continue
             reconfiguring |= g.view.reconfiguring
             t = self._earliest_share(g, job, want)
             if t < INF and (best is None or (t, g.node, g.index) < best[:3]):
                 best = (t, g.node, g.index, g)
-        reason = "MigReconfig" if reconfiguring else "Resources"
-        if best is None or not may_claim:
-            return Decision(reason=reason)
-        t, _, _, g = best
-        g.claims.append(Claim(job.job_id, t))
-        return Decision(reason=reason, expected=t, expected_node=g.node)
+        g = None if best is None else best[3]
+        self._earliest[key] = (g, None if g is None else self._version(g), reconfiguring)
+        return g, reconfiguring
+
+    def _version(self, g: GpuState) -> tuple:
+        """What ``_earliest_share`` reads of ``g`` that a pass changes."""
+        return len(g.used), len(g.clients), g.view.index in self.cluster.free[g.node]
 
     def _earliest_share(self, g: GpuState, job: PendingJob, want: int) -> float:
         key = ("share", job.user, want, len(g.used), len(g.clients))
@@ -218,23 +291,13 @@ class Shares:
 
 def _start_slice(g: GpuState, s: mig.Slice, end: float) -> Callable[[], Decision]:
     def act() -> Decision:
-        g.used[s.start] = end
+        g.take(s.start, end)
         return Decision(node=g.node, devices=(slice_device(g, s),))
     return act
 
 
-def _start_share(g: GpuState, job: PendingJob, end: float, cluster: Cluster) -> Callable[[], Decision]:
+def _take_incoming(slices: Slices, g: GpuState, q: str) -> Callable[[], Decision]:
     def act() -> Decision:
-        want = job.gpu_mem_mb or 0
-        if g.view.dynamic and not g.clients:     # an idle mps:dynamic GPU turns to shares
-            cluster.allocate(g.node, (g.index,), 0, 0)
-        g.clients.append((end, job.user, want))
-        return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
-    return act
-
-
-def _take_incoming(g: GpuState, q: str) -> Callable[[], Decision]:
-    def act() -> Decision:
-        g.incoming[q] -= 1
+        slices.take_incoming(g, q, 1)
         return Decision(reason="MigReconfig")
     return act

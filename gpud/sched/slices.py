@@ -28,24 +28,76 @@ of small slices does not starve a ``7g.80gb``.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
-from dataclasses import dataclass
 from typing import Sequence
 
 from ..gpu import mig
-from .gpustate import Claim, GpuState, catalog, place, profile_for_memory
+from .gpustate import Claim, GpuState, catalog, layouts_for_demand, place, profile_for_memory
 from .plan import Relayout
+from .relayout import LayoutIndex, Option, interval_end, option_now
 from .shared import INF, Decision, NodeOk, SharedGpus, slice_device
 from .snapshot import PendingJob
 
 
-@dataclass
-class Option:
-    """A re-layout of one GPU: the free slices it destroys and the slices it creates."""
+class FreeSlices:
+    """The MIG GPUs with free slices, per profile, busiest first (then node and GPU order):
+    where a job asking for one slice starts (the first one allowed, lowest start first)."""
 
-    gpu: GpuState
-    destroy: tuple[mig.Slice, ...]
-    create: tuple[mig.Slice, ...]
+    def __init__(self, pool: SharedGpus) -> None:
+        self.by_profile: dict[str, list[tuple[int, int, int, GpuState]]] = {}
+        self._filed: dict[GpuState, tuple[tuple[int, int, int], set[str]]] = {}
+        self._starts: dict[GpuState, dict[str, list[int]]] = {}
+        for g in pool.gpus:
+            if g.view.mode == "mig" and g.layout_ok:
+                starts: dict[str, list[int]] = {}
+                for start in sorted(g.slices):
+                    starts.setdefault(g.slices[start].profile, []).append(start)
+                self._starts[g] = starts
+                self._file(g, append=True)
+        for filed in self.by_profile.values():
+            filed.sort(key=lambda e: e[:3])
+
+    def touch(self, g: GpuState) -> None:
+        """``g`` changed (a slice taken, a re-layout planned): file it again."""
+        starts = self._starts.get(g)
+        if starts is None:
+            return
+        old = self._filed.pop(g, None)
+        if old is not None:
+            key, profiles = old
+            for p in profiles:
+                filed = self.by_profile[p]
+                del filed[bisect.bisect_left(filed, key)]
+        self._file(g)
+
+    def _file(self, g: GpuState, append: bool = False) -> None:
+        if g.busy:
+            return
+        starts = self._starts[g]
+        profiles = {p for p, ss in starts.items() if any(s not in g.used for s in ss)}
+        key = (-g.used_compute(), g.node, g.index)
+        for p in profiles:
+            filed = self.by_profile.setdefault(p, [])
+            if append:
+                filed.append(key + (g,))
+            else:
+                bisect.insort(filed, key + (g,), key=lambda e: e[:3])
+        self._filed[g] = (key, profiles)
+
+    def first(self, p: str, job_id: int, end: float, usable: frozenset[GpuState],
+              node_ok: NodeOk) -> tuple[GpuState, mig.Slice] | None:
+        """The free ``p`` slice a job ending at ``end`` may take now: on the busiest GPU in
+        ``usable`` (then node, GPU order) whose node passes ``node_ok``, lowest start first."""
+        for _, node, _, g in self.by_profile.get(p, ()):
+            if g not in usable or not node_ok(node, ()):
+                continue
+            for start in self._starts[g][p]:
+                if start not in g.used:
+                    s = g.slices[start]
+                    if g.allowed(job_id, end, g.mask(s)):
+                        return g, s
+        return None
 
 
 class Slices:
@@ -59,12 +111,24 @@ class Slices:
         self._failed: set[tuple] = set()           # nothing to start now
         self._no_relayout: set[tuple] = set()      # no re-layout possible now
         self._reconf: dict[int, bool] = {}         # id of a candidate list (kept by the pool) -> any in flight
+        self._earliest: dict[tuple, tuple[GpuState | None, int]] = {}   # see _earliest_gpu
+        self._earliest_of: dict[tuple, tuple[float, int]] = {}          # GPU state -> _earliest_slices_now
         self._free_of: dict[tuple, list[tuple[GpuState, mig.Slice]]] = {}
-        self._full: dict[str, set[GpuState]] = {}
         self._spares: dict[str, Counter] = {}
         self.cut: list[GpuState] = []              # GPUs re-laid in this pass
-        self._no_room: dict[tuple[str, ...], set[GpuState]] = {}   # profiles -> GPUs with no unused slots for them
+        # profile -> the re-laid GPUs still bringing slices of it no job has taken, in cut order
+        self.incoming: dict[str, list[GpuState]] = {}
+        self._incoming_total: dict[str, Counter] = {}   # model -> what all of those bring
+        self.layouts = LayoutIndex(pool, self.cfg.mig_min_interval)   # where one new slice goes
+        self._free = FreeSlices(pool)                                  # where one free slice is
+        for g in pool.gpus:
+            if g.view.mode == "mig":
+                g.on_change = self._changed
         self.expect(queue)
+
+    def _changed(self, g: GpuState) -> None:
+        self.layouts.touch(g)
+        self._free.touch(g)
 
     def expect(self, queue: Sequence[PendingJob]) -> None:
         """The eligible slice jobs of the pass, for the demand a re-layout also serves."""
@@ -87,7 +151,16 @@ class Slices:
         shape = ("mig", p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb, end)
         coarse = ("mig", p, job.partition, job.gpu_type)
         # 1. free slices now, packed onto the busiest GPUs
-        if shape not in self._failed and coarse not in self._failed:
+        if shape not in self._failed and coarse not in self._failed and k == 1:
+            found = self._free.first(p, job.job_id, end, self.pool.candidate_set(job, ("mig",)), node_ok)
+            if found is not None:
+                g, s = found
+                g.take(s.start, end)
+                return Decision(node=g.node, devices=(slice_device(g, s),))
+            self._failed.add(shape)
+            if not self._free_slices(p, cands):
+                self._failed.add(coarse)           # no free slice of p at all, claims aside
+        elif shape not in self._failed and coarse not in self._failed:
             by_node: dict[int, list[tuple[tuple, GpuState, mig.Slice]]] = {}
             for g, s in self._free_slices(p, cands):
                 if g.allowed(job.job_id, end, g.mask(s)):
@@ -103,7 +176,7 @@ class Slices:
                 _, i, chosen = best
                 devs = []
                 for _, g, s in chosen:
-                    g.used[s.start] = end
+                    g.take(s.start, end)
                     devs.append(slice_device(g, s))
                 return Decision(node=i, devices=tuple(devs))
             self._failed.add(shape)
@@ -111,9 +184,9 @@ class Slices:
                 self._failed.add(coarse)           # no free slice of p at all, claims aside
         # 2. a slice already being cut in this pass
         usable = self.pool.candidate_set(job, ("mig",))
-        for g in self.cut:
-            if g.incoming.get(p, 0) >= k and g in usable and self.pool.node_fits(g.node, job):
-                g.incoming[p] -= k
+        for g in self.incoming.get(p, ()):
+            if g.incoming[p] >= k and g in usable and self.pool.node_fits(g.node, job):
+                self.take_incoming(g, p, k)
                 return Decision(reason="MigReconfig")
         # 3. cut new slices
         again = (p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
@@ -148,46 +221,16 @@ class Slices:
             return None           # the worker refused the last one: backing off
         key = ("option", tuple(profiles), destroying, keep, len(g.used))
         if key not in g.memo:
-            g.memo[key] = self._option_now(g, profiles, destroying, keep)
+            g.memo[key] = option_now(g, profiles, destroying, keep, self._interval_end(g) <= self.now)
         return g.memo[key]
 
-    def _option_now(self, g: GpuState, profiles: list[str], destroying: bool,
-                    keep: frozenset[int]) -> Option | None:
-        existing = list(g.slices.values())
-        if not destroying:
-            new = place(g.model, profiles, existing)
-            if new is None:       # a GPU's slices stay as they are for the pass: no room stays none
-                self._no_room.setdefault(tuple(profiles), set()).add(g)
-            return None if new is None else Option(g, (), tuple(new))
-        if not self._interval_over(g):
-            return None
-        in_use = [s for s in existing if s.start in g.used or s.start in keep]
-        new = place(g.model, profiles, in_use)
-        if new is None:
-            return None
-        taken = 0
-        for s in new:
-            taken |= g.mask(s)
-        free = [s for s in existing if s.start not in g.used and s.start not in keep]
-        destroy = [s for s in free if g.mask(s) & taken]
-        kept = [s for s in free if not g.mask(s) & taken]
-        while kept and not mig.is_valid_layout(g.model, in_use + kept + new):
-            destroy.append(kept.pop())          # compute or count limits: drop the highest free slice
-        return Option(g, tuple(sorted(destroy)), tuple(new))
-
-    def _interval_over(self, g: GpuState) -> bool:
-        return self._interval_end(g) <= self.now
-
     def _interval_end(self, g: GpuState) -> float:
-        """When a re-layout that destroys slices is next allowed on ``g``."""
-        last, after = g.view.relaid_at, g.view.relayout_after
-        end = -INF if last is None else last + self.cfg.mig_min_interval
-        return end if after is None else max(end, after)
+        return interval_end(g, self.cfg.mig_min_interval)
 
     def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
         if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
-            found = self._one_slice(job, p, cands)
-            return None if found is None else Decision(reason="MigReconfig", relayouts=[self.commit(found, job)])
+            found = self.layouts.best(job, self.pool.candidate_set(job, ("mig",)), lambda model: p)
+            return None if found is None else Decision(reason="MigReconfig", relayouts=[self.commit(found[0], job)])
         by_node: dict[int, list[GpuState]] = {}
         for g in cands:
             if g.view.dynamic and not g.busy:
@@ -219,34 +262,11 @@ class Slices:
         # the job's existing free slices on that node stay for it until the new ones are made
         for g in self.pool.on_node.get(i, ()):
             for start in mine.get(g.index, ()):
-                g.used[start] = end
+                g.take(start, end)
         d = Decision(reason="MigReconfig")
         for o in opts:
             d.relayouts.append(self.commit(o, job))
         return d
-
-    def _one_slice(self, job: PendingJob, p: str, gs: Sequence[GpuState]) -> Option | None:
-        """The re-layout cutting one ``p`` slice: on the busiest dynamic GPU where nothing need
-        be destroyed, else where the fewest free slices go (then the busiest)."""
-        full = self._full.setdefault(p, set())       # no room for p, once and for the pass
-        order = sorted((g for g in gs if g.view.dynamic and not g.busy and g not in full
-                        and self.pool.node_ok_later(g.node, job)),
-                       key=lambda g: (-g.used_compute(), g.node, g.index))
-        no_room = self._no_room.get((p,), ())
-        for g in order:
-            if g in no_room:
-                continue
-            o = self.option(g, [p], job.job_id, False)
-            if o is not None:
-                return o
-        best: tuple[tuple, Option] | None = None
-        for g in order:
-            o = self.option(g, [p], job.job_id, True)
-            if o is None and self._interval_over(g) and g.allowed(job.job_id, INF):
-                full.add(g)                        # not even in place of its free slices
-            if o is not None and (best is None or (len(o.destroy),) < best[0][:1]):
-                best = ((len(o.destroy), -g.used_compute(), g.node, g.index), o)
-        return None if best is None else best[1]
 
     def _node_option(self, job: PendingJob, p: str, k: int, end: float, gs: list[GpuState],
                      destroying: bool) -> tuple[list[Option], dict[int, frozenset[int]]] | None:
@@ -276,24 +296,8 @@ class Slices:
         """The re-layout that would cut the smallest slice holding ``want`` MiB (for a
         ``--gpu-mem`` job): on the busiest dynamic GPU where nothing need be destroyed, else
         where the fewest are."""
-        gs = sorted((g for g in self.pool.candidates(job, ("mig",))
-                     if g.view.dynamic and not g.busy and self.pool.node_ok_later(g.node, job)),
-                    key=lambda g: (-g.used_compute(), g.node, g.index))
-        for destroying in (False, True):
-            best: tuple[tuple, Option, str] | None = None
-            for g in gs:
-                q = profile_for_memory(g.model, want)
-                o = self.option(g, [q], job.job_id, destroying) if q is not None else None
-                if o is None:
-                    continue
-                if not destroying:
-                    return o, q
-                key = (len(o.destroy), -g.used_compute(), g.node, g.index)
-                if best is None or key < best[0]:
-                    best = (key, o, q)
-            if best is not None:
-                return best[1], best[2]
-        return None
+        return self.layouts.best(job, self.pool.candidate_set(job, ("mig",)),
+                                 lambda model: profile_for_memory(model, want))
 
     def commit(self, o: Option, job: PendingJob, profile: str | None = None) -> Relayout:
         """Record a re-layout (and the queue's other demand it can serve) on its GPU."""
@@ -302,10 +306,14 @@ class Slices:
         extra = self._extra_demand(g, job)
         more: list[mig.Slice] = []
         if extra:
-            more = mig.layouts_for_demand(g.model, extra, layout)
+            more = layouts_for_demand(g.model, extra, layout)
+        total = self._incoming_total.setdefault(g.model, Counter())
         for s in more:
+            if not g.incoming[s.profile]:
+                self.incoming.setdefault(s.profile, []).append(g)
             g.incoming[s.profile] += 1
-        g.busy = True
+            total[s.profile] += 1
+        g.set_busy()
         self.cut.append(g)
         create = tuple(sorted(list(o.create) + more, key=lambda s: (s.start, s.profile)))
         what = ", ".join(f"{s}" for s in create)
@@ -323,10 +331,15 @@ class Slices:
         if not want:
             return {}
         want.subtract(self._spare(g.model))
-        for h in self.cut:                  # slices other re-layouts of this pass bring
-            if h.model == g.model:
-                want.subtract(h.incoming)
+        want.subtract(self._incoming_total.get(g.model, {}))   # slices other re-layouts of this pass bring
         return {p: n for p, n in want.items() if n > 0}
+
+    def take_incoming(self, g: GpuState, p: str, n: int) -> None:
+        """A waiting job is promised ``n`` of the ``p`` slices ``g``'s re-layout brings."""
+        g.incoming[p] -= n
+        self._incoming_total[g.model][p] -= n
+        if not g.incoming[p]:
+            self.incoming[p].remove(g)
 
     def _spare(self, model: str) -> Counter:
         """Free slices on ``model``'s GPUs as of the first ask in the pass.  They only get
@@ -342,24 +355,46 @@ class Slices:
     # -- waiting --------------------------------------------------------------------------------
 
     def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[GpuState], may_claim: bool) -> Decision:
-        best: tuple[float, int, int, GpuState, int] | None = None
-        reconfiguring = self._reconfiguring(cands)
+        reason = "MigReconfig" if self._reconfiguring(cands) else "Resources"
         if not may_claim:                  # past backfill_depth: the reason only
-            return Decision(reason="MigReconfig" if reconfiguring else "Resources")
+            return Decision(reason=reason)
+        found = self._earliest_gpu(job, p, k, cands)
+        if found is None:
+            return Decision(reason=reason)
+        t, g, mask = found
+        if g.view.dynamic and not g.busy and t == self._interval_end(g):
+            reason = "MigReconfig"        # only the minimum interval keeps the re-layout back
+        g.add_claim(Claim(job.job_id, t, mask))
+        return Decision(reason=reason, expected=t, expected_node=g.node)
+
+    def _earliest_gpu(self, job: PendingJob, p: str, k: int, cands: list[GpuState]) -> tuple[float, GpuState, int] | None:
+        """(when, where, which memory slots): the GPU of ``cands`` on a node big enough for the
+        job where ``k`` slices of ``p`` come earliest, then node and GPU order.
+
+        A GPU's earliest time only gets later in a pass (its slices only get taken), so the
+        answer for the same request stays the GPU found last time while that one is unchanged
+        (or none, when none had a time)."""
+        key = (p, k, job.cpus, job.mem_mb, id(cands))
+        hit = self._earliest.get(key)
+        if hit is not None and (hit[0] is None or len(hit[0].used) == hit[1]):
+            g = hit[0]
+            if g is None:
+                return None
+            t, mask = self._earliest_slices(g, p, k)
+            return t, g, mask
+        best: tuple[float, int, int, GpuState, int] | None = None
         for g in cands:
             if not self.pool.node_fits(g.node, job):
                 continue
             t, mask = self._earliest_slices(g, p, k)
             if t < INF and (best is None or (t, g.node, g.index) < best[:3]):
                 best = (t, g.node, g.index, g, mask)
-        reason = "MigReconfig" if reconfiguring else "Resources"
         if best is None:
-            return Decision(reason=reason)
+            self._earliest[key] = (None, 0)
+            return None
         t, _, _, g, mask = best
-        if g.view.dynamic and not g.busy and t == self._interval_end(g):
-            reason = "MigReconfig"        # only the minimum interval keeps the re-layout back
-        g.claims.append(Claim(job.job_id, t, mask))
-        return Decision(reason=reason, expected=t, expected_node=g.node)
+        self._earliest[key] = (g, len(g.used))
+        return t, g, mask
 
     def _reconfiguring(self, gs: list[GpuState]) -> bool:
         """Whether any of these GPUs has a re-layout in flight (fixed for the pass)."""
@@ -369,11 +404,18 @@ class Slices:
         return hit
 
     def _earliest_slices(self, g: GpuState, p: str, k: int) -> tuple[float, int]:
-        """(when ``g`` could give ``k`` slices of ``p``, the memory slots they take)."""
+        """(when ``g`` could give ``k`` slices of ``p``, the memory slots they take): kept per
+        GPU while its slices in use stay the same, and shared by GPUs in the same state."""
         key = ("slices", p, k, len(g.used))
         hit = g.memo.get(key)
         if hit is None:
-            hit = g.memo[key] = self._earliest_slices_now(g, p, k)
+            v = g.view
+            state = (p, k, g.model, g.layout_ok, g.layout_key, tuple(sorted(g.used.items())), v.dynamic,
+                     self._interval_end(g), v.relayout_after)
+            hit = self._earliest_of.get(state)
+            if hit is None:
+                hit = self._earliest_of[state] = self._earliest_slices_now(g, p, k)
+            g.memo[key] = hit
         return hit
 
     def _earliest_slices_now(self, g: GpuState, p: str, k: int) -> tuple[float, int]:
