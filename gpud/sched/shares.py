@@ -35,6 +35,18 @@ from .snapshot import Device, PendingJob
 _KIND_RANK = {"mig": 0, "mps": 1, "timeslice": 2, "gpu": 3}
 
 
+class Best:
+    """The best of the ways to serve a request offered: the least key, first offered on a tie."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None          # (waste MiB, later?, kind rank, node, gpu, slot)
+        self.act: Callable[[], Decision] | None = None
+
+    def offer(self, key: tuple, act: Callable[[], Decision]) -> None:
+        if self.key is None or key < self.key:
+            self.key, self.act = key, act
+
+
 class Shares:
     """The ``--gpu-mem`` half of a pass's fractional requests (see the module docstring)."""
 
@@ -56,14 +68,8 @@ class Shares:
         shape = ("mem", want, job.user, job.partition, job.gpu_type, job.cpus, job.mem_mb, end)
         pool, c = self.pool, self.cluster
         members = pool.members(job.partition)
-        # (waste MiB, later?, kind rank, node, gpu, slot) -> what to do
-        best: tuple[tuple, Callable[[], Decision]] | None = None
-
-        def offer(key: tuple, act: Callable[[], Decision]) -> None:
-            nonlocal best
-            if best is None or key < best[0]:
-                best = (key, act)
-
+        best = Best()
+        offer = best.offer
         if shape not in self._failed:
             # Each kind's least wasteful device: the indexes are sorted by memory, so the first
             # one still free (and allowed) is it.
@@ -90,36 +96,16 @@ class Shares:
                 if scored is not None:
                     offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), self._start_share(scored, job, end))
             if scored is None:
-                # an MPS share wastes nothing, at MPS's rank: the first that fits beats any
-                # time-slice replica, which is then only looked at when no MPS GPU fits
-                g = self._first_mps(job, end, node_ok)
-                if g is not None:
-                    offer((0, 0, _KIND_RANK["mps"], g.node, g.index, 0), self._start_share(g, job, end))
-                else:
-                    for g in self._timesliced(job):
-                        if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
-                            continue
-                        waste = max(0, g.view.memory_mb // max(1, g.view.replicas) - want)
-                        offer((waste, 0, _KIND_RANK["timeslice"], g.node, g.index, 0), self._start_share(g, job, end))
+                self._offer_share(job, end, node_ok, best)
             for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
                 if (i in members and gi in c.free[i] and type_ok(job, v) and node_ok(i, (gi,))):
                     offer((mem - want, 0, 3, i, gi, 0),
                           lambda i=i, v=v: Decision(node=i, gpu_indices=(v.index,),
                                                     devices=(Device(v.index, "gpu", v.uuid),)))
                     break
-        immediate = best is not None
+        immediate = best.key is not None
         # slices being cut in this pass, else a new one on a dynamic GPU
-        incoming = self.slices.incoming
-        if incoming:
-            mig_ok = pool.candidate_set(job, ("mig",))
-            fits: dict[str, str | None] = {}       # model -> the profile for ``want``
-            for q, gs in incoming.items():
-                for g in gs:
-                    if g.model not in fits:
-                        fits[g.model] = profile_for_memory(g.model, want)
-                    if fits[g.model] == q and g in mig_ok and pool.node_ok_later(g.node, job):
-                        offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
-                              _take_incoming(self.slices, g, q))
+        self._offer_incoming(job, want, best)
         again = ("mem", want, job.partition, job.gpu_type, job.cpus, job.mem_mb)
         if again not in self._no_relayout:
             found = self.slices.new_slice_for(job, want)
@@ -130,8 +116,8 @@ class Shares:
                 offer((max(0, catalog(o.gpu.model)[q].memory_mb - want), 1, 1 if o.destroy else 0,
                        o.gpu.node, o.gpu.index, 0),
                       lambda: Decision(reason="MigReconfig", relayouts=[self.slices.commit(o, job, q)]))
-        if best is not None:
-            return best[1]()
+        if best.act is not None:
+            return best.act()
         if not immediate:
             self._failed.add(shape)
         return self._wait_for_memory(job, want, may_claim)
@@ -153,6 +139,37 @@ class Shares:
                 ((v.memory_mb, i, v.index, v) for i, n in enumerate(c.nodes) if c.up[i]
                  for v in n.gpus if v.mode == "whole"), key=lambda t: t[:3])
         return self._whole_by_memory
+
+    def _offer_share(self, job: PendingJob, end: float, node_ok: NodeOk, best: Best) -> None:
+        """Offer the MPS share or time-slice replica that wastes least.  An MPS share wastes
+        nothing, at MPS's rank: the first that fits beats any replica, which is then only
+        looked at when no MPS GPU fits."""
+        g = self._first_mps(job, end, node_ok)
+        if g is not None:
+            best.offer((0, 0, _KIND_RANK["mps"], g.node, g.index, 0), self._start_share(g, job, end))
+            return
+        want = job.gpu_mem_mb or 0
+        for g in self._timesliced(job):
+            if g.busy or not self._share_fits(g, job, end) or not node_ok(g.node, ()):
+                continue
+            waste = max(0, g.view.memory_mb // max(1, g.view.replicas) - want)
+            best.offer((waste, 0, _KIND_RANK["timeslice"], g.node, g.index, 0), self._start_share(g, job, end))
+
+    def _offer_incoming(self, job: PendingJob, want: int, best: Best) -> None:
+        """Offer each slice a re-layout of this pass brings that holds ``want`` MiB."""
+        pool = self.pool
+        incoming = self.slices.incoming
+        if not incoming:
+            return
+        mig_ok = pool.candidate_set(job, ("mig",))
+        fits: dict[str, str | None] = {}       # model -> the profile for ``want``
+        for q, gs in incoming.items():
+            for g in gs:
+                if g.model not in fits:
+                    fits[g.model] = profile_for_memory(g.model, want)
+                if fits[g.model] == q and g in mig_ok and pool.node_ok_later(g.node, job):
+                    best.offer((max(0, catalog(g.model)[q].memory_mb - want), 1, 0, g.node, g.index, 0),
+                               _take_incoming(self.slices, g, q))
 
     def _first_mps(self, job: PendingJob, end: float, node_ok: NodeOk) -> GpuState | None:
         """The first MPS GPU, in node and GPU order, where the job's share fits now.
@@ -256,7 +273,9 @@ class Shares:
         return g, reconfiguring
 
     def _version(self, g: GpuState) -> tuple:
-        """What ``_earliest_share`` reads of ``g`` that a pass changes."""
+        """What ``_earliest_share`` reads of ``g`` that a pass changes: its slices in use, its
+        clients, and whether it is free as a whole GPU (an mps:dynamic one a job took whole
+        is not to be had until the timeline says)."""
         return len(g.used), len(g.clients), g.view.index in self.cluster.free[g.node]
 
     def _earliest_share(self, g: GpuState, job: PendingJob, want: int) -> float:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..gpu import mig
 from .gpustate import Claim, GpuState, catalog, layouts_for_demand, place, profile_for_memory
@@ -151,43 +151,21 @@ class Slices:
         shape = ("mig", p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb, end)
         coarse = ("mig", p, job.partition, job.gpu_type)
         # 1. free slices now, packed onto the busiest GPUs
-        if shape not in self._failed and coarse not in self._failed and k == 1:
-            found = self._free.first(p, job.job_id, end, self.pool.candidate_set(job, ("mig",)), node_ok)
-            if found is not None:
-                g, s = found
-                g.take(s.start, end)
-                return Decision(node=g.node, devices=(slice_device(g, s),))
-            self._failed.add(shape)
-            if not self._free_slices(p, cands):
-                self._failed.add(coarse)           # no free slice of p at all, claims aside
-        elif shape not in self._failed and coarse not in self._failed:
-            by_node: dict[int, list[tuple[tuple, GpuState, mig.Slice]]] = {}
-            for g, s in self._free_slices(p, cands):
-                if g.allowed(job.job_id, end, g.mask(s)):
-                    by_node.setdefault(g.node, []).append(((-g.used_compute(), g.index, s.start), g, s))
-            best = None
-            for i, free in sorted(by_node.items()):
-                if len(free) >= k and node_ok(i, ()):
-                    free.sort(key=lambda t: t[0])
-                    key = (free[0][0][0], i)
-                    if best is None or key < best[0]:
-                        best = (key, i, free[:k])
-            if best is not None:
-                _, i, chosen = best
-                devs = []
-                for _, g, s in chosen:
+        usable = self.pool.candidate_set(job, ("mig",))
+        if shape not in self._failed and coarse not in self._failed:
+            chosen = self._free_now(job, p, k, end, node_ok, cands, usable)
+            if chosen:
+                for g, s in chosen:
                     g.take(s.start, end)
-                    devs.append(slice_device(g, s))
-                return Decision(node=i, devices=tuple(devs))
+                return Decision(node=chosen[0][0].node, devices=tuple(slice_device(g, s) for g, s in chosen))
             self._failed.add(shape)
             if not self._free_slices(p, cands):
                 self._failed.add(coarse)           # no free slice of p at all, claims aside
         # 2. a slice already being cut in this pass
-        usable = self.pool.candidate_set(job, ("mig",))
-        for g in self.incoming.get(p, ()):
-            if g.incoming[p] >= k and g in usable and self.pool.node_fits(g.node, job):
-                self.take_incoming(g, p, k)
-                return Decision(reason="MigReconfig")
+        g = self._bringing(job, p, k, usable)
+        if g is not None:
+            self.take_incoming(g, p, k)
+            return Decision(reason="MigReconfig")
         # 3. cut new slices
         again = (p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
         if again not in self._no_relayout:
@@ -197,6 +175,40 @@ class Slices:
             self._no_relayout.add(again)
         # 4. wait
         return self._wait_for_slices(job, p, k, cands, may_claim)
+
+    def _free_now(self, job: PendingJob, p: str, k: int, end: float, node_ok: NodeOk, cands: list[GpuState],
+                  usable: frozenset[GpuState]) -> list[tuple[GpuState, mig.Slice]]:
+        """The free slices the job may take now: ``k`` of ``p`` on one node, on its busiest
+        GPUs.  One slice (nearly every job) is the first the FreeSlices index allows."""
+        if k == 1:
+            found = self._free.first(p, job.job_id, end, usable, node_ok)
+            return [] if found is None else [found]
+        return self._free_on_a_node(job, p, k, end, node_ok, cands)
+
+    def _free_on_a_node(self, job: PendingJob, p: str, k: int, end: float, node_ok: NodeOk,
+                        cands: list[GpuState]) -> list[tuple[GpuState, mig.Slice]]:
+        """``_free_now`` from every free slice: per node the allowed ones, busiest GPU first;
+        the node whose busiest such GPU is busiest wins (then node order)."""
+        by_node: dict[int, list[tuple[tuple, GpuState, mig.Slice]]] = {}
+        for g, s in self._free_slices(p, cands):
+            if g.allowed(job.job_id, end, g.mask(s)):
+                by_node.setdefault(g.node, []).append(((-g.used_compute(), g.index, s.start), g, s))
+        best = None
+        for i, free in sorted(by_node.items()):
+            if len(free) >= k and node_ok(i, ()):
+                free.sort(key=lambda t: t[0])
+                key = (free[0][0][0], i)
+                if best is None or key < best[0]:
+                    best = (key, i, free[:k])
+        return [] if best is None else [(g, s) for _, g, s in best[2]]
+
+    def _bringing(self, job: PendingJob, p: str, k: int, usable: frozenset[GpuState]) -> GpuState | None:
+        """The first GPU re-laid in this pass (in the order they were) bringing ``k`` slices
+        of ``p`` no job has taken yet, that the job may use."""
+        for g in self.incoming.get(p, ()):
+            if g.incoming[p] >= k and g in usable and self.pool.node_fits(g.node, job):
+                return g
+        return None
 
     def _free_slices(self, p: str, cands: list[GpuState]) -> list[tuple[GpuState, mig.Slice]]:
         """The free slices of profile ``p`` on GPUs in ``cands`` that take starts now.  Kept
@@ -229,7 +241,7 @@ class Slices:
 
     def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
         if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
-            found = self.layouts.best(job, self.pool.candidate_set(job, ("mig",)), lambda model: p)
+            found = self._new_slice(job, lambda model: p)
             return None if found is None else Decision(reason="MigReconfig", relayouts=[self.commit(found[0], job)])
         by_node: dict[int, list[GpuState]] = {}
         for g in cands:
@@ -296,8 +308,11 @@ class Slices:
         """The re-layout that would cut the smallest slice holding ``want`` MiB (for a
         ``--gpu-mem`` job): on the busiest dynamic GPU where nothing need be destroyed, else
         where the fewest are."""
-        return self.layouts.best(job, self.pool.candidate_set(job, ("mig",)),
-                                 lambda model: profile_for_memory(model, want))
+        return self._new_slice(job, lambda model: profile_for_memory(model, want))
+
+    def _new_slice(self, job: PendingJob, profile_of: Callable[[str], str | None]) -> tuple[Option, str] | None:
+        """The re-layout cutting one slice of ``profile_of(model)`` for the job (LayoutIndex.best)."""
+        return self.layouts.best(job, self.pool.candidate_set(job, ("mig",)), profile_of)
 
     def commit(self, o: Option, job: PendingJob, profile: str | None = None) -> Relayout:
         """Record a re-layout (and the queue's other demand it can serve) on its GPU."""
@@ -331,8 +346,12 @@ class Slices:
         if not want:
             return {}
         want.subtract(self._spare(g.model))
-        want.subtract(self._incoming_total.get(g.model, {}))   # slices other re-layouts of this pass bring
+        want.subtract(self._brought(g.model))      # slices other re-layouts of this pass bring
         return {p: n for p, n in want.items() if n > 0}
+
+    def _brought(self, model: str) -> Counter:
+        """The slices the re-layouts of this pass on ``model``'s GPUs bring, not yet promised."""
+        return self._incoming_total.get(model, Counter())
 
     def take_incoming(self, g: GpuState, p: str, n: int) -> None:
         """A waiting job is promised ``n`` of the ``p`` slices ``g``'s re-layout brings."""
