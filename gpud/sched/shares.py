@@ -279,7 +279,7 @@ class Shares:
         return len(g.used), len(g.clients), g.view.index in self.cluster.free[g.node]
 
     def _earliest_share(self, g: GpuState, job: PendingJob, want: int) -> float:
-        key = ("share", job.user, want, len(g.used), len(g.clients))
+        key = ("share", job.user, want, self._version(g))
         hit = g.memo.get(key)
         if hit is None:
             hit = g.memo[key] = self._earliest_share_now(g, job, want)
