@@ -34,9 +34,10 @@ It reads as numbered steps:
 
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
    ``slices.Slices`` or ``shares.Shares`` (over the pass's ``shared.SharedGpus``): a free
-   slice or share now (never delaying a reservation), else a MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota,
-   reclaim of borrowed slices or shares on one GPU, else a claim on the GPU where it
-   starts earliest.  It counts against limits and quotas by its fraction of a GPU.
+   slice or share now (never delaying a reservation), else a MIG re-layout
+   (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota, reclaim of
+   borrowed slices or shares on one GPU, else a claim on the GPU where it starts earliest.
+   It counts against limits and quotas by its fraction of a GPU.
 
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are

@@ -29,7 +29,7 @@ least fraction of a GPU it would count (``least_fraction``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ..gpu import mig
@@ -54,7 +54,7 @@ class Decision:
     reason: str | None = None                       # else: why it waits
     expected: float | None = None                   # and when it expects to start (claimed)
     expected_node: int | None = None
-    relayouts: list[Relayout] = field(default_factory=list)
+    relayouts: tuple[Relayout, ...] = ()
 
 
 class SharedGpus:

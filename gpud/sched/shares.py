@@ -115,7 +115,7 @@ class Shares:
                 o, q = found
                 offer((max(0, catalog(o.gpu.model)[q].memory_mb - want), 1, 1 if o.destroy else 0,
                        o.gpu.node, o.gpu.index, 0),
-                      lambda: Decision(reason="MigReconfig", relayouts=[self.slices.commit(o, job, q)]))
+                      lambda: Decision(reason="MigReconfig", relayouts=(self.slices.commit(o, job, q),)))
         if best.act is not None:
             return best.act()
         if not immediate:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..gpu import mig
@@ -100,16 +101,31 @@ class FreeSlices:
         return None
 
 
+@dataclass(eq=False)
+class Request:
+    """What a pass has learnt of one kind of slice request: a profile, a count, a partition,
+    a GPU type, CPUs and memory (the queue repeats a few of these many times)."""
+
+    profile: str
+    count: int
+    cands: list[GpuState]                  # the MIG GPUs it may use
+    usable: frozenset[GpuState]
+    later: tuple                           # its key in Slices._later
+    reason: str                            # while it waits: MigReconfig if one of them is being re-laid
+    free_gone: bool = False                # no free slice of its profile on them, claims aside
+    no_relayout: bool = False              # no re-layout can serve it (only ever stays so in a pass)
+
+
 class Slices:
     """The MIG half of a pass's fractional requests (see the module docstring)."""
 
     def __init__(self, pool: SharedGpus, queue: Sequence[PendingJob]) -> None:
         self.pool, self.cluster, self.now, self.cfg = pool, pool.cluster, pool.now, pool.cfg
         self._later: Counter = Counter()           # (profile, partition, gpu_type) -> slices wanted
-        # Pruning, by request shape.  Within a pass free slices only go and claims only come,
-        # so what found nothing once finds nothing again.
-        self._failed: set[tuple] = set()           # nothing to start now
-        self._no_relayout: set[tuple] = set()      # no re-layout possible now
+        # Pruning, by request.  Within a pass free slices only go and claims only come, so what
+        # found nothing once finds nothing again.
+        self._requests: dict[tuple, Request] = {}
+        self._failed: set[tuple[Request, float]] = set()   # (request, end): nothing to start now
         self._reconf: dict[int, bool] = {}         # id of a candidate list (kept by the pool) -> any in flight
         self._earliest: dict[tuple, tuple[GpuState | None, int]] = {}   # see _earliest_gpu
         self._earliest_of: dict[tuple, tuple[float, int]] = {}          # GPU state -> _earliest_slices_now
@@ -136,45 +152,52 @@ class Slices:
             if j.mig_profile and not j.held and not j.blocked_reason:
                 self._later[(j.mig_profile, j.partition, j.gpu_type)] += max(1, j.gpus)
 
-    def _considered(self, job: PendingJob) -> None:
-        key = (job.mig_profile, job.partition, job.gpu_type)
-        if self._later.get(key, 0) > 0:
-            self._later[key] = max(0, self._later[key] - max(1, job.gpus))
+    def _request(self, job: PendingJob, k: int) -> Request:
+        key = (job.mig_profile, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
+        r = self._requests.get(key)
+        if r is None:
+            assert job.mig_profile is not None
+            cands = self.pool.candidates(job, ("mig",))
+            r = self._requests[key] = Request(
+                job.mig_profile, k, cands, self.pool.candidate_set(job, ("mig",)),
+                (job.mig_profile, job.partition, job.gpu_type),
+                "MigReconfig" if self._reconfiguring(cands) else "Resources")
+        return r
 
     # -- one job --------------------------------------------------------------------------------
 
     def consider(self, job: PendingJob, end: float, node_ok: NodeOk, may_claim: bool) -> Decision:
-        self._considered(job)
-        p, k = job.mig_profile, max(1, job.gpus)
-        assert p is not None
-        cands = self.pool.candidates(job, ("mig",))
-        shape = ("mig", p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb, end)
-        coarse = ("mig", p, job.partition, job.gpu_type)
+        k = job.gpus if job.gpus > 1 else 1
+        r = self._request(job, k)
+        p, cands = r.profile, r.cands
+        left = self._later.get(r.later, 0)         # the demand still to come, for re-layouts
+        if left > 0:
+            self._later[r.later] = max(0, left - k)
         # 1. free slices now, packed onto the busiest GPUs
-        usable = self.pool.candidate_set(job, ("mig",))
-        if shape not in self._failed and coarse not in self._failed:
-            chosen = self._free_now(job, p, k, end, node_ok, cands, usable)
+        if not r.free_gone and (r, end) not in self._failed:
+            chosen = self._free_now(job, p, k, end, node_ok, cands, r.usable)
             if chosen:
                 for g, s in chosen:
                     g.take(s.start, end)
                 return Decision(node=chosen[0][0].node, devices=tuple(slice_device(g, s) for g, s in chosen))
-            self._failed.add(shape)
-            if not self._free_slices(p, cands):
-                self._failed.add(coarse)           # no free slice of p at all, claims aside
+            self._failed.add((r, end))
+            r.free_gone = not self._free_slices(p, cands)
         # 2. a slice already being cut in this pass
-        g = self._bringing(job, p, k, usable)
-        if g is not None:
-            self.take_incoming(g, p, k)
-            return Decision(reason="MigReconfig")
+        if p in self.incoming:
+            g = self._bringing(job, p, k, r.usable)
+            if g is not None:
+                self.take_incoming(g, p, k)
+                return Decision(reason="MigReconfig")
         # 3. cut new slices
-        again = (p, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
-        if again not in self._no_relayout:
+        if not r.no_relayout:
             d = self._relayout_for(job, p, k, cands, end)
             if d is not None:
                 return d
-            self._no_relayout.add(again)
+            r.no_relayout = True
         # 4. wait
-        return self._wait_for_slices(job, p, k, cands, may_claim)
+        if not may_claim:                  # past backfill_depth: the reason only
+            return Decision(reason=r.reason)
+        return self._wait_for_slices(job, p, k, cands, r.reason)
 
     def _free_now(self, job: PendingJob, p: str, k: int, end: float, node_ok: NodeOk, cands: list[GpuState],
                   usable: frozenset[GpuState]) -> list[tuple[GpuState, mig.Slice]]:
@@ -242,7 +265,7 @@ class Slices:
     def _relayout_for(self, job: PendingJob, p: str, k: int, cands: list[GpuState], end: float) -> Decision | None:
         if k == 1:           # one slice: the node's free ones do not matter, GPUs compete alone
             found = self._new_slice(job, lambda model: p)
-            return None if found is None else Decision(reason="MigReconfig", relayouts=[self.commit(found[0], job)])
+            return None if found is None else Decision(reason="MigReconfig", relayouts=(self.commit(found[0], job),))
         by_node: dict[int, list[GpuState]] = {}
         for g in cands:
             if g.view.dynamic and not g.busy:
@@ -275,10 +298,7 @@ class Slices:
         for g in self.pool.on_node.get(i, ()):
             for start in mine.get(g.index, ()):
                 g.take(start, end)
-        d = Decision(reason="MigReconfig")
-        for o in opts:
-            d.relayouts.append(self.commit(o, job))
-        return d
+        return Decision(reason="MigReconfig", relayouts=tuple(self.commit(o, job) for o in opts))
 
     def _node_option(self, job: PendingJob, p: str, k: int, end: float, gs: list[GpuState],
                      destroying: bool) -> tuple[list[Option], dict[int, frozenset[int]]] | None:
@@ -373,10 +393,8 @@ class Slices:
 
     # -- waiting --------------------------------------------------------------------------------
 
-    def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[GpuState], may_claim: bool) -> Decision:
-        reason = "MigReconfig" if self._reconfiguring(cands) else "Resources"
-        if not may_claim:                  # past backfill_depth: the reason only
-            return Decision(reason=reason)
+    def _wait_for_slices(self, job: PendingJob, p: str, k: int, cands: list[GpuState], reason: str) -> Decision:
+        """Claim the GPU where the slices come earliest (``reason``: the request's, waiting)."""
         found = self._earliest_gpu(job, p, k, cands)
         if found is None:
             return Decision(reason=reason)
