@@ -22,6 +22,7 @@ Waiting.  A memory job that cannot start claims the shared GPU where it can star
 from __future__ import annotations
 
 import bisect
+from itertools import islice
 from typing import Callable
 
 from ..gpu import mig
@@ -59,6 +60,7 @@ class Shares:
         self._slices_by_memory: list[tuple] | None = None
         self._whole_by_memory: list[tuple] | None = None
         self._mps: dict[str | None, list[tuple[int, int, GpuState]]] | None = None   # see _first_mps
+        self._mps_room: dict[str | None, int] = {}
         self._timeslice_of: dict[int, list[GpuState]] = {}
         self._earliest: dict[tuple, tuple[GpuState | None, tuple | None, bool]] = {}   # see _earliest_gpu
         self.scorer: ShapeIndex | None = None     # placement "shapes": where a share goes (shapes.py)
@@ -76,7 +78,7 @@ class Shares:
             usable = pool.candidate_set(job, SHARED_MODES)
             slices = self._slice_index()
             stale = 0
-            for mem, _, _, _, g, sl in slices[bisect.bisect_left(slices, (want * 5 // 6,)):]:
+            for mem, _, _, _, g, sl in islice(slices, bisect.bisect_left(slices, (want * 5 // 6,)), None):
                 if g.busy or sl.start in g.used:
                     stale += 1
                     continue
@@ -97,12 +99,19 @@ class Shares:
                     offer((0, 0, _KIND_RANK["mps"], scored.node, scored.index, 0), self._start_share(scored, job, end))
             if scored is None:
                 self._offer_share(job, end, node_ok, best)
-            for mem, i, gi, v in self._whole_index()[bisect.bisect_left(self._whole_index(), (want,)):]:
-                if (i in members and gi in c.free[i] and type_ok(job, v) and node_ok(i, (gi,))):
+            whole = self._whole_index()
+            taken = 0
+            for mem, i, gi, v in islice(whole, bisect.bisect_left(whole, (want,)), None):
+                if gi not in c.free[i]:
+                    taken += 1
+                    continue
+                if i in members and type_ok(job, v) and node_ok(i, (gi,)):
                     offer((mem - want, 0, 3, i, gi, 0),
                           lambda i=i, v=v: Decision(node=i, gpu_indices=(v.index,),
                                                     devices=(Device(v.index, "gpu", v.uuid),)))
                     break
+            if taken > 64:                         # and so do whole GPUs taken
+                self._whole_by_memory = [e for e in whole if e[2] in c.free[e[1]]]
         immediate = best.key is not None
         # slices being cut in this pass, else a new one on a dynamic GPU
         self._offer_incoming(job, want, best)
@@ -175,16 +184,27 @@ class Shares:
         """The first MPS GPU, in node and GPU order, where the job's share fits now.
 
         A share may go only where no other user's are, so the MPS GPUs are kept by the one
-        user whose shares they hold (or none yet): two short lists to look through."""
+        user whose shares they hold (or none yet): two short lists to look through, each
+        with the most memory a share could still get on one of its GPUs (shares only come in
+        a pass, so a list without room for the job is passed over)."""
         if self._mps is None:
-            self._mps = {}
+            self._mps, self._mps_room = {}, {}
             for g in self.pool.gpus:
                 users = g.users()
                 if g.view.mode == "mps" and len(users) <= 1:
                     self._mps.setdefault(next(iter(users), None), []).append((g.node, g.index, g))
         shareable = self.pool.candidate_set(job, ("mps", "timeslice"))
+        want = job.gpu_mem_mb or 0
         best: tuple[int, int, GpuState] | None = None
-        for filed in (self._mps.get(None, ()), self._mps.get(job.user, ())):
+        for owner in (None, job.user):
+            filed = self._mps.get(owner, ())
+            room = self._mps_room.get(owner)
+            if room is None:
+                room = self._mps_room[owner] = max(
+                    (g.view.memory_mb - g.mem_used() for _, _, g in filed if len(g.clients) < g.view.mps_max_clients),
+                    default=-1)
+            if want > room:
+                continue
             for entry in filed:
                 if best is not None and entry[:2] > best[:2]:
                     break
@@ -211,7 +231,10 @@ class Shares:
                     entry = (g.node, g.index, g)
                     self._mps[None].remove(entry)
                     bisect.insort(self._mps.setdefault(job.user, []), entry, key=lambda e: e[:2])
+                    self._mps_room.pop(None, None)
             g.add_client(end, job.user, want)
+            if self._mps is not None and g.view.mode == "mps":
+                self._mps_room.pop(job.user, None)
             return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
         return act
 
