@@ -47,7 +47,8 @@ queue) runs inline in ``consider_all`` with one verdict lookup per (shape, QOS, 
 fractional and gang jobs leave it for their own methods.  Answers that depend on one node
 (does a start delay its reservations, its cheapest victim set) are remembered until that
 node's timeline version changes.  Every shortcut must leave the plan exactly as it was:
-tests/test_sched_fastpath.py holds them to the plain computation.
+tests/test_sched_fastpath.py holds them to the plain computation (those of fractional
+requests, in slices.py and shares.py: tests/test_sched_sharing_fastpath.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ use leaves the least fragmentation (gpud/sched/shapes.py).
 
 Waiting.  A memory job that cannot start claims the shared GPU where it can start earliest
 (gpud/sched/shared.py), so one user's stream of MPS jobs does not starve another user.
+
+Scale.  Slices and whole GPUs are indexed by memory (the first one still free that holds
+the job wastes least), MPS GPUs are kept by the user whose shares they hold, and a waiting
+request's earliest GPU is kept while that GPU is unchanged; tests/test_sched_sharing_fastpath.py
+holds each to the plain computation.
 """
 
 from __future__ import annotations

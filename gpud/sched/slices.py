@@ -24,6 +24,14 @@ Waiting.  A slice job that cannot start claims (gpud/sched/shared.py) the GPU wh
 slices come earliest, from running jobs' time limits and the minimum interval, with the
 memory slots they would take: lower jobs may still use the GPU's other slots.  So a stream
 of small slices does not starve a ``7g.80gb``.
+
+Scale.  A big queue repeats a few requests many times and a big cluster has few distinct
+GPU states, so a pass keeps what it learns: per kind of request (``Request``) its GPUs,
+that no free slice of its profile is left, that no re-layout serves it; free slices per
+profile busiest first (``FreeSlices``); re-layout options per GPU state (relayout.py);
+earliest times per GPU state; and a waiting request's earliest GPU while that GPU is
+unchanged (a GPU's earliest time only gets later in a pass).  Each must give the plan the
+plain computation gives: tests/test_sched_sharing_fastpath.py holds them to it.
 """
 
 from __future__ import annotations
