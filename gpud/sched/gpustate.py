@@ -17,7 +17,6 @@ pure and repeat across jobs and passes, so their answers are kept (bounded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections import Counter
 from typing import Callable, Iterable
 
 from ..gpu import mig
@@ -95,7 +94,7 @@ class GpuState:
     clients: list[tuple[float, str, int]] = field(default_factory=list)  # MPS/timeslice: (end, user, mem)
     busy: bool = False                              # re-layout in flight or planned: no starts
     claims: list[Claim] = field(default_factory=list)
-    incoming: Counter = field(default_factory=Counter)   # profile -> slices planned, not yet made
+    incoming: dict[str, int] = field(default_factory=dict)   # profile -> slices planned, not yet made
     # earliest-start answers; ``used`` and ``clients`` only grow in a pass, so their sizes
     # say whether an answer is still current
     memo: dict = field(default_factory=dict)
@@ -177,7 +176,7 @@ class GpuState:
 # Placement searches repeat across jobs and passes (a few layouts, a few profiles): they are
 # pure, so their answers are kept, up to a bound.
 _PLACED: dict[tuple, tuple[mig.Slice, ...] | None] = {}
-_LAYOUTS: dict[tuple, tuple[mig.Slice, ...] | None] = {}
+_LAYOUTS: dict[tuple, tuple[dict[int, mig.Slice], tuple] | None] = {}   # -> (slices by start, layout_key)
 _CATALOGS: dict[str, dict[str, mig.MigProfile]] = {}
 _MASKS: dict[tuple[str, str, int], int] = {}
 _FOR_MEMORY: dict[tuple[str, int], str | None] = {}
@@ -219,22 +218,23 @@ def layouts_for_demand(model: str, demand: dict[str, int], used: Iterable[mig.Sl
 
 def load_layout(g: GpuState) -> bool:
     """Read a MIG GPU's reported slices; False (no MIG use) for an unknown model or bad layout."""
-    key = (g.model, tuple((s.profile, s.start) for s in g.view.slices))
-    if key not in _LAYOUTS:
+    view = g.view
+    key = (view.model, tuple([(s.profile, s.start) for s in view.slices]))
+    hit = _LAYOUTS.get(key, False)
+    if hit is False:
         if len(_LAYOUTS) > _CACHE_MAX:
             _LAYOUTS.clear()
         try:
-            slices = [mig.Slice(mig.parse_profile(p, g.model), start) for p, start in key[1]]
-            mig.validate_layout(g.model, slices)
-            _LAYOUTS[key] = tuple(slices)
+            slices = [mig.Slice(mig.parse_profile(p, view.model), start) for p, start in key[1]]
+            mig.validate_layout(view.model, slices)
+            hit = ({s.start: s for s in slices}, tuple(sorted((s.start, s.profile) for s in slices)))
         except mig.MigError:
-            _LAYOUTS[key] = None
-    slices = _LAYOUTS[key]
-    if slices is None:
+            hit = None
+        _LAYOUTS[key] = hit
+    if hit is None:
         return False
-    g.slices = {s.start: s for s in slices}
-    g.by_start = {v.start: v for v in g.view.slices}
-    g.layout_key = tuple(sorted((s.start, s.profile) for s in slices))
+    g.slices, g.layout_key = dict(hit[0]), hit[1]
+    g.by_start = {v.start: v for v in view.slices}
     return True
 
 

@@ -56,12 +56,15 @@ class FreeSlices:
     def __init__(self, pool: SharedGpus) -> None:
         self.by_profile: dict[str, list[tuple[int, int, int, GpuState]]] = {}
         self._filed: dict[GpuState, tuple[tuple[int, int, int], set[str]]] = {}
-        self._starts: dict[GpuState, dict[str, list[int]]] = {}
+        self._starts: dict[GpuState, dict[str, list[int]]] = {}      # profile -> its slices' starts, in order
+        of_layout: dict[tuple, dict[str, list[int]]] = {}
         for g in pool.gpus:
             if g.view.mode == "mig" and g.layout_ok:
-                starts: dict[str, list[int]] = {}
-                for start in sorted(g.slices):
-                    starts.setdefault(g.slices[start].profile, []).append(start)
+                starts = of_layout.get(g.layout_key)
+                if starts is None:
+                    starts = of_layout[g.layout_key] = {}
+                    for start, profile in g.layout_key:
+                        starts.setdefault(profile, []).append(start)
                 self._starts[g] = starts
                 self._file(g, append=True)
         for filed in self.by_profile.values():
@@ -129,7 +132,7 @@ class Slices:
 
     def __init__(self, pool: SharedGpus, queue: Sequence[PendingJob]) -> None:
         self.pool, self.cluster, self.now, self.cfg = pool, pool.cluster, pool.now, pool.cfg
-        self._later: Counter = Counter()           # (profile, partition, gpu_type) -> slices wanted
+        self._later: dict[tuple, int] = {}         # (profile, partition, gpu_type) -> slices wanted
         # Pruning, by request.  Within a pass free slices only go and claims only come, so what
         # found nothing once finds nothing again.
         self._requests: dict[tuple, Request] = {}
@@ -156,9 +159,11 @@ class Slices:
 
     def expect(self, queue: Sequence[PendingJob]) -> None:
         """The eligible slice jobs of the pass, for the demand a re-layout also serves."""
+        later = self._later
         for j in queue:
             if j.mig_profile and not j.held and not j.blocked_reason:
-                self._later[(j.mig_profile, j.partition, j.gpu_type)] += max(1, j.gpus)
+                key = (j.mig_profile, j.partition, j.gpu_type)
+                later[key] = later.get(key, 0) + (j.gpus if j.gpus > 1 else 1)
 
     def _request(self, job: PendingJob, k: int) -> Request:
         key = (job.mig_profile, k, job.partition, job.gpu_type, job.cpus, job.mem_mb)
@@ -352,9 +357,9 @@ class Slices:
             more = layouts_for_demand(g.model, extra, layout)
         total = self._incoming_total.setdefault(g.model, Counter())
         for s in more:
-            if not g.incoming[s.profile]:
+            if not g.incoming.get(s.profile):
                 self.incoming.setdefault(s.profile, []).append(g)
-            g.incoming[s.profile] += 1
+            g.incoming[s.profile] = g.incoming.get(s.profile, 0) + 1
             total[s.profile] += 1
         g.set_busy()
         self.cut.append(g)
