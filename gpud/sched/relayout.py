@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..gpu import mig
-from .gpustate import GpuState, place
+from .gpustate import GpuState, catalog, place
 from .shared import INF, SharedGpus
 from .snapshot import PendingJob
 
@@ -123,13 +123,13 @@ class LayoutIndex:
             best: tuple[tuple, GpuState, str, tuple] | None = None
             for state, members in self.groups.items():
                 q = profile_of(state[0])
-                if q is None:
+                if q is None or q not in catalog(state[0]):
+                    continue
+                found = self._option(state, members[0][2], q, destroying)
+                if found is None:
                     continue
                 g = next((g for _, _, g in members if g in usable and ok(g.node, job)), None)
                 if g is None:
-                    continue
-                found = self._option(state, g, q, destroying)
-                if found is None:
                     continue
                 busy = -g.used_compute()
                 rank = (len(found[0]), busy, g.node, g.index) if destroying else (busy, g.node, g.index)
