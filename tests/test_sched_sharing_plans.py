@@ -259,6 +259,6 @@ def test_the_snapshots_exercise_every_path():
 
 if __name__ == "__main__" and "--write" in sys.argv:
     os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
-    with open(FIXTURE, "w") as f:
-        json.dump({str(s): encode(schedule(snapshot_for(s), NOW)) for s in SEEDS}, f, indent=None, sort_keys=True)
-        f.write("\n")
+    with open(FIXTURE, "w") as f:        # a line per seed, so a change shows which plans moved
+        f.write("{\n" + ",\n".join(f'"{s}": {json.dumps(encode(schedule(snapshot_for(s), NOW)), sort_keys=True)}'
+                                    for s in SEEDS) + "\n}\n")
