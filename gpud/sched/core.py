@@ -104,6 +104,22 @@ def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]
     return first + [j for j in queue if j.job_id not in claimants]
 
 
+class _NodeOk:
+    """Whether a fractional job may start on node ``i`` now, taking whole GPUs ``gpus``
+    (none for a slice or share): a member of its partition, up, not held exclusively, with
+    its CPUs and memory free, and delaying no reservation there."""
+
+    __slots__ = ("members", "c", "tl", "cpus", "mem", "end")
+
+    def __init__(self, members: Container[int], c: Cluster, tl: Timeline, cpus: int, mem: int, end: float) -> None:
+        self.members, self.c, self.tl, self.cpus, self.mem, self.end = members, c, tl, cpus, mem, end
+
+    def __call__(self, i: int, gpus: tuple[int, ...]) -> bool:
+        c, tl = self.c, self.tl
+        return (i in self.members and c.up[i] and i not in c.exclusive and c.cpus[i] >= self.cpus
+                and c.mem[i] >= self.mem and (i not in tl.reserved or tl.no_delay(i, gpus, self.cpus, self.mem, self.end)))
+
+
 class _Pass:
     # -- step 1: working state --------------------------------------------------------------------
     def __init__(self, snap: Snapshot, now: float) -> None:
@@ -335,7 +351,8 @@ class _Pass:
         if refusal:
             self.reasons[job.job_id] = refusal
             return
-        c, tl, end = self.cluster, self.timeline, self.end_of(job)
+        c, tl = self.cluster, self.timeline
+        end = INF if job.time_limit is None else self.now + job.time_limit     # end_of, inlined
         shared = self.shared()
         book = self.book
         if book.any_limits:      # its fraction counts, at least the least any GPU here would give
@@ -343,12 +360,7 @@ class _Pass:
             if limit:
                 self.reasons[job.job_id] = limit
                 return
-        members = shared.members(job.partition)
-
-        def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
-            return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
-                    and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
-
+        node_ok = _NodeOk(shared.members(job.partition), c, tl, job.cpus, job.mem_mb, end)
         scorer = self.shape_index() if self.cfg.placement_for(job.partition) == "shapes" else None
         if job.mig_profile:
             assert self._slices is not None
@@ -357,7 +369,8 @@ class _Pass:
             assert self._shares is not None
             self._shares.scorer = scorer
             d = self._shares.consider(job, end, node_ok, may_claim=self.depth_left > 0)
-        self.plan.relayouts.extend(d.relayouts)
+        if d.relayouts:
+            self.plan.relayouts.extend(d.relayouts)
         if d.node is not None:
             i = d.node
             c.allocate(i, d.gpu_indices, job.cpus, job.mem_mb)

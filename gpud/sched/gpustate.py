@@ -82,7 +82,7 @@ class Claim:
     mask: int = 0          # MIG: the memory slots it needs (0: the whole GPU)
 
 
-@dataclass(eq=False)          # one object per GPU: compared and hashed by identity
+@dataclass(eq=False, slots=True)   # one object per GPU: compared and hashed by identity
 class GpuState:
     """One shared GPU's state during the pass."""
 

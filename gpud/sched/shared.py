@@ -44,7 +44,7 @@ INF = math.inf
 NodeOk = Callable[[int, tuple[int, ...]], bool]   # (node, whole GPUs taken) -> may start there now
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """What the pass does with one fractional job."""
 

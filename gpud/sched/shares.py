@@ -237,9 +237,10 @@ class Shares:
                     self._mps[None].remove(entry)
                     bisect.insort(self._mps.setdefault(job.user, []), entry, key=lambda e: e[:2])
                     self._mps_room.pop(None, None)
+            room = g.view.memory_mb - g.mem_used()
             g.add_client(end, job.user, want)
-            if self._mps is not None and g.view.mode == "mps":
-                self._mps_room.pop(job.user, None)
+            if self._mps is not None and g.view.mode == "mps" and room >= self._mps_room.get(job.user, room):
+                self._mps_room.pop(job.user, None)    # it may have been the roomiest: look again
             return Decision(node=g.node, devices=(Device(g.index, g.view.mode, g.view.uuid, None, want),))
         return act
 

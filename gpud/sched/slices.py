@@ -350,7 +350,8 @@ class Slices:
     def commit(self, o: Option, job: PendingJob, profile: str | None = None) -> Relayout:
         """Record a re-layout (and the queue's other demand it can serve) on its GPU."""
         g = o.gpu
-        layout = [s for s in g.slices.values() if s not in o.destroy] + list(o.create)
+        gone = {s.start for s in o.destroy}
+        layout = [s for s in g.slices.values() if s.start not in gone] + list(o.create)
         extra = self._extra_demand(g, job)
         more: list[mig.Slice] = []
         if extra:
@@ -372,15 +373,20 @@ class Slices:
     def _extra_demand(self, g: GpuState, job: PendingJob) -> dict[str, int]:
         """Slices later jobs that could use ``g`` want, less what free slices already cover."""
         cat = catalog(g.model)
-        want: Counter = Counter()
+        want: dict[str, int] = {}
         for (p, part, gtype), n in self._later.items():
             if n > 0 and p in cat and g.node in self.pool.members(part) and (gtype is None or gtype == g.model):
-                want[p] += n
+                want[p] = want.get(p, 0) + n
         if not want:
             return {}
-        want.subtract(self._spare(g.model))
-        want.subtract(self._brought(g.model))      # slices other re-layouts of this pass bring
-        return {p: n for p, n in want.items() if n > 0}
+        spare = self._spare(g.model)
+        brought = self._brought(g.model)           # slices other re-layouts of this pass bring
+        extra = {}
+        for p, n in want.items():
+            n -= spare.get(p, 0) + brought.get(p, 0)
+            if n > 0:
+                extra[p] = n
+        return extra
 
     def _brought(self, model: str) -> Counter:
         """The slices the re-layouts of this pass on ``model``'s GPUs bring, not yet promised."""
