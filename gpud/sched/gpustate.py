@@ -192,12 +192,18 @@ def catalog(model: str) -> dict[str, mig.MigProfile]:
     return cat
 
 
+def _slices_key(slices: Iterable[mig.Slice]) -> tuple[tuple[str, int], ...]:
+    """Slices as sorted (profile, start) pairs: a key that is quick to sort and hash."""
+    return tuple(sorted([(s.profile, s.start) for s in slices]))
+
+
 def place(model: str, profiles: list[str], used: Iterable[mig.Slice]) -> list[mig.Slice] | None:
-    key = (model, tuple(profiles), tuple(sorted(used)))
+    used = list(used)
+    key = (model, tuple(profiles), _slices_key(used))
     if key not in _PLACED:
         if len(_PLACED) > _CACHE_MAX:
             _PLACED.clear()
-        found = mig.place(model, profiles, key[2])
+        found = mig.place(model, profiles, sorted(used))
         _PLACED[key] = None if found is None else tuple(found)
     hit = _PLACED[key]
     return None if hit is None else list(hit)
@@ -207,12 +213,13 @@ def layouts_for_demand(model: str, demand: dict[str, int], used: Iterable[mig.Sl
     """``mig.layouts_for_demand``, kept: it sees no more of a profile than a GPU can hold, so
     counts past that are one answer."""
     cat = catalog(model)
-    key = (model, tuple(sorted((p, min(n, cat[p].max_count)) for p, n in demand.items())), tuple(sorted(used)))
+    used = list(used)
+    key = (model, tuple(sorted([(p, min(n, cat[p].max_count)) for p, n in demand.items()])), _slices_key(used))
     hit = _DEMANDED.get(key)
     if hit is None:
         if len(_DEMANDED) > _CACHE_MAX:
             _DEMANDED.clear()
-        hit = _DEMANDED[key] = tuple(mig.layouts_for_demand(model, dict(key[1]), key[2]))
+        hit = _DEMANDED[key] = tuple(mig.layouts_for_demand(model, dict(key[1]), sorted(used)))
     return list(hit)
 
 
