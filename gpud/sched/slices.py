@@ -148,9 +148,10 @@ class Slices:
         self._incoming_total: dict[str, Counter] = {}   # model -> what all of those bring
         self.layouts = LayoutIndex(pool, self.cfg.mig_min_interval)   # where one new slice goes
         self._free = FreeSlices(pool)                                  # where one free slice is
+        changed = self._changed
         for g in pool.gpus:
             if g.view.mode == "mig":
-                g.on_change = self._changed
+                g.on_change = changed
         self.expect(queue)
 
     def _changed(self, g: GpuState) -> None:
@@ -365,7 +366,7 @@ class Slices:
         g.set_busy()
         self.cut.append(g)
         create = tuple(sorted(list(o.create) + more, key=lambda s: (s.start, s.profile)))
-        what = ", ".join(f"{s}" for s in create)
+        what = ", ".join([f"{s.profile}@{s.start}" for s in create])      # str(Slice), inlined
         return Relayout(node=self.cluster.nodes[g.node].name, gpu=g.index,
                         destroy=tuple(s.start for s in o.destroy), create=create,
                         reason=f"job {job.job_id} needs {profile or job.mig_profile}; cut {what}")
