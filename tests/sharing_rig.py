@@ -4,7 +4,8 @@
 starts jobs on the devices the plan names, and applies ``Plan.relayouts`` the way a worker must: a slice in use is never destroyed, the new layout
 must be valid (``gpud.gpu.mig.validate_layout``), every new slice gets a ``MIG-`` UUID and
 the GPU's ``relaid_at`` becomes now.  ``check_shares`` asserts, after every pass, that no
-slice, MPS GPU or time-slice replica is over-allocated.
+slice, MPS GPU or time-slice replica is over-allocated, and that an ``mps:dynamic`` GPU is
+given whole only while no share is on it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpud.gpu import mig
 from gpud.sched.apply import Holdings, apply_plan
 from gpud.sched.config import SchedConfig
 from gpud.sched.core import schedule
+from gpud.sched.gpustate import serves_whole
 from gpud.sched.plan import Plan
 from gpud.sched.snapshot import GpuView, NodeView, PendingJob, RunningJob, SliceView, Snapshot
 
@@ -76,7 +78,7 @@ def check_shares(snap: Snapshot, plan: Plan) -> None:
         for i in s.gpu_indices:
             key = (s.node, i)
             assert key not in whole, f"whole GPU {key} given twice"
-            assert views[key].mode == "whole", f"job {s.job_id} got shared GPU {key} as a whole GPU"
+            assert serves_whole(views[key]), f"job {s.job_id} got shared GPU {key} as a whole GPU"
             whole.add(key)
         if job.mig_profile:
             assert len(s.devices) == max(1, job.gpus) and not s.gpu_indices
@@ -105,6 +107,7 @@ def check_shares(snap: Snapshot, plan: Plan) -> None:
                 clients[key].append((job.user, d.mem_mb or 0))
     for key, cs in clients.items():
         v = views[key]
+        assert key not in whole, f"MPS GPU {key} given whole while it has shares"
         if v.mode == "mps":
             assert len(cs) <= v.mps_max_clients, f"MPS clients over the limit on {key}"
             assert len({u for u, _ in cs}) <= 1, f"two users on MPS GPU {key}"

@@ -149,6 +149,35 @@ def test_slices_of_one_job_share_a_node():
     assert rig.reason(too_many) == "BadConstraints"
 
 
+
+def _hold_slices(rig: ShareRig, node: str, gpu: int, starts) -> None:
+    """Running jobs on these slices of ``gpu``, for an hour."""
+    v = rig.gpu(node, gpu)
+    for start in starts:
+        sv = next(s for s in v.slices if s.start == start)
+        job_id = 1000 + len(rig.running)
+        rig.running[job_id] = RunningJob(job_id, "bob", "default", "gpu", "normal", node, (), 1, GiB, 0.0, 3600.0,
+                                         devices=(Device(gpu, "mig", sv.uuid, start, sv.memory_mb, sv.profile),))
+        rig.duration[job_id] = 3600.0
+
+
+def test_slices_of_one_job_are_cut_only_on_gpus_of_its_type():
+    one_left = [mig.Slice("1g.10gb", s) for s in range(6)]
+    rig = ShareRig.of(shared_node("n", [mig_gpu(0, A100, slices=one_left), mig_gpu(1, "H100-80GB")]))
+    _hold_slices(rig, "n", 0, range(6))
+    job = rig.submit(mig_profile="1g.10gb", gpus=2, gpu_type=A100)
+    plan = rig.step()
+    assert not plan.relayouts and rig.reason(job) == "Resources"
+
+
+def test_slices_of_one_job_are_cut_only_on_gpus_that_have_the_profile():
+    rig = ShareRig.of(shared_node("n", [mig_gpu(0, A100), mig_gpu(1, "A30-24GB", slices=[mig.Slice("1g.6gb", 0)])]))
+    _hold_slices(rig, "n", 1, [0])           # the A30 is the busier GPU, tried first
+    job = rig.submit(mig_profile="1g.20gb", gpus=2)
+    plan = rig.step()
+    [x] = plan.relayouts
+    assert x.gpu == 0 and [s.profile for s in x.create] == ["1g.20gb"] * 2 and rig.reason(job) == "MigReconfig"
+
 def test_whole_and_shared_gpus_do_not_mix():
     rig = ShareRig.of(shared_node("n", [whole_gpu(0), mps_gpu(1), mig_gpu(2, A100, layout="all-7g.80gb")]))
     whole = rig.submit(gpus=1)

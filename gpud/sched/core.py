@@ -33,10 +33,11 @@ It reads as numbered steps:
    does not preempt; a single-node job with node filters preempts on its candidates only.
 
    A fractional request (MIG slices, ``--gpu-mem``) takes steps a and b, then goes to
-   ``sharing.Sharing``: a free slice or share now (never delaying a reservation), else a
-   MIG re-layout (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota,
-   reclaim of borrowed slices or shares on one GPU, else a claim on the GPU where it
-   starts earliest.  It counts against limits and quotas by its fraction of a GPU.
+   ``slices.Slices`` or ``shares.Shares`` (over the pass's ``shared.SharedGpus``): a free
+   slice or share now (never delaying a reservation), else a MIG re-layout
+   (``Plan.relayouts``, reason ``MigReconfig``), else, within its quota, reclaim of
+   borrowed slices or shares on one GPU, else a claim on the GPU where it starts earliest.
+   It counts against limits and quotas by its fraction of a GPU.
 
 Scale: placement searches indexed buckets of nodes by free GPUs; a request shape that failed
 once in a pass is not searched again (resources only shrink during a pass); reservations are
@@ -46,7 +47,8 @@ queue) runs inline in ``consider_all`` with one verdict lookup per (shape, QOS, 
 fractional and gang jobs leave it for their own methods.  Answers that depend on one node
 (does a start delay its reservations, its cheapest victim set) are remembered until that
 node's timeline version changes.  Every shortcut must leave the plan exactly as it was:
-tests/test_sched_fastpath.py holds them to the plain computation.
+tests/test_sched_fastpath.py holds them to the plain computation (those of fractional
+requests, in slices.py and shares.py: tests/test_sched_sharing_fastpath.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ from .preempt import Choice, Preemptor
 from .priority import PriorityModel
 from .quota import QuotaBook
 from .shapes import Demand, ShapeIndex
-from .sharing import Sharing
+from .shared import SharedGpus
+from .shares import Shares
+from .slices import Slices
 from .gpustate import device_fraction
 from .snapshot import Device, GpuView, Part, PendingJob, RunningJob, Snapshot
 
@@ -100,6 +104,22 @@ def claimants_first(queue: list[PendingJob], claims: tuple[tuple[int, int], ...]
     return first + [j for j in queue if j.job_id not in claimants]
 
 
+class _NodeOk:
+    """Whether a fractional job may start on node ``i`` now, taking whole GPUs ``gpus``
+    (none for a slice or share): a member of its partition, up, not held exclusively, with
+    its CPUs and memory free, and delaying no reservation there."""
+
+    __slots__ = ("members", "c", "tl", "cpus", "mem", "end")
+
+    def __init__(self, members: Container[int], c: Cluster, tl: Timeline, cpus: int, mem: int, end: float) -> None:
+        self.members, self.c, self.tl, self.cpus, self.mem, self.end = members, c, tl, cpus, mem, end
+
+    def __call__(self, i: int, gpus: tuple[int, ...]) -> bool:
+        c, tl = self.c, self.tl
+        return (i in self.members and c.up[i] and i not in c.exclusive and c.cpus[i] >= self.cpus
+                and c.mem[i] >= self.mem and (i not in tl.reserved or tl.no_delay(i, gpus, self.cpus, self.mem, self.end)))
+
+
 class _Pass:
     # -- step 1: working state --------------------------------------------------------------------
     def __init__(self, snap: Snapshot, now: float) -> None:
@@ -109,7 +129,9 @@ class _Pass:
         self.timeline = Timeline(self.cluster, snap.running, now)
         self._views: dict[str, dict[int, GpuView]] | None = None
         self.book = QuotaBook(self.cfg, snap.running, self.share_of)
-        self._sharing: Sharing | None = None     # built for the first fractional request
+        self._shared: SharedGpus | None = None   # built for the first fractional request
+        self._slices: Slices | None = None
+        self._shares: Shares | None = None
         self._gangs: Gangs | None = None
         self._shapes: ShapeIndex | None = None   # built for the first search under placement "shapes"
         members = {(j.account, j.user) for j in snap.pending} | {(r.account, r.user) for r in snap.running}
@@ -151,11 +173,12 @@ class _Pass:
             self.consider_all(borrowing, may_borrow=True)
         return plan
 
-    def sharing(self) -> Sharing:
-        if self._sharing is None:     # the whole queue's slice demand, as the first fraction sees it
-            self._sharing = Sharing(self.snap, self.cluster, self.now)
-            self._sharing.expect(self.queue)
-        return self._sharing
+    def shared(self) -> SharedGpus:
+        if self._shared is None:     # the whole queue's slice demand, as the first fraction sees it
+            self._shared = SharedGpus(self.snap, self.cluster, self.now)
+            self._slices = Slices(self._shared, self.queue)
+            self._shares = Shares(self._shared, self._slices)
+        return self._shared
 
     def share_of(self, r: RunningJob) -> float:
         """The GPUs a running job on slices or shares counts: its fraction, as billed."""
@@ -171,7 +194,7 @@ class _Pass:
         """Nodes grouped by state, scored by the fragmentation a start leaves (shapes.py)."""
         if self._shapes is None:
             mps = [g.memory_mb for n in self.snap.nodes for g in n.gpus if g.mode == "mps"]
-            shared = self.sharing().on_node if any(g.mode != "whole" for n in self.snap.nodes for g in n.gpus) else {}
+            shared = self.shared().on_node if any(g.mode != "whole" for n in self.snap.nodes for g in n.gpus) else {}
             demand = Demand.of(self.snap.pending, self.snap.running, self.now, max(mps, default=1))
             self._shapes = ShapeIndex(self.cluster, shared, demand)
             self.cluster.watch = self._shapes.touch
@@ -319,45 +342,48 @@ class _Pass:
                                       borrowed=borrowed and job.gpus > 0))
 
     def consider_shared(self, job: PendingJob) -> None:
-        """Steps b and d-h for a fractional request (see sharing.py)."""
+        """Steps b and d-h for a fractional request (see shared.py, slices.py, shares.py)."""
         key = ("shared", job.partition, job.mig_profile, job.gpu_mem_mb, job.gpus, job.cpus, job.mem_mb,
                job.gpu_type, job.time_limit, job.qos, job.account)
         refusal = self.misfits.get(key, "")
         if refusal == "":
-            refusal = self.misfits[key] = self.misconfigured(job) or self.sharing().misfit(job)
+            refusal = self.misfits[key] = self.misconfigured(job) or self.shared().misfit(job)
         if refusal:
             self.reasons[job.job_id] = refusal
             return
-        c, tl, end = self.cluster, self.timeline, self.end_of(job)
-        sharing = self.sharing()
+        c, tl = self.cluster, self.timeline
+        end = INF if job.time_limit is None else self.now + job.time_limit     # end_of, inlined
+        shared = self.shared()
         book = self.book
         if book.any_limits:      # its fraction counts, at least the least any GPU here would give
-            limit = book.limit_reason(job.qos, job.user, job.account, sharing.least_fraction(job))
+            limit = book.limit_reason(job.qos, job.user, job.account, shared.least_fraction(job))
             if limit:
                 self.reasons[job.job_id] = limit
                 return
-        members = sharing.members(job.partition)
-
-        def node_ok(i: int, gpus: tuple[int, ...]) -> bool:
-            return (i in members and c.up[i] and i not in c.exclusive and c.cpus[i] >= job.cpus
-                    and c.mem[i] >= job.mem_mb and (i not in tl.reserved or tl.no_delay(i, gpus, job.cpus, job.mem_mb, end)))
-
-        sharing.scorer = self.shape_index() if self.cfg.placement_for(job.partition) == "shapes" else None
-        d = sharing.consider(job, end, node_ok, may_claim=self.depth_left > 0)
-        self.plan.relayouts.extend(d.relayouts)
+        node_ok = _NodeOk(shared.members(job.partition), c, tl, job.cpus, job.mem_mb, end)
+        scorer = self.shape_index() if self.cfg.placement_for(job.partition) == "shapes" else None
+        if job.mig_profile:
+            assert self._slices is not None
+            d = self._slices.consider(job, end, node_ok, may_claim=self.depth_left > 0)
+        else:
+            assert self._shares is not None
+            self._shares.scorer = scorer
+            d = self._shares.consider(job, end, node_ok, may_claim=self.depth_left > 0)
+        if d.relayouts:
+            self.plan.relayouts.extend(d.relayouts)
         if d.node is not None:
             i = d.node
             c.allocate(i, d.gpu_indices, job.cpus, job.mem_mb)
             tl.add_start(i, d.gpu_indices, job.cpus, job.mem_mb, end, job.job_id)
             if book.counting:
                 book.on_start(job.account, job.qos, job.user, self.fraction(c.nodes[i].name, d.devices))
-            borrowed = book.enabled and not book.within(job.account, sharing.least_fraction(job))
+            borrowed = book.enabled and not book.within(job.account, shared.least_fraction(job))
             self.plan.starts.append(Start(job.job_id, c.nodes[i].name, d.gpu_indices, job.cpus, job.mem_mb,
                                           borrowed=borrowed, devices=d.devices))
             return
         self.reasons[job.job_id] = d.reason or "Resources"
         if (book.enabled and not d.relayouts and (job.mig_profile is None or job.gpus <= 1)
-                and book.within(job.account, sharing.least_fraction(job)) and self.reclaim_fraction(job)):
+                and book.within(job.account, shared.least_fraction(job)) and self.reclaim_fraction(job)):
             return                # f. quota reclaim: borrowed slices or shares make way
         if d.expected is not None and d.expected_node is not None:
             self.depth_left -= 1
@@ -370,13 +396,13 @@ class _Pass:
         pre = self.preemptor()
         if not pre.fractional or pre.budget <= 0:
             return False
-        c, sharing, pool = self.cluster, self.sharing(), self.book.pool(job.account)
+        c, shared, pool = self.cluster, self.shared(), self.book.pool(job.account)
         kind = "mig" if job.mig_profile else "mps"
-        usable = sharing._candidate_set(job, (kind,))
+        usable = shared.candidate_set(job, (kind,))
         want = job.gpu_mem_mb or 0
         best: tuple[tuple, int, tuple[RunningJob, ...]] | None = None
         for (i, gi), _ in sorted(pre.fractional.items()):
-            g = next((h for h in sharing.on_node.get(i, ()) if h.index == gi), None)
+            g = next((h for h in shared.on_node.get(i, ()) if h.index == gi), None)
             if g is None or g not in usable or g.busy:
                 continue
 

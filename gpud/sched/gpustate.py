@@ -1,10 +1,12 @@
 """Shared GPUs as one scheduling pass sees them: per-GPU state, device arithmetic, MIG caches.
 
-``GpuState`` is a shared GPU's working copy in a pass (gpud/sched/sharing.py mutates it):
+``GpuState`` is a shared GPU's working copy in a pass (gpud/sched/slices.py and shares.py mutate it):
 the slices it has and which are held (with when their holders end), its MPS or time-slice
 clients, whether a re-layout is on its way, the claims waiting jobs put on it, and slices a
-re-layout planned in this pass will bring.  ``used`` and ``clients`` only grow during a pass,
-which is what makes the memoised answers in ``memo`` and the pass's pruning sound.
+re-layout planned in this pass will bring.  ``used``, ``clients`` and ``claims`` only grow
+during a pass and ``busy`` is only ever set, which is what makes the memoised answers in
+``memo`` and the pass's pruning sound.  They change only through ``take``, ``add_client``,
+``add_claim`` and ``set_busy``, which tell ``on_change`` (the pass's index of GPUs by state).
 
 Device arithmetic: a slice's capacity for a ``--gpu-mem`` request is its real memory or the
 size in its name, whichever is larger; a device's billed fraction of its GPU is
@@ -15,8 +17,7 @@ pure and repeat across jobs and passes, so their answers are kept (bounded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections import Counter
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..gpu import mig
 from .snapshot import Device, GpuView, PendingJob
@@ -66,7 +67,7 @@ def device_fraction(dev: Device, gpu: GpuView | None) -> float:
 
 def serves_whole(g: GpuView) -> bool:
     """Whether ``g`` can be given whole to a ``--gpus N`` job: a ``whole`` GPU, or an
-    ``mps:dynamic`` one while no share is on it (the core checks that; see sharing.py)."""
+    ``mps:dynamic`` one while no share is on it (the core checks that; see shares.py)."""
     return g.mode == "whole" or (g.mode == "mps" and g.dynamic)
 
 
@@ -81,7 +82,7 @@ class Claim:
     mask: int = 0          # MIG: the memory slots it needs (0: the whole GPU)
 
 
-@dataclass(eq=False)          # one object per GPU: compared and hashed by identity
+@dataclass(eq=False, slots=True)   # one object per GPU: compared and hashed by identity
 class GpuState:
     """One shared GPU's state during the pass."""
 
@@ -93,11 +94,39 @@ class GpuState:
     clients: list[tuple[float, str, int]] = field(default_factory=list)  # MPS/timeslice: (end, user, mem)
     busy: bool = False                              # re-layout in flight or planned: no starts
     claims: list[Claim] = field(default_factory=list)
-    incoming: Counter = field(default_factory=Counter)   # profile -> slices planned, not yet made
+    incoming: dict[str, int] = field(default_factory=dict)   # profile -> slices planned, not yet made
     # earliest-start answers; ``used`` and ``clients`` only grow in a pass, so their sizes
     # say whether an answer is still current
     memo: dict = field(default_factory=dict)
     by_start: dict = field(default_factory=dict)        # start -> its SliceView (uuid, memory)
+    layout_key: tuple = ()                              # its slices as sorted (start, profile): cheap to hash
+    on_change: Callable[["GpuState"], None] | None = None
+    shared_mb: int = 0                                  # the clients' memory, summed
+    holders: set[str] = field(default_factory=set)      # the clients' users
+
+    def take(self, start: int, end: float) -> None:
+        """A job ending at ``end`` takes the free slice at ``start``."""
+        self.used[start] = end
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def add_client(self, end: float, user: str, mem_mb: int) -> None:
+        self.clients.append((end, user, mem_mb))
+        self.shared_mb += mem_mb
+        self.holders.add(user)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def add_claim(self, claim: Claim) -> None:
+        self.claims.append(claim)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def set_busy(self) -> None:
+        """A re-layout is planned: the GPU takes no other start or re-layout in the pass."""
+        self.busy = True
+        if self.on_change is not None:
+            self.on_change(self)
 
     @property
     def index(self) -> int:
@@ -138,19 +167,20 @@ class GpuState:
         return True
 
     def mem_used(self) -> int:
-        return sum(m for _, _, m in self.clients)
+        return self.shared_mb
 
     def users(self) -> set[str]:
-        return {u for _, u, _ in self.clients}
+        return self.holders
 
 
 # Placement searches repeat across jobs and passes (a few layouts, a few profiles): they are
 # pure, so their answers are kept, up to a bound.
 _PLACED: dict[tuple, tuple[mig.Slice, ...] | None] = {}
-_LAYOUTS: dict[tuple, tuple[mig.Slice, ...] | None] = {}
+_LAYOUTS: dict[tuple, tuple[dict[int, mig.Slice], tuple] | None] = {}   # -> (slices by start, layout_key)
 _CATALOGS: dict[str, dict[str, mig.MigProfile]] = {}
 _MASKS: dict[tuple[str, str, int], int] = {}
 _FOR_MEMORY: dict[tuple[str, int], str | None] = {}
+_DEMANDED: dict[tuple, tuple[mig.Slice, ...]] = {}
 _CACHE_MAX = 20000
 
 
@@ -162,34 +192,56 @@ def catalog(model: str) -> dict[str, mig.MigProfile]:
     return cat
 
 
+def _slices_key(slices: Iterable[mig.Slice]) -> tuple[tuple[str, int], ...]:
+    """Slices as sorted (profile, start) pairs: a key that is quick to sort and hash."""
+    return tuple(sorted([(s.profile, s.start) for s in slices]))
+
+
 def place(model: str, profiles: list[str], used: Iterable[mig.Slice]) -> list[mig.Slice] | None:
-    key = (model, tuple(profiles), tuple(sorted(used)))
+    used = list(used)
+    key = (model, tuple(profiles), _slices_key(used))
     if key not in _PLACED:
         if len(_PLACED) > _CACHE_MAX:
             _PLACED.clear()
-        found = mig.place(model, profiles, key[2])
+        found = mig.place(model, profiles, sorted(used))
         _PLACED[key] = None if found is None else tuple(found)
     hit = _PLACED[key]
     return None if hit is None else list(hit)
 
 
+def layouts_for_demand(model: str, demand: dict[str, int], used: Iterable[mig.Slice]) -> list[mig.Slice]:
+    """``mig.layouts_for_demand``, kept: it sees no more of a profile than a GPU can hold, so
+    counts past that are one answer."""
+    cat = catalog(model)
+    used = list(used)
+    key = (model, tuple(sorted([(p, min(n, cat[p].max_count)) for p, n in demand.items()])), _slices_key(used))
+    hit = _DEMANDED.get(key)
+    if hit is None:
+        if len(_DEMANDED) > _CACHE_MAX:
+            _DEMANDED.clear()
+        hit = _DEMANDED[key] = tuple(mig.layouts_for_demand(model, dict(key[1]), sorted(used)))
+    return list(hit)
+
+
 def load_layout(g: GpuState) -> bool:
     """Read a MIG GPU's reported slices; False (no MIG use) for an unknown model or bad layout."""
-    key = (g.model, tuple((s.profile, s.start) for s in g.view.slices))
-    if key not in _LAYOUTS:
+    view = g.view
+    key = (view.model, tuple([(s.profile, s.start) for s in view.slices]))
+    hit = _LAYOUTS.get(key, False)
+    if hit is False:
         if len(_LAYOUTS) > _CACHE_MAX:
             _LAYOUTS.clear()
         try:
-            slices = [mig.Slice(mig.parse_profile(p, g.model), start) for p, start in key[1]]
-            mig.validate_layout(g.model, slices)
-            _LAYOUTS[key] = tuple(slices)
+            slices = [mig.Slice(mig.parse_profile(p, view.model), start) for p, start in key[1]]
+            mig.validate_layout(view.model, slices)
+            hit = ({s.start: s for s in slices}, tuple(sorted((s.start, s.profile) for s in slices)))
         except mig.MigError:
-            _LAYOUTS[key] = None
-    slices = _LAYOUTS[key]
-    if slices is None:
+            hit = None
+        _LAYOUTS[key] = hit
+    if hit is None:
         return False
-    g.slices = {s.start: s for s in slices}
-    g.by_start = {v.start: v for v in g.view.slices}
+    g.slices, g.layout_key = dict(hit[0]), hit[1]
+    g.by_start = {v.start: v for v in view.slices}
     return True
 
 

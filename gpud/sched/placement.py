@@ -77,7 +77,8 @@ class Cluster:
         self.nodes = sorted(nodes, key=lambda n: n.name)
         self.pos = {n.name: i for i, n in enumerate(self.nodes)}
         self.up = [n.schedulable for n in self.nodes]
-        # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by sharing.py, except
+        # whole GPUs only: MIG, MPS and time-sliced GPUs are handed out by shared.py, slices.py and
+        # shares.py, except
         # that an mps:dynamic GPU is also a whole GPU here while no share holds it
         self.model_of = [{g.index: g.model for g in n.gpus   # gpustate.serves_whole, inlined
                           if g.mode == "whole" or (g.dynamic and g.mode == "mps")} for n in self.nodes]

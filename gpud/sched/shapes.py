@@ -27,7 +27,7 @@ the GPU whose use raises it least.
 
 Only the score is new: which nodes may take a job (partition, CPUs, memory, GPU model,
 reservations, exclusive nodes, MPS rules) is decided exactly as for binpack, and the start
-is made by the same ``Cluster``/``Sharing`` code.  Nodes in the same state get the same
+is made by the same ``Cluster``/``Shares`` code.  Nodes in the same state get the same
 score, so nodes are kept grouped by state (``ShapeIndex``) and each group is scored once
 per request shape until one of its nodes changes: a search costs the number of distinct
 node states, not nodes.

@@ -4,7 +4,7 @@ The head builds a Snapshot from its database on every pass; the simulator builds
 its virtual cluster; tests build them by hand.  Nothing here does I/O.  Times are epoch
 seconds (virtual in the simulator); ``now`` is passed to ``schedule`` separately.
 
-GPU sharing (see gpud/sched/sharing.py): a GPU's ``mode`` says how it is handed out.
+GPU sharing (see gpud/sched/shared.py): a GPU's ``mode`` says how it is handed out.
 ``whole`` GPUs go to ``--gpus N`` jobs; ``mig`` GPUs are cut into ``slices`` (MIG
 instances); ``mps`` GPUs take up to ``mps_max_clients`` jobs of one user at a time, each
 with a pinned memory share; ``timeslice`` GPUs take ``replicas`` jobs with no isolation.
@@ -133,7 +133,7 @@ class PendingJob:
 
     @property
     def shared(self) -> bool:
-        """Asks for a fraction of a GPU (placed by gpud/sched/sharing.py)."""
+        """Asks for a fraction of a GPU (placed by gpud/sched/slices.py and shares.py)."""
         return self.mig_profile is not None or self.gpu_mem_mb is not None
 
 

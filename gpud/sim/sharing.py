@@ -1,9 +1,10 @@
 """Shared GPUs in the simulator: fractional requests from trace rows, re-layouts as a worker
 applies them.
 
-The core places MIG slices, MPS shares and time-slice replicas itself (gpud/sched/sharing.py);
-the engine only has to carry a row's ``mig_profile`` and ``gpu_mem`` into the pending job,
-keep each start's ``devices`` on the running job, and apply ``Plan.relayouts`` to its nodes.
+The core places MIG slices, MPS shares and time-slice replicas itself (gpud/sched/slices.py,
+shares.py); the engine only has to carry a row's ``mig_profile`` and ``gpu_mem`` into the
+pending job, keep each start's ``devices`` on the running job, and apply ``Plan.relayouts``
+to its nodes.
 ``apply_relayout`` does that the way a worker does: a GPU that is not a dynamic MIG GPU, a
 slice in use in the destroy list or an invalid end state refuses the whole command (the
 core plans again), new slices get stable ``MIG-`` UUIDs, and ``relaid_at`` becomes the
