@@ -50,7 +50,7 @@ from .acks import AckWriter
 from .cgroups import Cgroups, Limits, Sampler, Unconfined, Usage, job_name
 from .forkserver import ForkServer
 from .jobstore import JobStore, Key, Saved
-from .launch import OOM_SIGNAL, GpuAssignment, Launch, Outcome, output_path, parse_signal
+from .launch import OOM_SIGNAL, GpuAssignment, Launch, Outcome, batch_env, output_path, parse_signal
 
 __all__ = ["Executor", "GpuAssignment", "Launch", "Outcome", "output_path", "parse_signal"]
 
@@ -453,7 +453,7 @@ class Executor:
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "USER": user, "LOGNAME": user, "HOME": home,
         })
-        env.update(launch.batch_env(self.node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
+        env.update(batch_env(launch, self.node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
         env.update(launch.extra_env)
         return env
 
