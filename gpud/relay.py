@@ -10,7 +10,8 @@ that identity because only holders of the cluster key can sign, and only from se
 named ``relay:<name>`` or ``worker:<name>`` (``gpud.head.relayed``).  The identity is never
 read from the request, so a caller cannot claim anyone else's.
 
-Wire format (topics under ``gpud/<cluster>/``):
+Wire format (topics under ``gpud/<cluster>/``; the bodies: ``gpud.bus.messages.Request``
+and ``Reply``):
 
 =========================  ============  =================================================
 ``head/requests``          relay→head    ``request`` {id, part, parts, data, uid, gid, pid,
@@ -36,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
 import socket
 import sys
@@ -47,88 +47,23 @@ from typing import Any, AsyncIterator, Callable
 from . import protocol, sdnotify
 from .bus.base import HEAD_REQUESTS, HEAD_STATUS, Bus, Message, relay_replies
 from .bus.envelope import new_id
+from .bus.messages import CHUNK_CHARS, HeadStatus, MessageError, RelayPart, Reply, Request, decode, valid_name
 from .config import Config
 from .ctlsocket import Caller, Limits, SocketServer
 
 log = logging.getLogger("gpud.relay")
 
 DEFAULT_TIMEOUT = 20.0          # seconds; below gpuctl's own 30 s, so the user hears why
-CHUNK_CHARS = 128 * 1024        # even escaped 6x (\uXXXX), a part stays under the 1 MiB envelope
-MAX_PARTS = protocol.MAX_LINE // CHUNK_CHARS + 2
 MAX_PENDING = 1024              # requests one relay waits on at once
-MAX_ID = 64
-MAX_NAME = 64
-MAX_USER = 64
 STOP_TIMEOUT = 10.0             # seconds a worker waits for its relay to close
-ID_MAX = 2**32 - 2              # uid/gid: (uid_t)-1 means "no id" and is never a caller
 
 
-class BadRelayMessage(ValueError):
-    """A relay message body of the wrong shape; the text says what, in one line."""
-
-
-# -- the wire format (sans-IO, used by both ends) -------------------------------------------------
+# -- lines in parts (sans-IO, used by both ends) --------------------------------------------------
 
 def split_line(line: bytes) -> list[str]:
     """``line`` as text parts of at most CHUNK_CHARS; undecodable bytes survive the trip."""
     text = line.decode("utf-8", "surrogateescape")
     return [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
-
-
-def valid_name(name: str) -> bool:
-    return isinstance(name, str) and 0 < len(name) <= MAX_NAME and not any(c in name for c in "/+#\0") \
-        and name.isprintable() and not any(c.isspace() for c in name)
-
-
-@dataclass(frozen=True)
-class Part:
-    id: str
-    part: int
-    parts: int
-    data: str
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who asked, as the relay's kernel reported it."""
-
-    uid: int
-    gid: int
-    pid: int
-    user: str          # the relay host's name for uid ("" when none): logs only; the head resolves uid
-    deadline: float    # relay clock: when the relay stops waiting
-
-
-def parse_part(body: Any) -> Part:
-    if not isinstance(body, dict):
-        raise BadRelayMessage("body is not an object")
-    rid = body.get("id")
-    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID or not rid.isprintable():
-        raise BadRelayMessage("missing or invalid id")
-    part, parts, data = body.get("part"), body.get("parts"), body.get("data")
-    if not protocol.is_int(parts) or not 1 <= parts <= MAX_PARTS:
-        raise BadRelayMessage(f"parts must be an integer from 1 to {MAX_PARTS}")
-    if not protocol.is_int(part) or not 0 <= part < parts:
-        raise BadRelayMessage("part must be an integer below parts")
-    if not isinstance(data, str) or len(data) > CHUNK_CHARS:
-        raise BadRelayMessage(f"data must be a string of at most {CHUNK_CHARS} characters")
-    return Part(rid, part, parts, data)
-
-
-def parse_identity(body: dict) -> Identity:
-    uid, gid, pid = body.get("uid"), body.get("gid"), body.get("pid")
-    for what, v in (("uid", uid), ("gid", gid)):
-        if not protocol.is_int(v) or not 0 <= v <= ID_MAX:
-            raise BadRelayMessage(f"{what} must be an integer from 0 to {ID_MAX}")
-    if not protocol.is_int(pid) or pid < 0:
-        raise BadRelayMessage("pid must be a non-negative integer")
-    user = body.get("user", "")
-    if not isinstance(user, str) or len(user) > MAX_USER or (user and not valid_name(user)):
-        raise BadRelayMessage("user must be a short name without spaces")
-    deadline = body.get("deadline")
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
-        raise BadRelayMessage("deadline must be a finite number")
-    return Identity(uid, gid, pid, user, float(deadline))
 
 
 @dataclass
@@ -139,10 +74,11 @@ class Parts:
     got: dict[int, str] = field(default_factory=dict)
     size: int = 0
 
-    def add(self, p: Part) -> bytes | None:
-        """Record ``p``; the whole line once every part is in, else None."""
+    def add(self, p: RelayPart) -> bytes | None:
+        """Record ``p``; the whole line once every part is in, else None; MessageError for a
+        part that disagrees with the others on how many there are."""
         if p.parts != self.total:
-            raise BadRelayMessage(f"part {p.part} says {p.parts} parts, not {self.total}")
+            raise MessageError(f"part {p.part} says {p.parts} parts, not {self.total}")
         if p.part not in self.got:
             self.got[p.part] = p.data
             self.size += len(p.data)
@@ -243,10 +179,9 @@ class Relay:
                 parts = split_line(line)
                 deadline = self.clock() + self.timeout
                 for i, data in enumerate(parts):
-                    await self.bus.publish(HEAD_REQUESTS, "request", {
-                        "id": rid, "part": i, "parts": len(parts), "data": data, "uid": caller.uid,
-                        "gid": caller.gid, "pid": caller.pid, "user": user, "deadline": deadline,
-                    })
+                    await self.bus.publish(HEAD_REQUESTS, Request(
+                        rid, i, len(parts), data, uid=caller.uid, gid=caller.gid, pid=caller.pid, user=user,
+                        deadline=deadline))
                 sent = True
                 self.forwarded += 1
                 return await waiting.future
@@ -273,21 +208,21 @@ class Relay:
         if msg.sender != "head":
             log.warning("relay %s dropped %s from %s: only the head answers relays", self.name, msg.kind,
                         msg.sender)
-        elif msg.topic == HEAD_STATUS and msg.kind == "head_status":
-            state = msg.body.get("state")
-            if state in ("online", "offline"):
-                if (state == "online") != self.head_online:
-                    log.info("relay %s: head is %s", self.name, state)
-                self.head_online = state == "online"
-        elif msg.topic == self.reply_topic and msg.kind == "reply":
-            try:
-                self._on_reply(parse_part(msg.body))
-            except BadRelayMessage as e:
-                log.warning("relay %s dropped a reply: %s", self.name, e)
-        else:
-            log.warning("relay %s dropped %s on %s: unexpected", self.name, msg.kind, msg.topic)
+            return
+        try:
+            got = decode(msg.kind, msg.body)
+            if msg.topic == HEAD_STATUS and isinstance(got, HeadStatus):
+                if (got.state == "online") != self.head_online:
+                    log.info("relay %s: head is %s", self.name, got.state)
+                self.head_online = got.state == "online"
+            elif msg.topic == self.reply_topic and isinstance(got, Reply):
+                self._on_reply(got)
+            else:
+                log.warning("relay %s dropped %s on %s: unexpected", self.name, msg.kind, msg.topic)
+        except MessageError as e:
+            log.warning("relay %s dropped %s from %s: %s", self.name, msg.kind, msg.sender, e)
 
-    def _on_reply(self, p: Part) -> None:
+    def _on_reply(self, p: Reply) -> None:
         waiting = self._waiting.get(p.id)
         if waiting is None or waiting.future.done():
             log.debug("relay %s: reply to %s, which no one waits for (timed out?)", self.name, p.id)

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Four notations that Slurm users already write, each parsed into frozen data with a
-one-line ``SyntaxProblem`` for anything else:
+one-line ``SyntaxProblem`` for anything else (and signal names, ``parse_signal``):
 
 * job arrays (``--array``): ``0-99``, ``1,3,5-9:2``, ``0-99%10`` -> ``ArraySpec``;
 * dependencies (``--dependency``): ``afterok:12:13,singleton`` (all of them) or
@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, tzinfo
 __all__ = [
     "SyntaxProblem", "ArraySpec", "parse_array", "format_indices", "Target", "Term", "Dependency",
     "parse_dependency", "parse_job_ref", "parse_time", "format_time", "CronSchedule", "CronEntry",
-    "parse_crontab", "parse_mail_users", "MAX_ARRAY_TASKS", "MAX_ARRAY_INDEX",
+    "parse_crontab", "parse_mail_users", "parse_signal", "MAX_ARRAY_TASKS", "MAX_ARRAY_INDEX",
 ]
 
 MAX_ARRAY_TASKS = 10_000        # tasks in one submission
@@ -521,3 +521,18 @@ def parse_crontab(text: str) -> list[CronEntry]:
     if options:
         raise SyntaxProblem("#SCRON options at the end of the file apply to no entry")
     return entries
+
+
+def parse_signal(sig: object):
+    """``TERM``, ``SIGTERM``, ``term`` or ``15`` -> ``signal.SIGTERM``; None when it names no signal."""
+    import signal as signals   # here: gpuctl's start-up path does not need it
+
+    if isinstance(sig, bool):
+        return None
+    try:
+        if isinstance(sig, int) or (isinstance(sig, str) and sig.strip().isdigit()):
+            return signals.Signals(int(sig))
+        name = sig.strip().upper()  # type: ignore[union-attr]
+        return signals.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError, AttributeError):
+        return None

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpud.bus.base import HEAD_EVENTS, Message
 from gpud.bus.memory import MemoryBroker, MemoryBus
 from gpud.config import Config
 from gpud.ctlsocket import Caller, RequestError
@@ -26,6 +27,14 @@ T0 = 1_700_000_000.0
 ALICE = Caller(uid=50001, gid=50001, pid=1, user="alice")
 BOB = Caller(uid=50002, gid=50002, pid=1, user="bob")
 ROOT = Caller(uid=0, gid=0, pid=1, user="root")
+
+
+def as_sent(message: Any, body: dict | None = None) -> tuple[str, Any]:
+    """(kind, body) of what was published: a message's own body (without the bus's version
+    key), or a raw kind and body as given."""
+    if isinstance(message, str):
+        return message, body
+    return message.KIND, message.to_body()
 
 
 def spec(command: str = "true", **fields: Any) -> dict[str, Any]:
@@ -90,9 +99,9 @@ class HeadKit:
         self.sent: list[tuple[str, str, Any]] = []
         publish = self.head.bus.publish
 
-        async def record(topic, kind, body, *, retain=False):
-            self.sent.append((topic, kind, body))
-            await publish(topic, kind, body, retain=retain)
+        async def record(topic, message, body=None, *, retain=False):
+            self.sent.append((topic, *as_sent(message, body)))
+            await publish(topic, message, body, retain=retain)
 
         self.head.bus.publish = record
 
@@ -129,8 +138,13 @@ class HeadKit:
     async def finish(self, job_id: int, exit_code: int = 0, reason: str = "exited") -> None:
         job = self.store.active[job_id]
         assert job.node is not None, f"job {job_id} is not running"
-        await self.head._on_finished(job.node, {"job": job_id, "attempt": job.attempt, "exit_code": exit_code,
-                                                "signal": None, "reason": reason})
+        await self.report(job.node, "finished", {"job": job_id, "attempt": job.attempt, "exit_code": exit_code,
+                                                 "signal": None, "reason": reason})
+
+    async def report(self, node: str, kind: str, body: Any) -> None:
+        """A message from ``node``'s worker, through the head's door for them: decoded (a
+        malformed one is dropped with a log line), then handled."""
+        await self.head.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", self.clock(), body))
 
     def job(self, job_id: int):
         return self.store.active.get(job_id)

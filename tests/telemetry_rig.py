@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from gpud.bus.base import HEAD_EVENTS, node_cmd
+from gpud.bus.base import HEAD_EVENTS, Message, node_cmd
 from gpud.bus.memory import MemoryBroker, MemoryBus
+from gpud.bus.messages import Samples, decode
 from gpud.config import Config, HeadConfig
 from gpud.gpu.backend import Assignment
 from gpud.gpu.sim import SimBackend
@@ -53,7 +54,7 @@ class Rig:
         self.samplers[name] = Sampler(backend, self._publish, lambda: [], 5.0, clock=self.clock)
         return backend
 
-    async def _publish(self, topic: str, kind: str, body: dict) -> None:
+    async def _publish(self, topic: str, msg: Any) -> None:
         pass
 
     async def submit(self, *, gpus: int = 1, user: str = "alice", account: str = "default",
@@ -82,12 +83,16 @@ class Rig:
         sampler = self.samplers[node]
         sampler.interval = interval
         assigned = self.assignments(node)
-        return sampler.body(self.backends[node].sample(assigned), assigned, self.clock())
+        return sampler.message(self.backends[node].sample(assigned), assigned, self.clock()).to_body()
 
     async def sample(self, node: str, interval: float = 5.0) -> dict:
         body = self.body(node, interval)
-        await self.head.telemetry.ingest(node, body)
+        await self.ingest(node, body)
         return body
+
+    async def ingest(self, node: str, body: dict) -> None:
+        """A ``samples`` body from ``node``, decoded as the head's bus loop does."""
+        await self.head.telemetry.ingest(node, Samples.from_body(body))
 
     async def run_for(self, seconds: float, every: float = 5.0, nodes: tuple[str, ...] = ()) -> None:
         """Advance the clock, sampling every node each ``every`` seconds."""
@@ -99,12 +104,12 @@ class Rig:
 
     async def finish(self, job_id: int, exit_code: int = 0, reason: str = "exited") -> None:
         job = self.job(job_id)
-        await self.head._on_finished(job.node, {"job": job_id, "attempt": job.attempt, "exit_code": exit_code,
-                                                "signal": None, "reason": reason})
+        await self.head.handle(Message(HEAD_EVENTS, "finished", f"worker:{job.node}", "x", self.clock(), {
+            "job": job_id, "attempt": job.attempt, "exit_code": exit_code, "signal": None, "reason": reason}))
 
     def commands(self) -> list:
-        """What the head told the workers so far (kind, body), in order."""
-        return [(m.kind, m.body) for m in self.worker_bus._inbox.drain()]
+        """What the head told the workers so far (kind, body as the worker decodes it), in order."""
+        return [(m.kind, decode(m.kind, m.body).to_body()) for m in self.worker_bus._inbox.drain()]
 
 
 @contextlib.asynccontextmanager

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gpud.worker import jobwrap
-from gpud.worker.launch import Launch, output_path
+from gpud.worker.launch import Launch, batch_env, output_path
 
 BODY = {
     "job_id": 57, "attempt": 1, "name": "sweep", "user": "alice", "uid": 1000, "gid": 1000,
@@ -59,15 +59,15 @@ def test_output_names_outside_arrays():
 
 
 def test_array_environment_always_slurm_names_only_when_asked():
-    env = launch(**TASK).batch_env("n1")
+    env = batch_env(launch(**TASK), "n1")
     assert env == {"GPUD_ARRAY_JOB_ID": "50", "GPUD_ARRAY_TASK_ID": "7", "GPUD_ARRAY_TASK_COUNT": "10",
                    "GPUD_ARRAY_TASK_MIN": "0", "GPUD_ARRAY_TASK_MAX": "9", "GPUD_ARRAY_TASK_STEP": "1"}
-    assert launch().batch_env("n1") == {}
+    assert batch_env(launch(), "n1") == {}
 
 
 def test_slurm_compat_environment():
-    env = launch(**TASK, slurm_compat_env=True, partition="gpu", account="phys", qos="high", cluster="c1",
-                 restart_count=1).batch_env("n1")
+    env = batch_env(launch(**TASK, slurm_compat_env=True, partition="gpu", account="phys", qos="high", cluster="c1",
+                           restart_count=1), "n1")
     assert {k: env[k] for k in (
         "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_DIR",
         "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_JOB_GPUS",
@@ -80,7 +80,7 @@ def test_slurm_compat_environment():
         "SLURM_MEM_PER_NODE": "4096", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_ACCOUNT": "phys",
         "SLURM_JOB_QOS": "high", "SLURM_CLUSTER_NAME": "c1", "SLURM_RESTART_COUNT": "1",
         "SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "10"}
-    plain = launch(slurm_compat_env=True).batch_env("n1")
+    plain = batch_env(launch(slurm_compat_env=True), "n1")
     assert "SLURM_ARRAY_TASK_ID" not in plain and plain["SLURM_JOB_ID"] == "57"
 
 

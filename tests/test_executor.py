@@ -260,7 +260,7 @@ async def test_exit_code_and_signal(h, script, exit_code, sig):
     outcome = await h.outcome(1)
     assert (outcome.reason, outcome.exit_code, outcome.signal) == ("exited", exit_code, sig)
     assert outcome.start_time is not None and outcome.end_time >= outcome.start_time
-    body = outcome.to_body()
+    body = outcome.finished().to_body()
     assert body == {"job": 1, "attempt": 0, "exit_code": exit_code, "signal": sig, "reason": "exited",
                     "time": outcome.end_time, "message": outcome.message}
     assert ex.running() == [] and ex.outcomes() == [outcome]

@@ -67,7 +67,7 @@ async def test_a_restarted_head_reloads_the_parts_and_never_gives_their_gpus_awa
         assert again.state.value == "RUNNING" and again.parts == job.parts and again.attempt == job.attempt
         # The workers report in: both ranks are known, nothing is fenced or launched again.
         for node in gang.job_nodes(job):
-            await kit.head._on_heartbeat(node, {"running": [[job.job_id, job.attempt]], "done": []})
+            await kit.report(node, "heartbeat", {"running": [[job.job_id, job.attempt]], "done": []})
         assert not kit.sent_to("kill") and not kit.sent_to("launch")
         singles = [await kit.submit(ALICE, "sleep 60", gpus=4) for _ in range(3)]
         await kit.schedule()
@@ -77,7 +77,7 @@ async def test_a_restarted_head_reloads_the_parts_and_never_gives_their_gpus_awa
         busy_nodes(kit)
         # The job still ends properly: rank 0's report ends it and kills the part.
         kit.sent.clear()
-        await kit.head._on_finished(job.node, fin(job))
+        await kit.report(job.node, "finished", fin(job))
         assert (await kit.record(job.job_id)).state.value == "COMPLETED"
         assert [n for n, _ in kit.sent_to("kill")] == [job.parts[0]["node"]]
         await kit.schedule()
@@ -107,8 +107,8 @@ async def test_step_ids_are_not_reused_after_a_head_restart(tmp_path):
         # reconnects and resumes, gpud.head.steps); nobody reading it for READER_TIMEOUT
         # seconds gets its tasks killed.
         kit.sent.clear()
-        await kit.head.steps.handle(job.node, "step_output", {"job": job.job_id, "attempt": job.attempt,
-                                                              "step": 1, "first": 3, "lines": [[0, 1, "x\n"]]})
+        await kit.report(job.node, "step_output", {"job": job.job_id, "attempt": job.attempt,
+                                                   "step": 1, "first": 3, "lines": [[0, 1, "x\n"]]})
         assert (job.job_id, 1) in kit.head.steps.steps and kit.sent_to("step_kill") == []
         await kit.head.steps.sweep(kit.head.steps.monotonic() + steps.READER_TIMEOUT + 1)
         assert sorted(n for n, b in kit.sent_to("step_kill") if b["step"] == 1) == sorted(gang.job_nodes(job))
@@ -125,9 +125,9 @@ async def test_a_restarted_worker_that_readopted_its_part_changes_nothing(kit):
     part = job.parts[0]["node"]
     kit.sent.clear()
     info = dict(kit.store.nodes[part].info)
-    await kit.head._on_register(part, {"node": info})
+    await kit.report(part, "register", {"node": info})
     kit.clock.advance(LAUNCH_RESEND_AFTER + 1)
-    await kit.head._on_heartbeat(part, {"running": [[job.job_id, job.attempt]], "done": []})
+    await kit.report(part, "heartbeat", {"running": [[job.job_id, job.attempt]], "done": []})
     assert not kit.sent_to("kill") and not kit.sent_to("launch")
     assert kit.job(job.job_id).state.value == "RUNNING"
 
@@ -138,9 +138,9 @@ async def test_a_part_a_restarted_worker_lost_ends_the_job_and_kills_the_rest(ki
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["sleep", "60"])
     poll = asyncio.create_task(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0))
     kit.sent.clear()
-    await kit.head._on_heartbeat(part, {"running": [], "done": [[job.job_id, job.attempt]]})
-    await kit.head._on_finished(part, fin(job, exit_code=None, reason="lost",
-                                          message="the worker's record of this job is unreadable"))
+    await kit.report(part, "heartbeat", {"running": [], "done": [[job.job_id, job.attempt]]})
+    await kit.report(part, "finished", fin(job, exit_code=None, reason="lost",
+                                           message="the worker's record of this job is unreadable"))
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED"
     assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != part)
@@ -150,7 +150,7 @@ async def test_a_part_a_restarted_worker_lost_ends_the_job_and_kills_the_rest(ki
     # The other parts' reports after the kill are only acknowledged.
     for node in gang.job_nodes(job):
         if node != part:
-            await kit.head._on_finished(node, fin(job, exit_code=0, signal=9, reason="killed"))
+            await kit.report(node, "finished", fin(job, exit_code=0, signal=9, reason="killed"))
     assert (await kit.record(job.job_id)).state.value == "FAILED"
 
 
@@ -187,16 +187,16 @@ async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_o
     kit.sent.clear()
     # Stale reports of the first attempt, from any node, change nothing.
     for node in (rank0, lost):
-        await kit.head._on_started(node, {"job": job.job_id, "attempt": job.attempt, "pid": 1})
-        await kit.head._on_finished(node, fin(job, exit_code=1, signal=9, reason="killed"))
-    await kit.head.steps.handle(rank0, "step_exit", {"job": job.job_id, "attempt": job.attempt,
-                                                     "step": step["step"], "rank": 0, "exit_code": 9})
+        await kit.report(node, "started", {"job": job.job_id, "attempt": job.attempt, "pid": 1})
+        await kit.report(node, "finished", fin(job, exit_code=1, signal=9, reason="killed"))
+    await kit.report(rank0, "step_exit", {"job": job.job_id, "attempt": job.attempt,
+                                          "step": step["step"], "rank": 0, "exit_code": 9})
     now = kit.job(job.job_id)
     assert now.state.value == "RUNNING" and now.attempt == second.attempt and now.parts == second.parts
     assert sorted(n for n, _ in kit.sent_to("ack")) == sorted([rank0, lost])
     # The lost node comes back still running the old attempt: it is fenced.
     kit.sent.clear()
-    await kit.head._on_heartbeat(lost, {"running": [[job.job_id, job.attempt]], "done": []})
+    await kit.report(lost, "heartbeat", {"running": [[job.job_id, job.attempt]], "done": []})
     assert kit.sent_to("kill") == [(lost, {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
     events = [e["event"] for e in await kit.store.job_events(job.job_id)]
     assert events.count("allocated") == 2 and "node_fail" in events
@@ -221,7 +221,7 @@ async def test_time_limit_ends_the_job_and_every_part(kit):
     assert launches[job.node]["time_limit"] == 600
     assert all(launches[p["node"]]["time_limit"] > 600 for p in job.parts), "holders outlive rank 0's limit"
     kit.sent.clear()
-    await kit.head._on_finished(job.node, fin(job, exit_code=0, signal=15, reason="timeout"))
+    await kit.report(job.node, "finished", fin(job, exit_code=0, signal=15, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
     assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(p["node"] for p in job.parts)
 
@@ -229,7 +229,7 @@ async def test_time_limit_ends_the_job_and_every_part(kit):
 async def test_a_holder_that_reaches_its_limit_first_ends_the_job_timeout(kit):
     job = await kit.start_gang(time_limit=600)
     kit.sent.clear()
-    await kit.head._on_finished(job.parts[0]["node"], fin(job, exit_code=0, signal=9, reason="timeout"))
+    await kit.report(job.parts[0]["node"], "finished", fin(job, exit_code=0, signal=9, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
     assert [n for n, _ in kit.sent_to("kill")] == [job.node]
 
@@ -242,7 +242,7 @@ async def test_a_lowered_time_limit_stops_every_part(kit):
     await kit.schedule()
     assert kit.job(job.job_id).state.value == "COMPLETING"
     assert sorted(n for n, _ in kit.sent_to("signal")) == sorted(gang.job_nodes(job))
-    await kit.head._on_finished(job.node, fin(job, exit_code=0, signal=15, reason="timeout"))
+    await kit.report(job.node, "finished", fin(job, exit_code=0, signal=15, reason="timeout"))
     assert (await kit.record(job.job_id)).state.value == "TIMEOUT"
 
 
@@ -264,8 +264,8 @@ async def test_a_gang_is_never_preempted_and_never_preempts(kit):
     await kit.schedule()
     assert kit.job(single).state.value == "COMPLETING", "the control: one-node jobs are preempted"
     assert kit.job(gang_job.job_id).state.value == "RUNNING", "a gang job is never a victim"
-    await kit.head._on_finished("n4", {"job": single, "attempt": 1, "exit_code": 0, "signal": 15,
-                                       "reason": "cancelled"})
+    await kit.report("n4", "finished", {"job": single, "attempt": 1, "exit_code": 0, "signal": 15,
+                                        "reason": "cancelled"})
     await kit.schedule()
     assert kit.job(high).state.value == "RUNNING"
     # A high gang job waits for the normal jobs instead of preempting them.
@@ -328,8 +328,8 @@ async def test_a_finished_report_with_absurd_fields_still_ends_the_job(kit):
     """Values SQLite cannot hold must not make the report fail forever (it is repeated
     until acknowledged, and the job would stay RUNNING)."""
     job = await kit.start_gang()
-    await kit.head._on_finished(job.parts[0]["node"], fin(job, exit_code=2 ** 70, signal=2 ** 70,
-                                                           reason="x" * 100_000, message="m" * 100_000))
+    await kit.report(job.parts[0]["node"], "finished", fin(job, exit_code=2 ** 70, signal=2 ** 70,
+                                                            reason="x" * 100_000, message="m" * 100_000))
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED" and done.exit_code is None and done.signal is None
     events = await kit.store.job_events(job.job_id)
@@ -372,7 +372,7 @@ async def test_srun_on_a_pending_completing_or_finished_job_is_refused(kit):
     assert "is PENDING, not RUNNING" in await kit.refused("step_launch", ALICE, job_id=waiting, argv=["true"])
     await kit.call("cancel", ALICE, job_ids=[job.job_id])
     assert "is COMPLETING, not RUNNING" in await kit.refused("step_launch", ALICE, job_id=job.job_id, argv=["x"])
-    await kit.head._on_finished(job.node, fin(job, signal=15, reason="cancelled"))
+    await kit.report(job.node, "finished", fin(job, signal=15, reason="cancelled"))
     assert "is not running" in await kit.refused("step_launch", ALICE, job_id=job.job_id, argv=["true"])
 
 
@@ -385,7 +385,7 @@ async def test_the_job_ending_wakes_a_waiting_poll_at_once(kit, monkeypatch):
     poll = asyncio.create_task(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0))
     await asyncio.sleep(0)     # let it start waiting
     assert not poll.done()
-    await kit.head._on_finished(job.node, fin(job))
+    await kit.report(job.node, "finished", fin(job))
     got = await asyncio.wait_for(poll, 5)
     assert got["done"] and got["exit_code"] == 1 and got["message"] == f"job {job.job_id} ended; its tasks were killed"
 
@@ -397,7 +397,7 @@ async def test_a_cancel_ends_the_step_with_status_1_and_says_why(kit):
     await kit.call("cancel", ALICE, job_ids=[job.job_id])
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
     for rank, node in enumerate(gang.job_nodes(job)):
-        await kit.head.steps.handle(node, "step_exit", {**base, "rank": rank, "exit_code": None, "signal": 15})
+        await kit.report(node, "step_exit", {**base, "rank": rank, "exit_code": None, "signal": 15})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["done"] and got["exit_code"] == 1 and "cancelled" in got["message"]
 
@@ -413,11 +413,11 @@ async def test_two_sruns_in_one_job_both_run(kit):
     for s, word in ((a, "a"), (b, "b")):
         base = {"job": job.job_id, "attempt": job.attempt, "step": s["step"]}
         for rank, node in enumerate(gang.job_nodes(job)):
-            await kit.head.steps.handle(node, "step_output", {**base, "seq": 1, "lines": [[rank, 1, word + "\n"]]})
+            await kit.report(node, "step_output", {**base, "seq": 1, "lines": [[rank, 1, word + "\n"]]})
     # b fails: only b's tasks are killed, a goes on.
     kit.sent.clear()
-    await kit.head.steps.handle(job.node, "step_exit", {"job": job.job_id, "attempt": job.attempt,
-                                                        "step": b["step"], "rank": 0, "exit_code": 4})
+    await kit.report(job.node, "step_exit", {"job": job.job_id, "attempt": job.attempt,
+                                             "step": b["step"], "rank": 0, "exit_code": 4})
     assert {body["step"] for _, body in kit.sent_to("step_kill")} == {b["step"]}
     got_a = await kit.call("step_poll", ALICE, job_id=job.job_id, step=a["step"], offset=0)
     assert [t for _, _, t in got_a["lines"]] == ["a\n", "a\n"] and not got_a["done"]
@@ -429,7 +429,7 @@ async def test_oversized_output_is_bounded_and_cancel_checks_its_arguments(kit):
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
     big = "y" * (900 << 10) + "\n"     # about what one signed message can carry
     for seq in range(1, 7):
-        await kit.head.steps.handle(job.node, "step_output", {**base, "seq": seq, "lines": [[0, 1, big]]})
+        await kit.report(job.node, "step_output", {**base, "seq": seq, "lines": [[0, 1, big]]})
     kept = kit.head.steps.steps[(job.job_id, step["step"])]
     assert kept.size <= steps.MAX_STEP_OUTPUT
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)

@@ -59,24 +59,24 @@ async def test_parts_count_as_used_and_are_fenced_by_node(kit):
     # A worker that runs the job where it holds no part is told to kill it; a part is fine.
     kit.sent.clear()
     part_node = job.parts[0]["node"]
-    await kit.head._on_heartbeat(part_node, {"running": [[job.job_id, job.attempt]], "done": []})
+    await kit.report(part_node, "heartbeat", {"running": [[job.job_id, job.attempt]], "done": []})
     assert not kit.sent_to("kill")
     kit.add_node("n9", gpus=4)
-    await kit.head._on_heartbeat("n9", {"running": [[job.job_id, job.attempt]], "done": []})
+    await kit.report("n9", "heartbeat", {"running": [[job.job_id, job.attempt]], "done": []})
     assert kit.sent_to("kill") == [("n9", {"allocs": [[job.job_id, job.attempt]], "reason": "fenced"})]
 
 
 async def test_rank0_ending_ends_the_job_and_stops_the_other_parts(kit):
     job = await kit.start_gang()
     kit.sent.clear()
-    await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 3,
-                                           "signal": None, "reason": "exited"})
+    await kit.report(job.node, "finished", {"job": job.job_id, "attempt": job.attempt, "exit_code": 3,
+                                            "signal": None, "reason": "exited"})
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED" and done.exit_code == 3
     assert [n for n, _ in kit.sent_to("kill")] == [job.parts[0]["node"]]
     # The holder's report after that is only acknowledged.
-    await kit.head._on_finished(job.parts[0]["node"], {"job": job.job_id, "attempt": job.attempt,
-                                                       "exit_code": 0, "signal": 9, "reason": "killed"})
+    await kit.report(job.parts[0]["node"], "finished", {"job": job.job_id, "attempt": job.attempt,
+                                                        "exit_code": 0, "signal": 9, "reason": "killed"})
     assert (await kit.record(job.job_id)).exit_code == 3
 
 
@@ -84,8 +84,8 @@ async def test_a_part_that_dies_on_its_own_fails_the_job(kit):
     job = await kit.start_gang(nodes=3, gpus=12)
     kit.sent.clear()
     dead = job.parts[1]["node"]
-    await kit.head._on_finished(dead, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
-                                       "signal": 9, "reason": "exited"})
+    await kit.report(dead, "finished", {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
+                                        "signal": 9, "reason": "exited"})
     done = await kit.record(job.job_id)
     assert done.state.value == "FAILED" and done.signal == 9
     events = await kit.store.job_events(job.job_id)
@@ -99,11 +99,11 @@ async def test_a_stop_goes_to_every_part_and_only_rank0_decides(kit):
     result = await kit.call("cancel", ALICE, job_ids=[job.job_id])
     assert result["cancelled"] == [job.job_id]
     assert sorted(n for n, _ in kit.sent_to("signal")) == sorted(gang.job_nodes(job))
-    await kit.head._on_finished(job.parts[0]["node"], {"job": job.job_id, "attempt": job.attempt,
-                                                       "exit_code": 0, "signal": 15, "reason": "cancelled"})
+    await kit.report(job.parts[0]["node"], "finished", {"job": job.job_id, "attempt": job.attempt,
+                                                        "exit_code": 0, "signal": 15, "reason": "cancelled"})
     assert kit.job(job.job_id).state.value == "COMPLETING"
-    await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
-                                           "signal": 15, "reason": "cancelled"})
+    await kit.report(job.node, "finished", {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
+                                            "signal": 15, "reason": "cancelled"})
     assert (await kit.record(job.job_id)).state.value == "CANCELLED"
 
 
@@ -122,8 +122,8 @@ async def test_gpu_hours_and_fair_share_count_every_part(kit):
     job = await kit.start_gang(nodes=2, gpus=8)
     start = kit.clock()
     kit.clock.advance(3600)
-    await kit.head._on_finished(job.node, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
-                                           "signal": None, "reason": "exited"})
+    await kit.report(job.node, "finished", {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
+                                            "signal": None, "reason": "exited"})
     report = await kit.call("report", ALICE, since=start - 1, until=kit.clock() + 1)
     assert report["total"]["gpu_hours"] == pytest.approx(8.0)
     assert report["total"]["jobs"] == 1
@@ -157,18 +157,18 @@ async def test_step_output_and_kill_on_bad_exit(kit):
     assert commands[job.parts[0]["node"]]["node_rank"] == 1
     n0, n1 = gang.job_nodes(job)
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
-    await kit.head.steps.handle(n1, "step_output", {**base, "first": 0, "lines": [[2, 1, "two\n"], [3, 2, "oops\n"]]})
-    await kit.head.steps.handle(n1, "step_output", {**base, "first": 1, "lines": [[3, 2, "oops\n"]]})   # a repeat
-    await kit.head.steps.handle(n1, "step_output", {**base, "first": 2, "lines": [[0, 1, "not this node's\n"]]})
+    await kit.report(n1, "step_output", {**base, "first": 0, "lines": [[2, 1, "two\n"], [3, 2, "oops\n"]]})
+    await kit.report(n1, "step_output", {**base, "first": 1, "lines": [[3, 2, "oops\n"]]})   # a repeat
+    await kit.report(n1, "step_output", {**base, "first": 2, "lines": [[0, 1, "not this node's\n"]]})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["lines"] == [[2, 1, "two\n"], [3, 2, "oops\n"]] and got["offset"] == 2 and not got["done"]
     assert got["cursor"] == {n1: 2}
     assert (n1, {**base, "next": 2, "resend": False}) in kit.sent_to("step_ack")   # read: the node may drop it
     kit.sent.clear()
-    await kit.head.steps.handle(n1, "step_exit", {**base, "rank": 3, "exit_code": 7, "signal": None})
+    await kit.report(n1, "step_exit", {**base, "rank": 3, "exit_code": 7, "signal": None})
     assert sorted(n for n, _ in kit.sent_to("step_kill")) == sorted([n0, n1])
     for rank, node in ((0, n0), (1, n0), (2, n1)):
-        await kit.head.steps.handle(node, "step_exit", {**base, "rank": rank, "exit_code": 0, "signal": 9})
+        await kit.report(node, "step_exit", {**base, "rank": rank, "exit_code": 0, "signal": 9})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=2)
     assert got["done"] and got["exit_code"] == 7 and got["bad_rank"] == 3
 
@@ -179,10 +179,10 @@ async def test_steps_end_with_their_job_and_output_is_bounded(kit, monkeypatch):
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
     n0 = job.node
     base = {"job": job.job_id, "attempt": job.attempt, "step": step["step"]}
-    await kit.head.steps.handle(n0, "step_output", {**base, "first": 0, "lines": [[0, 1, "y" * 30 + "\n"]] * 10})
+    await kit.report(n0, "step_output", {**base, "first": 0, "lines": [[0, 1, "y" * 30 + "\n"]] * 10})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["dropped"] > 0 and sum(len(t) for _, _, t in got["lines"]) <= 100
-    await kit.head._on_finished(n0, {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
-                                     "signal": None, "reason": "exited"})
+    await kit.report(n0, "finished", {"job": job.job_id, "attempt": job.attempt, "exit_code": 0,
+                                      "signal": None, "reason": "exited"})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=got["offset"])
     assert got["done"] and got["exit_code"] == 1 and "ended" in got["message"]

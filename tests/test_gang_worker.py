@@ -12,7 +12,8 @@ import psutil
 
 from gpud.bus.base import HEAD_EVENTS
 from gpud.head import gang
-from gpud.worker.steps import SHELL, TASK_SHELL, StepTasks, parse_step
+from gpud.bus.messages import StepStart
+from gpud.worker.steps import SHELL, TASK_SHELL, StepTasks
 from tests.test_executor import Harness, until
 from tests.test_worker_daemon import heartbeat, rig  # noqa: F401  (fixtures)
 
@@ -28,8 +29,8 @@ def collector():
     """(what was sent, an emit that records it) for a StepTasks."""
     sent: list[tuple[str, dict]] = []
 
-    async def emit(kind, body):
-        sent.append((kind, body))
+    async def emit(msg):
+        sent.append((msg.KIND, msg.to_body()))
     return sent, emit
 
 
@@ -51,7 +52,7 @@ async def test_a_restarted_worker_readopts_the_holder_and_ends_the_orphaned_srun
         await ex.launch(h.launch(gang.HOLDER_SCRIPT, stdout="/dev/null"))
         holder = await until(lambda: h.started and h.pid(1), what="the holder")
         tasks = StepTasks("w2", ex.task_setup, emit, state_dir=steps_dir)
-        await tasks.start(parse_step(step_body(["sh", "-c", "echo $$ > task.$RANK; exec sleep 600"])))
+        await tasks.start(StepStart.from_body(step_body(["sh", "-c", "echo $$ > task.$RANK; exec sleep 600"])))
         pids = await until(lambda: all((h.work_dir / f"task.{r}").exists() and (h.work_dir / f"task.{r}").read_text()
                                        for r in (2, 3)) and
                            [int((h.work_dir / f"task.{r}").read_text()) for r in (2, 3)], what="the tasks")

@@ -17,7 +17,7 @@ from gpud.sched.apply import Held, Holdings
 from gpud.sched.plan import Plan, Relayout, Start
 from gpud.sched.snapshot import Device, NodeView, Part, PendingJob, RunningJob
 
-from .slurm_head import ALICE, BOB, HeadKit
+from .slurm_head import ALICE, BOB, HeadKit, as_sent
 
 GiB = 1024
 
@@ -45,9 +45,9 @@ class Kit(HeadKit):
         self.sent: list[tuple[str, str, dict]] = []
         publish = self.bus.publish
 
-        async def record(topic, kind, body, **kw):
-            self.sent.append((topic, kind, body))
-            await publish(topic, kind, body, **kw)
+        async def record(topic, message, body=None, **kw):
+            self.sent.append((topic, *as_sent(message, body)))
+            await publish(topic, message, body, **kw)
 
         self.bus.publish = record          # type: ignore[method-assign]
         return self
@@ -59,7 +59,7 @@ class Kit(HeadKit):
         return info
 
     async def register(self, info: NodeInfo) -> None:
-        await self.head._on_register(info.name, {"node": info.to_dict()})
+        await self.report(info.name, "register", {"node": info.to_dict()})
 
     def of_kind(self, kind: str) -> list[dict]:
         return [body for _, k, body in self.sent if k == kind]
@@ -252,8 +252,8 @@ def test_a_refused_relayout_backs_off_and_is_retried_with_the_heads_interval():
     sent = []
 
     class Bus:
-        async def publish(self, topic, kind, body):
-            sent.append(body)
+        async def publish(self, topic, message):
+            sent.append(message.to_body())
 
     info = {"name": "n1", "gpus": [{"index": 0, "slices": [{"profile": "7g.80gb", "start": 0}]}]}
     head = SimpleNamespace(store=SimpleNamespace(nodes={"n1": SimpleNamespace(info=info)}), bus=Bus(),

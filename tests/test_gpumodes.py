@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpud.bus.messages import MessageError, MigRelayout
 from gpud.gpu import mig
 from gpud.gpu.mps import MpsDaemons, MpsError, StubRunner
 from gpud.gpu.nvml import NvmlBackend
@@ -250,6 +251,11 @@ def test_a_mode_waiting_for_a_reset_runs_nothing(caplog):
 
 # -- the head's mig command -------------------------------------------------------------------------
 
+def relayout(m: GpuModes, body: dict, in_use):
+    """A mig command as the worker gets it: decoded, then applied."""
+    return m.apply_command(MigRelayout.from_body(body), in_use)
+
+
 def dynamic(backend, clock=None) -> GpuModes:
     m = manager(backend, {"0": "mig:dynamic"}, clock=clock)
     m.apply_at_start()
@@ -258,8 +264,8 @@ def dynamic(backend, clock=None) -> GpuModes:
 
 def test_create_at_free_placements(backend):
     m = dynamic(backend)
-    r = m.apply_command({"gpu": 0, "destroy": [], "create": [{"profile": "1g.10gb", "start": s}
-                                                             for s in range(7)], "reason": "demand"}, set())
+    r = relayout(m, {"gpu": 0, "destroy": [], "create": [{"profile": "1g.10gb", "start": s}
+                                                        for s in range(7)], "reason": "demand"}, set())
     assert r.changed and not r.refused
     assert layout(m, 0) == [("1g.10gb", s) for s in range(7)]
     assert m.infos()[0].relaid_at is None       # nothing destroyed: not a re-layout that counts
@@ -267,11 +273,11 @@ def test_create_at_free_placements(backend):
 
 def test_re_layout_keeps_running_slices_untouched(backend):
     m = dynamic(backend)
-    m.apply_command({"gpu": 0, "create": [{"profile": "1g.10gb", "start": s} for s in range(7)]}, set())
+    relayout(m, {"gpu": 0, "create": [{"profile": "1g.10gb", "start": s} for s in range(7)]}, set())
     keep = {s.start: s.uuid for s in m.infos()[0].slices if s.start >= 4}
     backend.changes.clear()
-    r = m.apply_command({"gpu": 0, "destroy": [0, 1, 2, 3], "create": [{"profile": "3g.40gb", "start": 0}]},
-                        {(0, 4), (0, 5), (0, 6)})
+    r = relayout(m, {"gpu": 0, "destroy": [0, 1, 2, 3], "create": [{"profile": "3g.40gb", "start": 0}]},
+                 {(0, 4), (0, 5), (0, 6)})
     assert r.changed and not r.refused, r.message
     assert backend.changes == [("destroy", 0, s) for s in range(4)] + [("create", 0, "3g.40gb", 0)]
     assert {s.start: s.uuid for s in m.infos()[0].slices if s.start >= 4} == keep
@@ -280,11 +286,11 @@ def test_re_layout_keeps_running_slices_untouched(backend):
 
 def test_a_command_that_would_destroy_a_busy_slice_is_refused_whole(backend):
     m = dynamic(backend)
-    m.apply_command({"gpu": 0, "create": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]},
-                    set())
+    relayout(m, {"gpu": 0, "create": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]},
+             set())
     before = m.infos()
     backend.changes.clear()
-    r = m.apply_command({"gpu": 0, "destroy": [0, 4], "create": [{"profile": "7g.80gb", "start": 0}]}, {(0, 4)})
+    r = relayout(m, {"gpu": 0, "destroy": [0, 4], "create": [{"profile": "7g.80gb", "start": 0}]}, {(0, 4)})
     assert r.refused and not r.changed
     assert r.message == "GPU 0: will not destroy the MIG slice(s) at slot 4: running jobs use them"
     assert backend.changes == [] and m.infos() == before
@@ -292,21 +298,21 @@ def test_a_command_that_would_destroy_a_busy_slice_is_refused_whole(backend):
 
 def test_invalid_layouts_and_static_gpus_are_refused(backend):
     m = dynamic(backend)
-    r = m.apply_command({"gpu": 0, "create": [{"profile": "4g.40gb", "start": 0},
-                                              {"profile": "4g.40gb", "start": 4}]}, set())
+    r = relayout(m, {"gpu": 0, "create": [{"profile": "4g.40gb", "start": 0},
+                                         {"profile": "4g.40gb", "start": 4}]}, set())
     assert r.refused and "invalid" in r.message and backend.changes[-1][0] == "mode"
     s = manager(backend, {"1": "mig:all-1g.10gb"})
     s.apply_at_start()
-    r = s.apply_command({"gpu": 1, "destroy": [0]}, set())
+    r = relayout(s, {"gpu": 1, "destroy": [0]}, set())
     assert r.refused and r.message == "GPU 1 is not a dynamic MIG GPU here"
 
 
 def test_a_repeated_command_does_nothing(backend):
     m = dynamic(backend)
     body = {"gpu": 0, "destroy": [], "create": [{"profile": "2g.20gb", "start": 2}]}
-    m.apply_command(body, set())
+    relayout(m, body, set())
     backend.changes.clear()
-    r = m.apply_command(body, set())
+    r = relayout(m, body, set())
     assert (r.changed, r.refused, r.message) == (False, False, "GPU 0: the layout is already as asked")
     assert backend.changes == []
 
@@ -317,14 +323,14 @@ def test_destroying_re_layouts_keep_the_minimum_interval(backend):
     one = {"gpu": 0, "destroy": [], "create": [{"profile": "7g.80gb", "start": 0}]}
     to_small = {"gpu": 0, "destroy": [0], "create": [{"profile": "1g.10gb", "start": s} for s in range(7)]}
     to_big = {"gpu": 0, "destroy": list(range(7)), "create": [{"profile": "7g.80gb", "start": 0}]}
-    assert m.apply_command(one, set()).changed
-    assert m.apply_command(to_small, set()).changed        # the first destroying re-layout
+    assert relayout(m, one, set()).changed
+    assert relayout(m, to_small, set()).changed        # the first destroying re-layout
     clock.t += INTERVAL / 2
-    r = m.apply_command(to_big, set())
+    r = relayout(m, to_big, set())
     assert r.refused and "under the minimum interval of 600s" in r.message
     assert layout(m, 0) == [("1g.10gb", s) for s in range(7)]
     clock.t += INTERVAL / 2
-    assert m.apply_command(to_big, set()).changed
+    assert relayout(m, to_big, set()).changed
     assert m.infos()[0].relaid_at == clock.t
 
 
@@ -334,26 +340,34 @@ def test_the_last_re_layout_time_survives_a_worker_restart(tmp_path):
     table = modes_for(parse_gpu_modes({"0": "mig:dynamic"}), "n1", [0])
     m = GpuModes(b, table, min_interval=INTERVAL, clock=Clock(), relaid_file=path)
     m.apply_at_start()
-    m.apply_command({"gpu": 0, "create": [{"profile": "7g.80gb", "start": 0}]}, set())
-    m.apply_command({"gpu": 0, "destroy": [0], "create": [{"profile": "3g.40gb", "start": 0}]}, set())
+    relayout(m, {"gpu": 0, "create": [{"profile": "7g.80gb", "start": 0}]}, set())
+    relayout(m, {"gpu": 0, "destroy": [0], "create": [{"profile": "3g.40gb", "start": 0}]}, set())
     again = GpuModes(b, table, min_interval=INTERVAL, clock=Clock(NOW + 60), relaid_file=path)
     again.apply_at_start()
     assert again.infos()[0].relaid_at == NOW
-    r = again.apply_command({"gpu": 0, "destroy": [0], "create": [{"profile": "7g.80gb", "start": 0}]}, set())
+    r = relayout(again, {"gpu": 0, "destroy": [0], "create": [{"profile": "7g.80gb", "start": 0}]}, set())
     assert r.refused and "re-laid 60s ago" in r.message
     (tmp_path / "mig-relaid.json").write_text("{not json")
     assert GpuModes(b, table, relaid_file=path).infos()[0].relaid_at is None
 
 
 @pytest.mark.parametrize("body, words", [
-    ({}, "no GPU None here"), ({"gpu": 9}, "no GPU 9"), ({"gpu": True}, "no GPU True"),
+    ({}, "no GPU None here"), ({"gpu": True}, "no GPU True"),
     ({"gpu": 0, "destroy": "0"}, "short lists"), ({"gpu": 0, "destroy": [-1]}, "not a memory slot"),
     ({"gpu": 0, "create": [{"profile": "1g.10gb"}]}, "start slot must be an integer"),
-    ({"gpu": 0, "create": [{"profile": "1g.6gb", "start": 0}]}, "no MIG profile 1g.6gb"),
     ({"gpu": 0, "create": [5]}, "must be an object"), ({"gpu": 0, "reason": 5}, "reason"),
 ])
-def test_malformed_commands_are_refused_in_one_line(backend, body, words):
-    r = dynamic(backend).apply_command(body, set())
+def test_malformed_commands_are_refused_in_one_line(body, words):
+    with pytest.raises(MessageError) as e:
+        MigRelayout.from_body(body)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"gpu": 9}, "no GPU 9"), ({"gpu": 0, "create": [{"profile": "1g.6gb", "start": 0}]}, "no MIG profile 1g.6gb"),
+])
+def test_commands_this_node_cannot_carry_out_are_refused_in_one_line(backend, body, words):
+    r = relayout(dynamic(backend), body, set())
     assert r.refused and not r.changed and words in r.message and "\n" not in r.message
 
 
@@ -366,8 +380,11 @@ def test_malformed_commands_are_refused_in_one_line(backend, body, words):
                                  ), max_size=4))))
 def test_any_command_leaves_a_valid_layout_and_never_raises(body):
     m = dynamic(SimBackend("1xA100-80GB", "n1"))
-    m.apply_command({"gpu": 0, "create": [{"profile": "1g.10gb", "start": 6}]}, set())
-    m.apply_command(body, {(0, 6)})
+    relayout(m, {"gpu": 0, "create": [{"profile": "1g.10gb", "start": 6}]}, set())
+    try:
+        relayout(m, body, {(0, 6)})
+    except MessageError:
+        pass   # refused before it reaches the GPUs
     slices = m.infos()[0].slices
     mig.validate_layout("A100-80GB", [mig.Slice(s.profile, s.start) for s in slices])
     assert ("1g.10gb", 6) in [(s.profile, s.start) for s in slices]
@@ -383,7 +400,7 @@ def launch(job: int, gpus: list[dict], user: str = "alice") -> Launch:
 
 def test_slice_launches_must_name_a_slice_that_is_there():
     m = dynamic(SimBackend("1xA100-80GB", "n1"))
-    m.apply_command({"gpu": 0, "create": [{"profile": "3g.40gb", "start": 4}]}, set())
+    relayout(m, {"gpu": 0, "create": [{"profile": "3g.40gb", "start": 4}]}, set())
     (s,) = m.infos()[0].slices
     good = launch(1, [{"index": 0, "uuid": s.uuid, "kind": "mig", "slice_start": 4, "profile": "3g.40gb"}])
     assert m.prepare_launch(good) is good

@@ -2,6 +2,7 @@
 
 import pytest
 
+from gpud.bus.messages import Hello
 from gpud.model import JobState
 from tests.slurm_head import ALICE, HeadKit
 
@@ -21,7 +22,7 @@ async def test_what_a_change_tells_follows_its_commit_in_order(kit):
     async with head.change() as ch:
         job = ch.txn.transition(head.store.active[job_id], JobState.CANCELLED, now=ch.now, event="cancelled",
                                 end_time=ch.now)
-        ch.tell("node/n1/cmd", "hello", {})
+        ch.tell("node/n1/cmd", Hello())
         ch.then(lambda: seen.append(("then", head.lock.locked(), head.store.active.get(job_id))))
         ch.wake()
         assert kit.sent == [] and job_id in head.store.active    # nothing yet: not committed
@@ -38,14 +39,14 @@ async def test_a_change_that_fails_tells_nothing_and_commits_nothing(kit):
     with pytest.raises(RuntimeError):
         async with head.change() as ch:
             ch.txn.transition(head.store.active[job_id], JobState.CANCELLED, now=ch.now, event="cancelled")
-            ch.tell("node/n1/cmd", "hello", {})
+            ch.tell("node/n1/cmd", Hello())
             ch.then(seen.append, "then")
             raise RuntimeError("refused halfway")
     with pytest.raises(Exception):
         async with head.change() as ch:   # a commit the database refuses
             ch.txn.transition(head.store.active[job_id], JobState.CANCELLED, now=ch.now, event="cancelled")
             ch.txn.execute("INSERT INTO no_such_table VALUES (1)")
-            ch.tell("node/n1/cmd", "hello", {})
+            ch.tell("node/n1/cmd", Hello())
             ch.wake()
     assert kit.sent == [] and seen == [] and not head._kick.is_set()
     assert head.store.active[job_id].state is JobState.PENDING and not head.lock.locked()

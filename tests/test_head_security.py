@@ -178,7 +178,7 @@ async def test_an_unsendable_launch_fails_its_job_and_the_node_goes_on(kit):
     job_id = await kit.submit(ALICE, "true", gpus=1)
     await kit.schedule()
     assert kit.job(job_id).state.value == "RUNNING" and [b["job_id"] for _, b in kit.sent_to("launch")] == [job_id]
-    await kit.head._on_heartbeat("n1", {"running": [[job_id, kit.job(job_id).attempt]], "done": []})
+    await kit.report("n1", "heartbeat", {"running": [[job_id, kit.job(job_id).attempt]], "done": []})
     assert kit.store.nodes["n1"].state == "UP"
 
 

@@ -5,6 +5,10 @@
 * nothing imports gpud.head or gpud.worker except the two modules that wire daemons together
   (gpud/cli.py and gpud/standalone.py), and the head and the worker do not import each other;
 * gpuctl imports no daemon module (it starts on every call, and may run where no daemon is);
+* the bus (and with it the wire contract, gpud/bus/messages.py) imports only itself and the
+  shared data and notations: never a daemon, the core or a GPU backend;
+* the daemons send message objects (gpud.bus.messages): no ``publish`` call and no last will
+  spells out a kind and a body by hand;
 * SQL is written only in the store (gpud/head/store*.py, gpud/head/schema.py).
 """
 
@@ -21,6 +25,8 @@ CORE_MAY_IMPORT = ("gpud.sched", "gpud.model", "gpud.gpu.mig", "gpud.units", "gp
 CORE_STDLIB_REFUSED = {"asyncio", "aiosqlite", "aiomqtt", "pynvml", "time", "subprocess", "socket", "os",
                        "threading", "selectors", "signal", "sqlite3", "random", "datetime"}
 WIRING = {"gpud/cli.py", "gpud/standalone.py"}
+BUS_MAY_IMPORT = ("gpud.bus", "gpud.model", "gpud.protocol", "gpud.syntax", "gpud.units", "gpud.hostlist",
+                  "gpud.keys")
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
                  r"CREATE\s+(TABLE|INDEX)|ALTER\s+TABLE)\b", re.S)
 
@@ -80,6 +86,41 @@ def test_gpuctl_imports_no_daemon_or_adapter(path):
     assert not bad, f"{rel(path)} imports {bad}"
 
 
+@pytest.mark.parametrize("path", modules("gpud/bus"), ids=rel)
+def test_the_bus_imports_no_daemon_core_or_backend(path):
+    bad = sorted(n for n in imported(path) if n.startswith("gpud.") and not any(under(n, ok) for ok in BUS_MAY_IMPORT))
+    assert not bad, f"{rel(path)} imports {bad}: the bus and its messages sit below the daemons"
+
+
+def hand_made_messages(path: pathlib.Path) -> list[int]:
+    """Lines of ``publish``/``_publish`` calls given anything but (topic, message object), and
+    of last wills built from a kind and a body instead of ``Will.of``."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in ("publish", "_publish"):
+            if len(node.args) != 2 or any(k.arg not in ("retain",) for k in node.keywords) or \
+                    isinstance(node.args[1], (ast.Constant, ast.Dict, ast.JoinedStr)):
+                bad.append(node.lineno)
+        elif name == "Will":
+            bad.append(node.lineno)
+    return bad
+
+
+DAEMONS = [p for p in modules("gpud") if rel(p).startswith(("gpud/head/", "gpud/worker/"))
+           or rel(p) in WIRING | {"gpud/relay.py"}]
+
+
+@pytest.mark.parametrize("path", DAEMONS, ids=rel)
+def test_daemons_send_message_objects_not_hand_made_bodies(path):
+    bad = hand_made_messages(path)
+    assert not bad, (f"{rel(path)} publishes a hand-made body at lines {bad}: build a gpud.bus.messages "
+                     "class (Will.of for a last will)")
+
+
 @pytest.mark.parametrize("path", modules("gpud", "gpuctl"), ids=rel)
 def test_sql_is_written_only_in_the_store(path):
     me = rel(path)
@@ -100,3 +141,8 @@ def test_the_rules_see_what_they_check():
         any(under(n, "gpud.sched") for n in imported(ROOT / "gpud/sched/core.py"))
     assert any(under(n, "gpud.head") for n in imported(ROOT / "gpud/cli.py"))
     assert SQL.search("SELECT job_id FROM jobs") and not SQL.search("select a partition from the list")
+    calls = [n for n in ast.walk(ast.parse((ROOT / "gpud/head/daemon.py").read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "publish"]
+    assert len(calls) >= 5 and not hand_made_messages(ROOT / "gpud/head/daemon.py")
+    sample = ROOT / "tests/test_worker_daemon.py"   # tests publish raw bodies on purpose
+    assert hand_made_messages(sample)

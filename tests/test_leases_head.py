@@ -36,7 +36,7 @@ def heartbeat(kit, node: str, seq: int, running=()) -> dict:
 async def beat_all(kit, seq: int) -> None:
     for name in ("n1", "n2"):
         running = [(j.job_id, j.attempt) for j in kit.store.jobs_on_node(name)]
-        await kit.head._on_heartbeat(name, heartbeat(kit, name, seq, running))
+        await kit.report(name, "heartbeat", heartbeat(kit, name, seq, running))
 
 
 # -- node states -------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ async def test_a_heartbeat_is_answered_with_a_lease_naming_the_nodes_allocations
     await kit.schedule()
     node = kit.job(job_id).node
     kit.sent.clear()
-    await kit.head._on_heartbeat(node, heartbeat(kit, node, 77, [(job_id, 1)]))
+    await kit.report(node, "heartbeat", heartbeat(kit, node, 77, [(job_id, 1)]))
     (where, body), = kit.sent_to("lease")
     assert where == node and body == {"seq": 77, "period": kit.cfg.head.lease, "allocs": [[job_id, 1]],
                                       "limits": [[job_id, 1, kit.job(job_id).time_limit]]}
@@ -109,7 +109,7 @@ async def test_a_node_back_within_the_lease_loses_nothing(kit):
     kit.mono.advance(kit.cfg.head.node_timeout + 1)
     await kit.head.check_nodes()
     assert kit.store.nodes[node].state == "DOWN"
-    await kit.head._on_heartbeat(node, heartbeat(kit, node, 5, [(job_id, 1)]))
+    await kit.report(node, "heartbeat", heartbeat(kit, node, 5, [(job_id, 1)]))
     assert kit.store.nodes[node].state == "UP"
     assert kit.job(job_id).state.value == "RUNNING" and kit.job(job_id).requeue_count == 0
     assert not kit.sent_to("kill")
@@ -119,8 +119,8 @@ async def test_a_worker_confirming_the_attempt_dead_requeues_it_at_once(kit):
     job_id = await kit.submit(ALICE, "sleep 60", gpus=1)
     await kit.schedule()
     node = kit.job(job_id).node
-    await kit.head._on_finished(node, {"job": job_id, "attempt": 1, "exit_code": 0, "signal": 9,
-                                       "reason": "lease_expired"})
+    await kit.report(node, "finished", {"job": job_id, "attempt": 1, "exit_code": 0, "signal": 9,
+                                        "reason": "lease_expired"})
     assert kit.job(job_id).state.value == "PENDING" and kit.job(job_id).requeue_count == 1
 
 

@@ -26,7 +26,8 @@ from gpud.bus.memory import MemoryBroker, MemoryBus
 from gpud.config import Config
 from gpud.head.daemon import Head
 from gpud.head.store import Store
-from gpud.relay import CHUNK_CHARS, BadRelayMessage, Parts, Relay, parse_identity, parse_part, split_line
+from gpud.bus.messages import CHUNK_CHARS, MessageError, Reply, Request
+from gpud.relay import Parts, Relay, split_line
 
 EPOCH = process_epoch()   # a key holder's seal in this process: the relay's own run
 KEY = b"k" * 32
@@ -43,7 +44,7 @@ def test_lines_survive_splitting_and_joining_in_any_order(line):
     joined = Parts(len(parts))
     out = None
     for i in reversed(range(len(parts))):
-        out = joined.add(parse_part({"id": "r", "part": i, "parts": len(parts), "data": parts[i]}))
+        out = joined.add(Reply.from_body({"id": "r", "part": i, "parts": len(parts), "data": parts[i]}))
     assert out == line
 
 
@@ -62,8 +63,8 @@ def test_a_worst_case_part_fits_in_an_envelope():
     ({"id": "r", "part": 0, "parts": 1, "data": "x" * (CHUNK_CHARS + 1)}, "data"),
 ])
 def test_malformed_parts_are_refused(body, error):
-    with pytest.raises(BadRelayMessage, match=error):
-        parse_part(body)
+    with pytest.raises(MessageError, match=error):
+        Reply.from_body(body)
 
 
 @pytest.mark.parametrize("changes, error", [
@@ -72,9 +73,10 @@ def test_malformed_parts_are_refused(body, error):
     ({"deadline": float("nan")}, "deadline"), ({"deadline": "soon"}, "deadline"),
 ])
 def test_malformed_identities_are_refused(changes, error):
-    body = {"uid": 1000, "gid": 1000, "pid": 42, "user": "alice", "deadline": 1.0, **changes}
-    with pytest.raises(BadRelayMessage, match=error):
-        parse_identity(body)
+    body = {"id": "r", "part": 0, "parts": 1, "data": "", "uid": 1000, "gid": 1000, "pid": 42, "user": "alice",
+            "deadline": 1.0, **changes}
+    with pytest.raises(MessageError, match=error):
+        Request.from_body(body)
 
 
 # -- a head and a relay -------------------------------------------------------------------------

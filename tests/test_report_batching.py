@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from gpud.bus.base import HEAD_EVENTS, Message
-from tests.slurm_head import ALICE, HeadKit
+from gpud.bus.messages import decode
+from tests.slurm_head import ALICE, HeadKit, as_sent
 
 
 @pytest.fixture
@@ -19,9 +20,9 @@ async def kit(tmp_path):
         kit.sent = []
         publish = kit.head.bus.publish
 
-        async def record(topic, kind, body, *, retain=False):
-            kit.sent.append((topic, kind, body))
-            await publish(topic, kind, body, retain=retain)
+        async def record(topic, message, body=None, *, retain=False):
+            kit.sent.append((topic, *as_sent(message, body)))
+            await publish(topic, message, body, retain=retain)
 
         kit.head.bus.publish = record
         kit.commits = 0
@@ -57,7 +58,7 @@ async def test_a_burst_of_reports_is_one_commit_and_one_ack_per_node(kit):
                for k, j in enumerate(jobs)]
     reports += [("finished", j.node, fin(j, exit_code=k)) for k, j in enumerate(jobs)]
     reports.append(("finished", jobs[0].node, fin(jobs[0])))  # a repeat, as workers send them
-    await kit.head.reports.apply(reports)
+    await kit.head.reports.apply([(node, decode(kind, body)) for kind, node, body in reports])
     assert kit.commits == 1
     records = [await ended(kit, j) for j in jobs]
     assert [r.state.value for r in records] == ["COMPLETED"] + ["FAILED"] * 5
@@ -75,17 +76,33 @@ async def test_a_burst_of_reports_is_one_commit_and_one_ack_per_node(kit):
 async def test_bad_and_stale_reports_in_a_batch_leave_the_rest(kit, caplog):
     a, b = await running(kit, 2)
     other = "n2" if a.node == "n1" else "n1"
-    await kit.head.reports.apply([
-        ("finished", a.node, {"job": True, "attempt": a.attempt}),       # a bool is no job id
-        ("finished", a.node, ["not", "an", "object"]),
-        ("finished", a.node, fin(a) | {"attempt": a.attempt + 5}),        # a stale attempt
-        ("finished", other, fin(a)),                                      # not where it runs
-        ("finished", b.node, fin(b) | {"exit_code": 2 ** 80}),            # SQLite cannot hold it
-    ])
-    assert "job and attempt must be integers" in caplog.text and "not an object" in caplog.text
+    reports = [
+        (a.node, {"job": True, "attempt": a.attempt}),       # a bool is no job id
+        (a.node, ["not", "an", "object"]),
+        (a.node, fin(a) | {"attempt": a.attempt + 5}),        # a stale attempt
+        (other, fin(a)),                                      # not where it runs
+        (b.node, fin(b) | {"exit_code": 2 ** 80}),            # SQLite cannot hold it
+    ]
+    await arriving_together(kit, [bus_message(kit, "finished", node, body) for node, body in reports])
+    assert f"dropped finished from {a.node}: job must be an integer" in caplog.text
+    assert f"dropped finished from {a.node}: body must be an object" in caplog.text
     assert kit.job(a.job_id).state.value == "RUNNING"
     rec = await ended(kit, b)
     assert rec.state.value == "FAILED" and rec.exit_code is None  # ended, the code dropped
+
+
+def bus_message(kit, kind, node, body):
+    return Message(HEAD_EVENTS, kind, f"worker:{node}", "id", kit.clock(), body)
+
+
+async def arriving_together(kit, messages):
+    """The head's bus loop reading ``messages``, all waiting at once, until the bus closes."""
+    async def burst():
+        for m in messages:
+            yield m
+
+    kit.head.bus.messages = burst
+    await asyncio.wait_for(kit.head._bus_loop(), 10)   # ends with the bus, as it does
 
 
 async def test_reports_arriving_together_on_the_bus_are_applied_together(kit):
@@ -93,15 +110,12 @@ async def test_reports_arriving_together_on_the_bus_are_applied_together(kit):
     kit.commits = 0
 
     def msg(kind, node, body):
-        return Message(HEAD_EVENTS, kind, f"worker:{node}", "id", kit.clock(), body)
+        return bus_message(kit, kind, node, body)
 
-    async def burst():  # all waiting at once, a heartbeat between two runs of reports
-        for m in (msg("finished", a.node, fin(a)), msg("finished", b.node, fin(b)),
-                  msg("heartbeat", a.node, {"running": [], "done": []}), msg("finished", c.node, fin(c))):
-            yield m
-
-    kit.head.bus.messages = burst
-    await asyncio.wait_for(kit.head._bus_loop(), 10)   # ends with the bus, as it does
+    # a heartbeat between two runs of reports
+    await arriving_together(kit, [msg("finished", a.node, fin(a)), msg("finished", b.node, fin(b)),
+                                  msg("heartbeat", a.node, {"running": [], "done": []}),
+                                  msg("finished", c.node, fin(c))])
     assert kit.commits == 2    # a and b together, c after the heartbeat
     assert [(await ended(kit, j)).state.value for j in (a, b, c)] == ["COMPLETED"] * 3
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from gpud.worker.jobsetup import TaskSetup
-from gpud.worker.steps import StepTasks, parse_step, task_env
+from gpud.bus.messages import MessageError, StepStart
+from gpud.worker.steps import StepTasks, task_env
 from tests.fake_head import FakeHead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,23 +105,23 @@ def step_body(argv, **over):
             "ntasks_per_node": 2, "node_rank": 1, "nnodes": 2, "nodelist": "w[1-2]", "master_addr": "10.0.0.1",
             "master_port": 20005}
     body.update(over)
-    return parse_step(body)
+    return StepStart.from_body(body)
 
 
-def test_parse_step_refuses_bad_bodies():
-    with pytest.raises(ValueError):
+def test_a_bad_step_command_is_refused():
+    with pytest.raises(MessageError):
         step_body([])
-    with pytest.raises(ValueError):
+    with pytest.raises(MessageError):
         step_body(["true"], node_rank=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(MessageError):
         step_body(["true"], ntasks_per_node=0)
 
 
 async def run_step(tmp_path, body, *, until):
     sent: list[tuple[str, dict]] = []
 
-    async def emit(kind, b):
-        sent.append((kind, b))
+    async def emit(msg):
+        sent.append((msg.KIND, msg.to_body()))
 
     setup = TaskSetup(os.getuid(), os.getgid(), [], False, str(tmp_path),
                       {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "GPU-mine", "GPUD_JOB_ID": "5"})

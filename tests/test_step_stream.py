@@ -12,8 +12,8 @@ import pytest
 from gpud.head import gang, steps
 from gpud.head.steps import Steps
 from gpud.worker.jobsetup import TaskSetup
-from gpud.worker.steps import WINDOW, StepTasks, parse_step
-from gpud.worker.stepterm import parse_stream
+from gpud.bus.messages import MessageError, StepAck, StepStart, decode
+from gpud.worker.steps import WINDOW, StepTasks
 from tests.slurm_head import ALICE, BOB, HeadKit
 
 
@@ -36,20 +36,19 @@ async def one_node_step(kit, **launch):
 
 async def test_a_gap_is_asked_for_again_and_repeats_are_dropped(kit):
     job, step, base = await one_node_step(kit)
-    h = kit.head.steps
-    await h.handle("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "a\n"]]})
+    await kit.report("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "a\n"]]})
     kit.sent.clear()
-    await h.handle("n1", "step_output", {**base, "first": 2, "lines": [[0, 1, "c\n"]]})   # 1 is missing
+    await kit.report("n1", "step_output", {**base, "first": 2, "lines": [[0, 1, "c\n"]]})   # 1 is missing
     assert kit.sent_to("step_ack") == [("n1", {**base, "next": 1, "resend": True})]
-    await h.handle("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "a\n"], [0, 1, "b\n"],
-                                                                       [0, 1, "c\n"]]})
+    await kit.report("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "a\n"], [0, 1, "b\n"],
+                                                                         [0, 1, "c\n"]]})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert [t for _, _, t in got["lines"]] == ["a\n", "b\n", "c\n"] and got["cursor"] == {"n1": 3}
 
 
 async def test_a_restarted_head_adopts_the_step_and_resumes_from_the_readers_cursor(kit):
     job, step, base = await one_node_step(kit, stdin=True)
-    await kit.head.steps.handle("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "old\n"]]})
+    await kit.report("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "old\n"]]})
     kit.head.steps = Steps(kit.head)          # what a restarted head knows of steps: nothing
     kit.sent.clear()
     got_task = asyncio.ensure_future(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=1,
@@ -57,8 +56,8 @@ async def test_a_restarted_head_adopts_the_step_and_resumes_from_the_readers_cur
     await asyncio.sleep(0.05)
     assert kit.sent_to("step_ack") == [("n1", {**base, "next": 1, "resend": True})]
     # The node sends what it kept from 1 on (and, being unsure, 0 again: dropped).
-    await kit.head.steps.handle("n1", "step_output", {**base, "first": 0, "tasks": 1,
-                                                      "lines": [[0, 1, "old\n"], [0, 1, "new\n"]]})
+    await kit.report("n1", "step_output", {**base, "first": 0, "tasks": 1,
+                                           "lines": [[0, 1, "old\n"], [0, 1, "new\n"]]})
     got = await got_task
     assert got["lines"] == [[0, 1, "new\n"]] and got["cursor"] == {"n1": 2}
     assert "not yours" in await kit.refused("step_poll", BOB, job_id=job.job_id, step=step["step"], offset=0)
@@ -68,17 +67,16 @@ async def test_a_step_number_never_given_out_is_not_adopted(kit):
     job, step, base = await one_node_step(kit)
     kit.head.steps = Steps(kit.head)
     assert "no step" in await kit.refused("step_poll", ALICE, job_id=job.job_id, step=7, offset=0)
-    await kit.head.steps.handle("n1", "step_output", {**base, "step": 7, "first": 0, "lines": [[0, 1, "x\n"]]})
+    await kit.report("n1", "step_output", {**base, "step": 7, "first": 0, "lines": [[0, 1, "x\n"]]})
     assert (job.job_id, 7) not in kit.head.steps.steps
 
 
 async def test_done_waits_for_the_output_sent_before_the_exit(kit):
     job, step, base = await one_node_step(kit)
-    h = kit.head.steps
-    await h.handle("n1", "step_exit", {**base, "rank": 0, "exit_code": 0, "signal": None, "next": 1})
+    await kit.report("n1", "step_exit", {**base, "rank": 0, "exit_code": 0, "signal": None, "next": 1})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert not got["done"]                     # line 0 is still on its way
-    await h.handle("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "last\n"]]})
+    await kit.report("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "last\n"]]})
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["done"] and got["lines"] == [[0, 1, "last\n"]]
 
@@ -90,7 +88,7 @@ async def test_input_is_passed_on_in_order_with_a_window(kit, monkeypatch):
     assert (await kit.call("step_input", ALICE, seq=0, data="hi\n", **args))["written"]
     assert kit.sent_to("step_input")[-1] == ("n1", {**base, "writer": "w", "seq": 0, "data": "hi\n", "eof": False})
     assert (await kit.call("step_input", ALICE, seq=steps.INPUT_WINDOW, data="x", **args)).get("retry")
-    await kit.head.steps.handle("n1", "step_output", {**base, "first": 0, "lines": [], "input": {"w": 1}})
+    await kit.report("n1", "step_output", {**base, "first": 0, "lines": [], "input": {"w": 1}})
     assert (await kit.call("step_input", ALICE, seq=steps.INPUT_WINDOW, data="x", **args))["written"]
     assert "latin-1" in await kit.refused("step_input", ALICE, seq=1, data="\u20ac", **args)
     assert "not yours" in await kit.refused("step_input", BOB, seq=1, data="x", **args)
@@ -105,12 +103,12 @@ async def test_pty_needs_one_task(kit):
 
 def test_stream_commands_are_checked():
     base = {"job": 1, "attempt": 1, "step": 0}
-    assert parse_stream("step_ack", {**base, "next": 3})["resend"] is False
+    assert decode("step_ack", {**base, "next": 3}) == StepAck(1, 1, 0, 3, resend=False)
     for kind, bad in (("step_ack", {**base, "next": -1}), ("step_input", {**base, "seq": 0, "writer": ""}),
                       ("step_input", {**base, "seq": 0, "writer": "w", "data": "\u20ac"}),
                       ("step_resize", {**base, "rows": 0, "cols": 80}), ("step_resize", "x")):
-        with pytest.raises(ValueError):
-            parse_stream(kind, bad)
+        with pytest.raises(MessageError):
+            decode(kind, bad)
 
 
 # -- the worker side -----------------------------------------------------------------------------
@@ -119,14 +117,14 @@ def body(argv, **over):
     b = {"job": 5, "attempt": 1, "step": 0, "argv": argv, "env": {}, "ntasks_per_node": 1, "node_rank": 0,
          "nnodes": 1, "nodelist": "w1", "master_addr": "10.0.0.1", "master_port": 20005}
     b.update(over)
-    return parse_step(b)
+    return StepStart.from_body(b)
 
 
 async def worker_step(tmp_path, b):
     sent: list[tuple[str, dict]] = []
 
-    async def emit(kind, m):
-        sent.append((kind, m))
+    async def emit(msg):
+        sent.append((msg.KIND, msg.to_body()))
 
     setup = TaskSetup(os.getuid(), os.getgid(), [], False, str(tmp_path), {"PATH": os.environ["PATH"]})
     tasks = StepTasks("w1", lambda job, attempt: setup, emit)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpud.bus.base import HEAD_EVENTS, Message
-from gpud.head.telemetry import IDLE_REASON, BadSamples, Telemetry, parse_samples
+from gpud.bus.messages import MessageError, decode
+from gpud.head.telemetry import IDLE_REASON, Telemetry
 from gpud.model import JobState
 from tests.telemetry_rig import T0, config, rig
 
@@ -61,9 +62,9 @@ async def test_samples_of_an_old_attempt_or_a_job_the_worker_does_not_run_count_
         await r.schedule()
         body = r.body("n1")
         body["jobs"] = [[jid, r.job(jid).attempt - 1, [0]]]      # a stale attempt
-        await r.head.telemetry.ingest("n1", body)
+        await r.ingest("n1", body)
         body["jobs"] = []                                        # launch not arrived yet
-        await r.head.telemetry.ingest("n1", body)
+        await r.ingest("n1", body)
         assert jid not in r.head.telemetry.usage
         assert r.head.telemetry.latest["n1"].gpus[0].util == 50.0   # the node's view still updates
 
@@ -182,7 +183,7 @@ async def test_series_rows_average_each_bucket(tmp_path):
 
 
 BAD = [
-    ("not a dict", "body is not an object"),
+    ("not a dict", "body must be an object"),
     ({"iv": 0, "gpus": []}, "iv must be"),
     ({"iv": 5, "gpus": [[0, 50, 1, 1, 1]]}, "gpus must be"),
     ({"iv": 5, "gpus": [[0, 150, 1, 1, 1, 1]]}, "util out of range"),
@@ -198,8 +199,8 @@ BAD = [
 
 @pytest.mark.parametrize("body, message", BAD)
 def test_malformed_samples_are_refused_with_one_line(body, message):
-    with pytest.raises(BadSamples, match=message) as e:
-        parse_samples("n1", body, T0)
+    with pytest.raises(MessageError, match=message) as e:
+        decode("samples", body)
     assert "\n" not in str(e.value) and len(str(e.value)) <= 200
 
 

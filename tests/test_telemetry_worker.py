@@ -116,34 +116,34 @@ def reading(index: int, energy_mj: int | None, power: float | None = 100.0) -> G
 async def test_sampler_sends_compact_samples_with_energy_between_sends():
     backend, sent, clock = FakeBackend(), [], Clock()
 
-    async def publish(topic, kind, body):
-        sent.append((topic, kind, body))
+    async def publish(topic, msg):
+        sent.append((topic, msg))
 
     jobs = [Assignment(7, 2, (0,), {})]
     s = Sampler(backend, publish, lambda: jobs, 5.0, clock=clock)
     backend.readings = [reading(0, 1_000_000), reading(1, None, power=80.0)]
     first = await s.sample_once()
-    assert sent == [(HEAD_EVENTS, "samples", first)]
+    assert sent == [(HEAD_EVENTS, first)]
     # No counter history yet: watts x the interval; a board without a counter always so.
-    assert first == {"t": 1000.0, "iv": 5.0, "gpus": [[0, 50.0, 1000, 100.0, 40.0, 500.0],
+    assert first.to_body() == {"t": 1000.0, "iv": 5.0, "gpus": [[0, 50.0, 1000, 100.0, 40.0, 500.0],
                                                        [1, 50.0, 1000, 80.0, 40.0, 400.0]],
                      "jobs": [[7, 2, [0]]], "slices": [], "procs": []}
     clock.t += 5
     backend.readings = [reading(0, 1_450_000), reading(1, None, power=80.0)]
     second = await s.sample_once()
-    assert [g[5] for g in second["gpus"]] == [450.0, 400.0]       # the counter's difference
+    assert [g[5] for g in second.gpus] == [450.0, 400.0]       # the counter's difference
     clock.t += 5
     backend.readings = [reading(0, 10), reading(1, None, power=80.0)]   # driver reloaded: counter reset
     third = await s.sample_once()
-    assert [g[5] for g in third["gpus"]] == [500.0, 400.0]
+    assert [g[5] for g in third.gpus] == [500.0, 400.0]
     assert backend.seen[0] == jobs
 
 
 async def test_sampler_skips_while_disconnected_and_never_raises():
     backend, sent, up = FakeBackend(), [], {"v": False}
 
-    async def publish(topic, kind, body):
-        sent.append(body)
+    async def publish(topic, msg):
+        sent.append(msg)
 
     s = Sampler(backend, publish, lambda: [], 1.0, connected=lambda: up["v"])
     backend.readings = [reading(0, 0)]
@@ -152,7 +152,7 @@ async def test_sampler_skips_while_disconnected_and_never_raises():
     backend.fail = True
     assert await s.sample_once() is None and s.failures == 1
 
-    async def broken(topic, kind, body):
+    async def broken(topic, msg):
         raise ConnectionError("gone")
 
     backend.fail = False

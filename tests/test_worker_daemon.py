@@ -12,6 +12,7 @@ import pytest
 
 from gpud.bus.base import HEAD_EVENTS, HEAD_STATUS, Message, node_cmd, node_status
 from gpud.bus.memory import MemoryBroker, MemoryBus
+from gpud.bus.messages import encode
 from gpud.bus.mqtt import MqttBus
 from gpud.config import BrokerConfig, Config, WorkerConfig
 from gpud.gpu.sim import SimBackend
@@ -233,7 +234,7 @@ async def test_announces_itself_on_connect(rig, tmp_path):
     kinds = [m.kind for m in rig.inbox]
     assert kinds[:3] == ["node_status", "register", "heartbeat"]
     status = rig.inbox[0]
-    assert status.topic == node_status(NODE) and status.body == {"state": "online"}
+    assert status.topic == node_status(NODE) and status.body == {"v": 1, "state": "online"}
     assert all(m.sender == worker_sender(NODE) for m in rig.inbox)
     node = rig.seen("register")[0].body["node"]
     sim = SimBackend("2xH100-80GB", NODE).discover()
@@ -249,7 +250,7 @@ async def test_online_status_is_retained(rig):
     late = head_bus(rig.broker, node_status(NODE), sender="monitor")
     async with late:
         msg = await asyncio.wait_for(anext(aiter(late.messages())), WAIT)
-    assert msg.kind == "node_status" and msg.body == {"state": "online"} and msg.retained
+    assert msg.kind == "node_status" and msg.body == {"v": 1, "state": "online"} and msg.retained
 
 
 async def test_reconnect_announces_again(rig):
@@ -288,7 +289,7 @@ async def test_hello_makes_it_register_and_heartbeat(rig):
 async def test_launch_from_the_head_runs_and_reports_started(rig):
     await rig.command("launch", launch_body(7, 2))
     started = (await rig.wait("started"))[0]
-    assert started.body == {"job": 7, "attempt": 2, "pid": 4007, "time": CLOCK}
+    assert started.body == {"v": 1, "job": 7, "attempt": 2, "pid": 4007, "time": CLOCK}
     assert rig.executor.commands() == [("launch", 7, 2), ("launched", 7, 2)]
 
 
@@ -391,7 +392,7 @@ async def test_heartbeat_reports_running_and_unacked_allocations(rig):
     mark = len(rig.inbox)
     await rig.worker.heartbeat()
     hb = (await rig.wait("heartbeat", after=mark))[0]
-    assert {k: v for k, v in hb.body.items() if k != "seq"} == {"running": [[2, 1]], "done": [[1, 1]]}
+    assert {k: v for k, v in hb.body.items() if k != "seq"} == {"v": 1, "running": [[2, 1]], "done": [[1, 1]]}
 
 
 async def test_finished_is_published_when_the_job_ends(rig):
@@ -399,7 +400,7 @@ async def test_finished_is_published_when_the_job_ends(rig):
     await rig.wait("started")
     o = rig.executor.finish(1, 1, exit_code=3)
     msg = (await rig.wait("finished"))[0]
-    assert msg.topic == HEAD_EVENTS and msg.body == o.to_body()
+    assert msg.topic == HEAD_EVENTS and (msg.kind, msg.body) == encode(o.finished())
 
 
 @pytest.mark.parametrize("heartbeat", [0.02])

@@ -184,7 +184,7 @@ async def test_bad_mig_commands_are_dropped_with_a_log_line_and_the_worker_goes_
         for body in ({"gpu": "0"}, {"gpu": 1, "create": []}, {"gpu": 0, "create": [{"profile": 3}]}):
             gpus = await relay(r, body)
             assert gpus[0]["slices"] == []
-        assert "malformed mig command" in caplog.text
+        assert "dropped mig from head: no GPU '0' here" in caplog.text
         assert "GPU 1 is not a dynamic MIG GPU here" in caplog.text
 
 

@@ -1,50 +1,23 @@
-"""What the daemons need from a message bus, and the topics and messages they exchange.
+"""What the daemons need from a message bus, and the topics they exchange messages on.
 
-Topics live under ``gpud/<cluster>/``; code passes only the suffix.
+Topics live under ``gpud/<cluster>/``; code passes only the suffix.  What each kind's body
+holds, and the one way to read one, is ``gpud.bus.messages``:
 
-====================  ==========  ===========================================================
-suffix                direction   kinds (body)
-====================  ==========  ===========================================================
-``head/events``       worker→head ``register`` {node: NodeInfo dict}
-                                  ``heartbeat`` {seq, running: [[job, attempt]], done: [[job, attempt]]}
-                                  ``started`` {job, attempt, pid, time}
-                                  ``finished`` {job, attempt, exit_code, signal, reason,
-                                  time, message}
-                                  ``samples`` {t, iv, gpus: [[index, util, mem_mb, power_w,
-                                  temp_c, energy_j]], jobs: [[job, attempt, [gpu]]], slices,
-                                  procs}  (GPU telemetry; see gpud.worker.telemetry)
-                                  ``step_output`` {job, attempt, step, seq, lines: [[rank,
-                                  stream, text]]}  (gpuctl srun output; whole lines)
-                                  ``step_exit`` {job, attempt, step, rank (null: every task
-                                  of the node), exit_code, signal, message}
-``head/status``       head→all    ``head_status`` {state: "online"|"offline", version, refresh}
-                                  (retained, will; ``refresh``: the head's periodic
-                                  re-publication, which outranks any older status)
-``head/requests``     relay→head  ``request`` {id, part, parts, data, uid, gid, pid, user,
-                                  deadline}  (a gpuctl request relayed from another host;
-                                  senders ``relay:<name>`` and ``worker:<name>``; see
-                                  gpud.relay)
-``relay/<n>/replies`` head→relay  ``reply`` {id, part, parts, data}  (the response line)
-``node/<n>/status``   worker→all  ``node_status`` {state: "online"|"offline"} (retained, will)
-``node/<n>/cmd``      head→worker ``launch`` {job, attempt, lease: {seq}, ...see worker.executor.Launch}
-                                  ``lease`` {seq, period, allocs: [[job, attempt]], limits:
-                                  [[job, attempt, time_limit]]}  (the answer to heartbeat
-                                  ``seq``: see gpud.worker.lease; limits repeat any lost
-                                  ``time_limit``)
-                                  ``signal`` {job, attempt, signal, grace, reason}
-                                  ``kill`` {allocs: [[job, attempt]], reason}  (fencing)
-                                  ``ack`` {done: [[job, attempt]]}  (head recorded these)
-                                  ``hello`` {}  (head (re)started: please register)
-                                  ``mig`` {gpu, destroy: [start], create: [{profile, start}],
-                                  reason}  (re-lay a dynamic MIG GPU; a ``register`` with
-                                  the new slices follows; see gpud.worker.gpumodes)
-                                  ``step`` {job, attempt, step, argv, env, ntasks_per_node,
-                                  node_rank, nnodes, nodelist, master_addr, master_port}
-                                  (start gpuctl srun tasks; see gpud.worker.steps)
-                                  ``step_kill`` {job, attempt, step}
-                                  ``time_limit`` {job, attempt, time_limit}  (an operator's
-                                  new limit for a running job; null: none)
-====================  ==========  ===========================================================
+====================  ===========  ==========================================================
+suffix                direction    kinds
+====================  ===========  ==========================================================
+``head/events``       worker→head  register, heartbeat, started, finished, samples (GPU
+                                   telemetry), step_output, step_exit (gpuctl srun)
+``head/status``       head→all     head_status (retained, will)
+``head/requests``     relay→head   request (a gpuctl request relayed from another host;
+                                   senders ``relay:<name>`` and ``worker:<name>``)
+``relay/<n>/replies`` head→relay   reply
+``node/<n>/status``   worker→all   node_status (retained, will)
+``node/<n>/cmd``      head→worker  launch, lease (the answer to a heartbeat), signal, kill
+                                   (fencing), ack, hello, mig (re-lay a dynamic MIG GPU),
+                                   time_limit, step, step_kill, step_ack, step_input,
+                                   step_resize
+====================  ===========  ==========================================================
 
 Delivery is QoS 1, so at least once: every handler tolerates repeats.  Nothing relies on a
 single message arriving: workers repeat ``finished`` until the head ``ack``s it, heartbeats
@@ -55,7 +28,9 @@ a worker does not report.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Union
+
+from .messages import Body, encode
 
 HEAD_EVENTS = "head/events"
 HEAD_STATUS = "head/status"
@@ -98,6 +73,26 @@ class Will:
     kind: str
     body: dict[str, Any]
 
+    @classmethod
+    def of(cls, topic: str, message: Body) -> "Will":
+        return cls(topic, *encode(message))
+
+
+# What ``publish`` takes: a message (what the daemons send), or a kind with a raw body for
+# tests and tools that must put on the wire what no daemon would.
+Sendable = Union[Body, str]
+
+
+def wire(message: Sendable, body: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """The (kind, body) to seal for what ``publish`` was given."""
+    if isinstance(message, str):
+        if body is None:
+            raise TypeError(f"a raw {message} message needs its body")
+        return message, body
+    if body is not None:
+        raise TypeError("a message object carries its own body")
+    return encode(message)
+
 
 class Bus(Protocol):
     """A connected, authenticated publish/subscribe channel.
@@ -116,8 +111,10 @@ class Bus(Protocol):
 
     async def __aexit__(self, *exc: object) -> None: ...
 
-    async def publish(self, topic: str, kind: str, body: dict[str, Any], *, retain: bool = False) -> None:
-        """Sign and send at QoS 1; while disconnected, queue (bounded) and send on reconnect."""
+    async def publish(self, topic: str, message: Sendable, body: dict[str, Any] | None = None, *,
+                      retain: bool = False) -> None:
+        """Sign and send ``message`` at QoS 1 (``gpud.bus.messages.encode``; a kind and a raw
+        body: see ``wire``); while disconnected, queue (bounded) and send on reconnect."""
 
     def messages(self) -> AsyncIterator[Message]:
         """Verified messages on the subscribed topics; bad ones are logged and dropped."""

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
-from .base import Message, Will, topic_prefix
+from .base import Message, Sendable, Will, topic_prefix, wire
 from .envelope import RESEAL_AFTER, KeysLike, Keyring, Sealer, unsigned_payload
 from .epoch import process_epoch
 from .inbox import Inbox
@@ -255,7 +255,9 @@ class MemoryBus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def publish(self, topic: str, kind: str, body: dict[str, Any], *, retain: bool = False) -> None:
+    async def publish(self, topic: str, message: Sendable, body: dict[str, Any] | None = None, *,
+                      retain: bool = False) -> None:
+        kind, body = wire(message, body)
         if self._closed:
             log.warning("bus: closed; dropped %s message for %s", kind, topic)
             return

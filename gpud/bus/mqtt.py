@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 
 import aiomqtt
 
-from .base import Message, Will, topic_prefix
+from .base import Message, Sendable, Will, topic_prefix, wire
 from .envelope import RESEAL_AFTER, KeysLike, Keyring, Sealer
 from .epoch import process_epoch
 from .inbox import Inbox
@@ -283,8 +283,10 @@ class MqttBus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def publish(self, topic: str, kind: str, body: dict[str, Any], *, retain: bool = False) -> None:
+    async def publish(self, topic: str, message: Sendable, body: dict[str, Any] | None = None, *,
+                      retain: bool = False) -> None:
         """Sign and queue for sending at QoS 1; returns once queued (see ``flush``)."""
+        kind, body = wire(message, body)
         if self._closed:
             log.warning("bus: closed; dropped %s message for %s", kind, topic)
             return

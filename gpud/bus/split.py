@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
-from .base import HEAD_STATUS, Message
+from .base import HEAD_STATUS, Message, Sendable
 from .inbox import Inbox
 
 
@@ -70,13 +70,14 @@ class SplitBus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def publish(self, topic: str, kind: str, body: dict[str, Any], *, retain: bool = False) -> None:
+    async def publish(self, topic: str, message: Sendable, body: dict[str, Any] | None = None, *,
+                      retain: bool = False) -> None:
         if topic in self.local_topics:
-            await self.local.publish(topic, kind, body, retain=retain)
+            await self.local.publish(topic, message, body, retain=retain)
             return
         if topic in self.BOTH:
-            await self.local.publish(topic, kind, body, retain=retain)
-        await self.remote.publish(topic, kind, body, retain=retain)
+            await self.local.publish(topic, message, body, retain=retain)
+        await self.remote.publish(topic, message, body, retain=retain)
 
     async def clear_retained(self, topic: str) -> None:
         if topic in self.local_topics or topic in self.BOTH:

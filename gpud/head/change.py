@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from .store import Txn
 
 if TYPE_CHECKING:
+    from ..bus.messages import Body
     from .daemon import Head
     from .store import JobRecord
 
@@ -70,9 +71,9 @@ class Change:
 
     # -- what follows the commit -----------------------------------------------------------
 
-    def tell(self, *args: Any, **kwargs: Any) -> None:
-        """Publish on the bus (``Bus.publish``'s arguments) once committed."""
-        self._after.append(lambda: self._head.bus.publish(*args, **kwargs))
+    def tell(self, topic: str, message: "Body", *, retain: bool = False) -> None:
+        """Publish ``message`` (a ``gpud.bus.messages`` class) on ``topic`` once committed."""
+        self._after.append(lambda: self._head.bus.publish(topic, message, retain=retain))
 
     def signal(self, job: "JobRecord", sig: str, *, grace: float | None, reason: str,
                nodes: list[str] | None = None) -> None:

@@ -57,13 +57,15 @@ import os
 import sqlite3
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from .. import __version__
 from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, node_cmd
+from ..bus.messages import (Finished, GpuAssignment, HeadStatus, Heartbeat, Hello, Kill, Launch, Lease,
+                            MessageError, Register, Samples, Signal, Started, StepExit, StepOutput, decode)
 from .. import config as config_mod
 from ..config import Config, ConfigError
-from ..model import JobState, NodeInfo, NodeState, StopReason
+from ..model import JobState, NodeState, StopReason
 from ..units import format_size_kb
 from . import gang
 from .change import Change
@@ -194,7 +196,7 @@ class Head:
             await self.metrics.close()
             await self.server.close()
             try:  # relays answer "head offline" at once instead of waiting out their timeout
-                await self.bus.publish(HEAD_STATUS, "head_status", {"state": "offline"}, retain=True)
+                await self.bus.publish(HEAD_STATUS, HeadStatus("offline"), retain=True)
             except Exception:
                 log.exception("could not announce that the head is stopping")
             try:
@@ -264,8 +266,7 @@ class Head:
         while True:
             await asyncio.sleep(self.status_refresh)
             if getattr(self.bus, "connected", True):
-                await self.bus.publish(HEAD_STATUS, "head_status",
-                                       {"state": "online", "version": __version__, "refresh": True}, retain=True)
+                await self.bus.publish(HEAD_STATUS, HeadStatus("online", __version__, refresh=True), retain=True)
 
     async def _on_bus_connect(self) -> None:
         # Reconnected: whatever time we were away does not count against the nodes (their
@@ -273,7 +274,7 @@ class Head:
         mono = self.mono()
         for name in self.store.nodes:
             self.heard[name] = mono
-        await self.bus.publish(HEAD_STATUS, "head_status", {"state": "online", "version": __version__}, retain=True)
+        await self.bus.publish(HEAD_STATUS, HeadStatus("online", __version__), retain=True)
 
     # -- socket operations ------------------------------------------------------------------
 
@@ -395,30 +396,32 @@ class Head:
 
     # -- messages to workers ------------------------------------------------------------------
 
-    def launch_body(self, job: JobRecord) -> dict[str, Any]:
+    def launch_message(self, job: JobRecord) -> Launch:
+        """Rank 0's launch of ``job`` (``gang.launches`` makes the other ranks')."""
         spec = job.spec
-        return {
-            "job_id": job.job_id, "attempt": job.attempt, "name": job.name, "user": job.user,
-            "uid": job.uid, "gid": job.gid, "script": spec.script, "work_dir": spec.work_dir,
-            "stdout": spec.stdout, "stderr": spec.stderr, "env": spec.env, "rlimits": {k: list(v) for k, v in spec.rlimits.items()},
-            "gpus": launch_devices(job),
-            "cpus": job.cpus, "mem_mb": job.mem_mb, "time_limit": job.time_limit,
-            "kill_grace": self.cfg.head.kill_grace, "submit_dir": spec.work_dir, "extra_env": {},
-            **self.slurm.launch_fields(job),
-        }
+        return Launch(
+            job_id=job.job_id, attempt=job.attempt, name=job.name, user=job.user, uid=job.uid, gid=job.gid,
+            script=spec.script, work_dir=spec.work_dir, stdout=spec.stdout, stderr=spec.stderr, env=dict(spec.env),
+            rlimits=dict(spec.rlimits), gpus=tuple(GpuAssignment.from_dict(d) for d in launch_devices(job)),
+            cpus=job.cpus, mem_mb=job.mem_mb, time_limit=job.time_limit, kill_grace=self.cfg.head.kill_grace,
+            submit_dir=spec.work_dir, **self.slurm.launch_fields(job))
 
     async def _send_launch(self, job: JobRecord, node: str | None = None) -> None:
         """The launch of every node of ``job`` (a gang job has one per rank), or of ``node``."""
         assert job.node is not None
-        body = self.launch_body(job)
         slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
         self._launch_sent[(job.job_id, job.attempt)] = self.mono()
-        for where, b in gang.launches(body, job, gang.master_addr(self.store, job), slurm=slurm_env):
+        try:
+            launches = gang.launches(self.launch_message(job), job, gang.master_addr(self.store, job), slurm=slurm_env)
+        except MessageError as e:   # a recorded device the worker would refuse
+            await self._launch_failed(job, node or job.node, str(e))
+            return
+        for where, launch in launches:
             if node is None or where == node:
                 # the lease it is granted under: the worker never starts it once that lapsed
-                b["lease"] = {"seq": self.lease_seq.get(where)}
+                launch = dataclasses.replace(launch, lease_seq=self.lease_seq.get(where))
                 try:
-                    await self.bus.publish(node_cmd(where), "launch", b)
+                    await self.bus.publish(node_cmd(where), launch)
                 except (ValueError, TypeError) as e:   # the bus cannot carry it (too large)
                     await self._launch_failed(job, where, str(e))
                     return
@@ -428,10 +431,9 @@ class Head:
         node and everything else go on (it must not stall the pass or the node's heartbeats)."""
         log.error("job %d (user %s): cannot send its launch to %s: %s; the job fails", job.job_id, job.user,
                   node, why)
-        await self.reports.apply([("finished", node, {
-            "job": job.job_id, "attempt": job.attempt, "exit_code": None, "signal": None,
-            "reason": "launch_failed", "time": self.clock(),
-            "message": f"the head could not send the launch to {node}: {why}"[:300]})])
+        await self.reports.apply([(node, Finished(
+            job.job_id, job.attempt, None, None, "launch_failed", self.clock(),
+            f"the head could not send the launch to {node}: {why}"[:300]))])
 
     def ran_for(self, job: JobRecord) -> float:
         """Seconds the job's allocation has run, on the monotonic clock.  An allocation from
@@ -449,16 +451,13 @@ class Head:
             return
         self._stop_sent[(job.job_id, job.attempt)] = self.mono()
         for node in nodes if nodes is not None else gang.job_nodes(job):
-            await self.bus.publish(node_cmd(node), "signal", {
-                "job": job.job_id, "attempt": job.attempt, "signal": sig, "grace": grace, "reason": reason,
-            })
+            await self.bus.publish(node_cmd(node), Signal(job.job_id, job.attempt, sig, grace, reason))
 
     async def kill_parts(self, job: JobRecord, reason: str, *, besides: str | None = None) -> None:
         """SIGKILL what a gang job still runs on its nodes (all but ``besides``)."""
         for node in gang.job_nodes(job):
             if node != besides:
-                await self.bus.publish(node_cmd(node), "kill", {"allocs": [[job.job_id, job.attempt]],
-                                                                "reason": reason})
+                await self.bus.publish(node_cmd(node), Kill(((job.job_id, job.attempt),), reason))
 
     # -- messages from workers ----------------------------------------------------------------
 
@@ -480,10 +479,11 @@ class Head:
                 msgs = [await inbox.get()]
                 while not inbox.empty() and len(msgs) < MAX_REPORT_BATCH:
                     msgs.append(inbox.get_nowait())
-                run: list[Message] = []
+                run: list[tuple[str, Started | Finished]] = []
                 for msg in msgs:
-                    if msg is not None and self._is_report(msg):
-                        run.append(msg)
+                    report = self._report(msg) if msg is not None else None
+                    if report is not None:
+                        run.append(report)
                         continue
                     await self._reports_or_log(run)
                     run = []
@@ -498,18 +498,27 @@ class Head:
         finally:
             reader.cancel()
 
-    def _is_report(self, msg: Message) -> bool:
-        return (msg.topic == HEAD_EVENTS and msg.kind in ("started", "finished")
-                and msg.sender.startswith("worker:") and msg.sender[len("worker:"):] in self.store.nodes)
+    def _report(self, msg: Message) -> tuple[str, Started | Finished] | None:
+        """(node, report) for a well-formed ``started``/``finished`` of a known node, which
+        the bus loop batches; None for anything else (``handle`` takes it, and logs it if bad)."""
+        if not (msg.topic == HEAD_EVENTS and msg.kind in (Started.KIND, Finished.KIND)
+                and msg.sender.startswith("worker:") and msg.sender[len("worker:"):] in self.store.nodes):
+            return None
+        try:
+            report = decode(msg.kind, msg.body)
+        except MessageError:
+            return None
+        assert isinstance(report, (Started, Finished))
+        return msg.sender[len("worker:"):], report
 
-    async def _reports_or_log(self, run: list[Message]) -> None:
+    async def _reports_or_log(self, run: list[tuple[str, Started | Finished]]) -> None:
         if not run:
             return
-        for m in run:
-            if m.kind == "started":   # salloc is granted once every node's holder runs
-                self.allocs.started(m.sender[len("worker:"):], m.body)
+        for node, report in run:
+            if isinstance(report, Started):   # salloc is granted once every node's holder runs
+                self.allocs.started(node, report)
         try:
-            await self.reports.apply([(m.kind, m.sender[len("worker:"):], m.body) for m in run])
+            await self.reports.apply(run)
         except Exception:
             log.exception("dropped %d started/finished reports: handler failed", len(run))
 
@@ -522,31 +531,33 @@ class Head:
             log.warning("dropped %s message from %s: not a worker", msg.kind, msg.sender)
             return
         node = msg.sender[len("worker:"):]
-        body = msg.body
-        if msg.kind == "register":
-            await self._on_register(node, body)
+        try:
+            report = decode(msg.kind, msg.body)
+        except MessageError as e:
+            if msg.kind == Samples.KIND:
+                self.telemetry.dropped += 1
+            log.warning("dropped %s from %s: %s", msg.kind, node, e)
+            return
+        if isinstance(report, Register):
+            await self._on_register(node, report)
         elif node not in self.store.nodes:
             # A worker we do not know yet (e.g. the head lost its database): ask it to register.
-            await self.bus.publish(node_cmd(node), "hello", {})
-        elif msg.kind == "heartbeat":
-            await self._on_heartbeat(node, body)
-        elif msg.kind == "started":
-            await self._on_started(node, body)
-        elif msg.kind == "finished":
-            await self._on_finished(node, body)
-        elif msg.kind == "samples":
-            await self.telemetry.ingest(node, body)
-        elif msg.kind in ("step_output", "step_exit"):
-            await self.steps.handle(node, msg.kind, body)
+            await self.bus.publish(node_cmd(node), Hello())
+        elif isinstance(report, Heartbeat):
+            await self._on_heartbeat(node, report)
+        elif isinstance(report, Started):
+            await self._on_started(node, report)
+        elif isinstance(report, Finished):
+            await self._on_finished(node, report)
+        elif isinstance(report, Samples):
+            await self.telemetry.ingest(node, report)
+        elif isinstance(report, (StepOutput, StepExit)):
+            await self.steps.handle(node, report)
         else:
-            log.warning("dropped unknown message kind %r from %s", msg.kind, msg.sender)
+            log.warning("dropped %s from %s: not a worker's message", msg.kind, msg.sender)
 
-    async def _on_register(self, node: str, body: dict) -> None:
-        try:
-            info = NodeInfo.from_dict(body["node"])
-        except (KeyError, TypeError, ValueError) as e:
-            log.warning("dropped register from %s: malformed node info (%s)", node, e)
-            return
+    async def _on_register(self, node: str, msg: Register) -> None:
+        info = msg.node
         if info.name != node:
             log.warning("dropped register from %s: claims to be %s", node, info.name)
             return
@@ -569,13 +580,8 @@ class Head:
         self.mig.registered(node, info.to_dict(), now)
         self.kick()
 
-    async def _on_heartbeat(self, node: str, body: dict) -> None:
-        running = _pairs(body.get("running"))
-        done = _pairs(body.get("done"))
-        seq = body.get("seq")
-        if running is None or done is None or (seq is not None and not _is_seq(seq)):
-            log.warning("dropped heartbeat from %s: malformed", node)
-            return
+    async def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
+        running, done, seq = hb.running, hb.done, hb.seq
         rec = self.store.nodes[node]
         mono = self.heard[node] = self.mono()
         if rec.state == DOWN:
@@ -594,19 +600,19 @@ class Head:
             self.lease_seq[node] = seq
             # Each allocation's time limit rides along, so a lost ``time_limit`` command (an
             # operator raising it) reaches the node with the next answer.
-            await self.bus.publish(node_cmd(node), "lease", {
-                "seq": seq, "period": self.cfg.head.lease, "allocs": [[j.job_id, j.attempt] for j in here],
-                "limits": [[j.job_id, j.attempt, node_time_limit(self, j, gang.rank_of(j, node) or 0)]
-                           for j in here]})
+            await self.bus.publish(node_cmd(node), Lease(
+                seq, self.cfg.head.lease, tuple((j.job_id, j.attempt) for j in here),
+                tuple((j.job_id, j.attempt, node_time_limit(self, j, gang.rank_of(j, node) or 0)) for j in here)))
         # Fencing: kill whatever this node runs that the head no longer assigns to it.
         stale = []
         for jid, attempt in running:
             job = self.store.active.get(jid)
             if job is None or job.attempt != attempt or not job.state.active or gang.rank_of(job, node) is None:
-                stale.append([jid, attempt])
+                stale.append((jid, attempt))
         if stale:
-            log.warning("node %s runs allocations no longer assigned to it, killing: %s", node, stale)
-            await self.bus.publish(node_cmd(node), "kill", {"allocs": stale, "reason": "fenced"})
+            log.warning("node %s runs allocations no longer assigned to it, killing: %s", node,
+                        [list(p) for p in stale])
+            await self.bus.publish(node_cmd(node), Kill(tuple(stale), "fenced"))
         reported = set(running) | set(done)
         for job in list(self.store.jobs_on_node(node)):
             key = (job.job_id, job.attempt)
@@ -622,12 +628,12 @@ class Head:
                 log.info("re-sending launch of job %d attempt %d to %s", job.job_id, job.attempt, node)
                 await self._send_launch(job, node)
 
-    async def _on_started(self, node: str, body: dict) -> None:
-        self.allocs.started(node, body)
-        await self.reports.apply([("started", node, body)])
+    async def _on_started(self, node: str, report: Started) -> None:
+        self.allocs.started(node, report)
+        await self.reports.apply([(node, report)])
 
-    async def _on_finished(self, node: str, body: dict) -> None:
-        await self.reports.apply([("finished", node, body)])
+    async def _on_finished(self, node: str, report: Finished) -> None:
+        await self.reports.apply([(node, report)])
 
     # -- liveness --------------------------------------------------------------------------
 
@@ -729,26 +735,6 @@ def lease_margin(lease: float) -> float:
     return LEASE_MARGIN + LEASE_MARGIN_SHARE * lease
 
 
-def _is_seq(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63
-
-
 def _stop_kind(job: JobRecord) -> str:
     stop = StopReason.of(job.stop_reason)
     return "preempted" if stop is not None and stop.kind == "preempted" else "cancelled"
-
-
-
-
-
-def _pairs(v: Any) -> list[tuple[int, int]] | None:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        return None
-    out = []
-    for p in v:
-        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)):
-            return None
-        out.append((p[0], p[1]))
-    return out

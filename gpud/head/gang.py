@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ..bus.messages import GpuAssignment, Launch
 from ..hostlist import compress
 from ..model import NodeInfo
 from ..sched.snapshot import Part
@@ -121,32 +122,28 @@ def gang_env(job: "JobRecord", rank: int, addr: str, *, slurm: bool = False) -> 
     return env
 
 
-def part_launch(body: dict[str, Any], job: "JobRecord", rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s launch body from rank 0's: the holder, that node's GPUs and share."""
+def part_launch(launch: Launch, job: "JobRecord", rank: int) -> Launch:
+    """Rank ``rank``'s launch from rank 0's: the holder, that node's GPUs and share."""
     if rank == 0:
-        return body
+        return launch
     p = job.parts[rank - 1]
     limit = job.time_limit
-    grace = float(body.get("kill_grace") or 0.0)
-    return dict(
-        body, script=HOLDER_SCRIPT, stdout="/dev/null", stderr=None,
-        gpus=[{"index": int(i), "uuid": str(u), "kind": "gpu"}
-              for i, u in zip(p.get("gpu_indices", []), p.get("gpu_uuids", []))],
+    return replace(
+        launch, script=HOLDER_SCRIPT, stdout="/dev/null", stderr=None,
+        gpus=tuple(GpuAssignment(int(i), str(u)) for i, u in zip(p.get("gpu_indices", []), p.get("gpu_uuids", []))),
         cpus=int(p.get("cpus", 1)), mem_mb=int(p.get("mem_mb", 0)),
-        time_limit=None if limit is None else limit + grace + HOLDER_SLACK,
+        time_limit=None if limit is None else limit + launch.kill_grace + HOLDER_SLACK,
     )
 
 
-def launches(body: dict[str, Any], job: "JobRecord", addr: str, *,
-             slurm: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """(node, launch body) for every rank of ``job``; a one-node job gets its body unchanged."""
+def launches(launch: Launch, job: "JobRecord", addr: str, *, slurm: bool = False) -> list[tuple[str, Launch]]:
+    """(node, launch) for every rank of ``job``; a one-node job gets its launch unchanged."""
     if not job.parts:
-        return [(job.node or "", body)]
+        return [(job.node or "", launch)]
     out = []
     for rank, node in enumerate(job_nodes(job)):
-        b = part_launch(body, job, rank)
-        b["extra_env"] = {**b.get("extra_env", {}), **gang_env(job, rank, addr, slurm=slurm)}
-        out.append((node, b))
+        one = part_launch(launch, job, rank)
+        out.append((node, replace(one, extra_env={**one.extra_env, **gang_env(job, rank, addr, slurm=slurm)})))
     return out
 
 

@@ -36,6 +36,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..bus.base import node_cmd
+from ..bus.messages import MigRelayout
 from ..model import GpuInfo, NodeInfo
 from ..sched.plan import Relayout, Start
 from ..sched.gpustate import is_shared
@@ -166,9 +167,9 @@ class MigCommands:
             log.info("re-laying MIG GPU %s:%d: destroy slots %s, create %s (%s)", r.node, r.gpu,
                      list(r.destroy) or "none", ", ".join(str(s) for s in r.create) or "none", r.reason)
             # the head's interval goes with the command: one source of truth, reconfigurable
-            await self.head.bus.publish(node_cmd(r.node), "mig", {
-                "gpu": r.gpu, "destroy": list(r.destroy), "create": [s.to_dict() for s in r.create],
-                "reason": r.reason, "min_interval": self.head.cfg.sched.mig_min_interval})
+            await self.head.bus.publish(node_cmd(r.node), MigRelayout(
+                r.gpu, tuple(r.destroy), tuple((c.profile, c.start) for c in r.create), r.reason,
+                float(self.head.cfg.sched.mig_min_interval)))
 
     def registered(self, node: str, info: dict | None = None, now: float | None = None) -> None:
         """The worker reported its GPUs: whatever it had been asked is now visible.  A GPU whose

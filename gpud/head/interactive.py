@@ -35,6 +35,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..bus.messages import Started
 from ..model import JobState, StopReason
 from . import gang
 from ..ctlsocket import Caller, RequestError
@@ -79,12 +80,11 @@ class Allocations:
                 "env": self.environment(job) if nodes else {}, "keepalive_every": self.timeout / 4,
                 "stop_reason": job.stop_reason}
 
-    def started(self, node: str, body: Any) -> None:
+    def started(self, node: str, report: Started) -> None:
         """A worker's ``started`` report (before it is applied): the holder runs there."""
-        if isinstance(body, dict) and type(body.get("job")) is int and type(body.get("attempt")) is int:
-            job = self.head.store.active.get(body["job"])
-            if job is not None and job.spec.interactive:
-                self.up.setdefault((body["job"], body["attempt"]), set()).add(node)
+        job = self.head.store.active.get(report.job)
+        if job is not None and job.spec.interactive:
+            self.up.setdefault((report.job, report.attempt), set()).add(node)
 
     async def _holding(self, job: "JobRecord", nodes: list[str]) -> bool:
         key = (job.job_id, job.attempt)

@@ -352,12 +352,12 @@ async def time_limit_changed(head: "Head", job: JobRecord) -> None:
     """Tell every node of a running job its new time limit: the batch script's on rank 0,
     a holder's (the limit, the kill grace and gang.HOLDER_SLACK) on the others."""
     from ..bus.base import node_cmd
+    from ..bus.messages import TimeLimit
     from .gang import job_nodes
 
     log.info("job %s (user %s): time limit now %s", job.display_id, job.user, format_duration(job.time_limit))
     for rank, node in enumerate(job_nodes(job)):
-        await head.bus.publish(node_cmd(node), "time_limit", {"job": job.job_id, "attempt": job.attempt,
-                                                              "time_limit": node_time_limit(head, job, rank)})
+        await head.bus.publish(node_cmd(node), TimeLimit(job.job_id, job.attempt, node_time_limit(head, job, rank)))
 
 
 def node_time_limit(head: "Head", job: JobRecord, rank: int) -> float | None:

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Workers report ``started`` when a job's wrapper runs and ``finished`` (repeated until the
 head acks it) when it ended.  The head's bus loop hands over every run of such reports
-that waited together; ``WorkerReports.apply`` checks each one, turns those that still
+that waited together, decoded (``gpud.bus.messages``); ``WorkerReports.apply`` turns those that still
 match an active allocation into one transaction (the allocation's outcome, the job's new
 state, its event log lines), commits it, and only then acks them, one ack per node.  A burst
 of job ends thus costs one fsync and one scheduler kick instead of one each.  Stale and
@@ -15,9 +15,10 @@ the batch (``_gang_finished``): a part's end can end the job and kill its other 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..bus.base import node_cmd
+from ..bus.messages import Ack, Finished, Started
 from ..model import JobState
 from ..protocol import is_int
 from . import gang
@@ -37,49 +38,40 @@ class WorkerReports:
     def __init__(self, head: "Head") -> None:
         self.head = head
 
-    async def apply(self, reports: list[tuple[str, str, Any]]) -> None:
-        """``started`` and ``finished`` reports (kind, node, body), in order, as one group
+    async def apply(self, reports: Sequence[tuple[str, Started | Finished]]) -> None:
+        """``started`` and ``finished`` reports (node, report), in order, as one group
         commit: every state change is durable before its ack goes out, and a burst of ends
         costs one fsync and one scheduler kick instead of one each.  Reports of gang jobs go
         one by one (``_gang_finished``): they end or kill other parts."""
-        valid = []
-        for kind, node, body in reports:
-            if not isinstance(body, dict):
-                log.warning("dropped %s from %s: the body is not an object", kind, node)
-                continue
-            jid, attempt = body.get("job"), body.get("attempt")
-            if not _is_int(jid) or not _is_int(attempt):
-                log.warning("dropped %s from %s: job and attempt must be integers", kind, node)
-                continue
-            valid.append((kind, node, jid, attempt, body))
-        if not valid:
+        if not reports:
             return
-        acks: dict[str, list[list[int]]] = {}
-        gang_reports: list[tuple[str, dict]] = []
+        acks: dict[str, list[tuple[int, int]]] = {}
+        gang_reports: list[tuple[str, Finished]] = []
         ended: list[tuple[JobRecord, str, JobState, str]] = []   # (job as it was, node, new state, detail)
         reported: list[int] = []
         async with self.head.lock:
             end = self.head.clock()
             txn = Txn(self.head.store)
             done: set[tuple[int, int]] = set()
-            for kind, node, jid, attempt, body in valid:
+            for node, report in reports:
+                jid, attempt = report.job, report.attempt
                 job = self.head.store.active.get(jid)
-                if kind == "started":
+                if isinstance(report, Started):
                     # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
                     if job is not None and job.attempt == attempt and job.node == node:
-                        txn.event(job, end, "started", f"pid {body.get('pid')}")
+                        txn.event(job, end, "started", f"pid {report.pid}")
                     continue
                 if job is not None and job.parts:
-                    gang_reports.append((node, body))
+                    gang_reports.append((node, report))
                     continue
-                acks.setdefault(node, []).append([jid, attempt])
+                acks.setdefault(node, []).append((jid, attempt))
                 if job is None:
                     continue
                 reported.append(jid)
                 if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
                     continue
                 done.add((jid, attempt))
-                ended.append((job, node, *self._end_in(txn, job, body, end)))
+                ended.append((job, node, *self._end_in(txn, job, report, end)))
             await self.head.store.commit(txn)
             for job, node, new, detail in ended:
                 self.head.allocation_ended(job, end)
@@ -87,22 +79,22 @@ class WorkerReports:
             if ended:
                 self.head.kick()
         for node, pairs in acks.items():
-            await self.head.bus.publish(node_cmd(node), "ack", {"done": pairs})
+            await self.head.bus.publish(node_cmd(node), Ack(tuple(pairs)))
         for jid in dict.fromkeys(reported):
             now_job = self.head.store.active.get(jid)
             if now_job is None or not now_job.state.active:
                 self.head.steps.job_ended(jid)
-        for node, body in gang_reports:
-            await self._gang_finished(node, body)
+        for node, report in gang_reports:
+            await self._gang_finished(node, report)
 
-    def _end_in(self, txn: Txn, job: JobRecord, body: dict, end: float) -> tuple[JobState, str]:
+    def _end_in(self, txn: Txn, job: JobRecord, report: Finished, end: float) -> tuple[JobState, str]:
         """A single-node job's end, added to ``txn``: its new state and the event's detail."""
         jid, attempt = job.job_id, job.attempt
-        reason, exit_code, sig = _outcome(body)
+        reason, exit_code, sig = _outcome(report)
         new = final_state(job, reason, exit_code, sig)
-        detail = _with_message(f"{reason} exit={exit_code} signal={sig}", body)
+        detail = _with_message(f"{reason} exit={exit_code} signal={sig}", report)
         txn.end_allocation(jid, attempt, end=end, outcome=reason)
-        used = _usage(body)
+        used = _usage(report)
         if new is JobState.PENDING:
             txn.transition(job, new, now=end, event="requeued", detail=detail, **requeue_changes(job), **used)
         else:
@@ -110,9 +102,9 @@ class WorkerReports:
                            end_time=end, exit_code=exit_code, signal=sig, **used)
         return new, detail
 
-    async def _gang_finished(self, node: str, body: dict) -> None:
+    async def _gang_finished(self, node: str, report: Finished) -> None:
         """One ``finished`` report of a gang job (any rank), committed on its own."""
-        jid, attempt = body.get("job"), body.get("attempt")
+        jid, attempt = report.job, report.attempt
         end = self.head.clock()
         ended_gang: JobRecord | None = None
         async with self.head.lock:
@@ -122,28 +114,28 @@ class WorkerReports:
                 # A part after rank 0 ended: only news while the job runs (a stop the head
                 # sent ends every part; rank 0's report decides then).
                 if job.state is JobState.RUNNING:
-                    ended_gang = await self._part_failed(job, node, rank, body, end)
+                    ended_gang = await self._part_failed(job, node, rank, report, end)
             elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
                 txn = Txn(self.head.store)
-                new, detail = self._end_in(txn, job, body, end)
+                new, detail = self._end_in(txn, job, report, end)
                 await self.head.store.commit(txn)
                 self.head.allocation_ended(job, end)
                 log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
                 self.head.kick()
                 if job.parts:
                     ended_gang = job
-        await self.head.bus.publish(node_cmd(node), "ack", {"done": [[jid, attempt]]})
+        await self.head.bus.publish(node_cmd(node), Ack(((jid, attempt),)))
         if ended_gang is not None:
             await self.head.kill_parts(ended_gang, "job ended", besides=node)
         now_job = self.head.store.active.get(jid)
         if job is not None and (now_job is None or not now_job.state.active):
             self.head.steps.job_ended(jid)
 
-    async def _part_failed(self, job: JobRecord, node: str, rank: int, body: dict, end: float) -> JobRecord:
+    async def _part_failed(self, job: JobRecord, node: str, rank: int, report: Finished, end: float) -> JobRecord:
         """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
         holder reached its own limit first (rank 0's report was lost or late), under the lock."""
-        reason, exit_code, sig = _outcome(body)
-        detail = _with_message(f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}", body)
+        reason, exit_code, sig = _outcome(report)
+        detail = _with_message(f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}", report)
         new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
         txn = Txn(self.head.store)
         txn.end_allocation(job.job_id, job.attempt, end=end, outcome="part_failed")
@@ -156,30 +148,30 @@ class WorkerReports:
         return job
 
 
-def _outcome(body: dict) -> tuple[str, int | None, int | None]:
+def _outcome(report: Finished) -> tuple[str, int | None, int | None]:
     """A finished report's reason, exit code and signal, kept within what SQLite and a
     one-line detail hold: a report that cannot be committed would be repeated, and the job
     never end."""
-    reason = str(body.get("reason", "exited"))[:MAX_REASON]
-    exit_code = body.get("exit_code") if _is_int(body.get("exit_code"), MAX_STATUS) else None
-    sig = body.get("signal") if _is_int(body.get("signal"), MAX_STATUS) else None
+    reason = report.reason[:MAX_REASON]
+    exit_code = report.exit_code if _is_int(report.exit_code, MAX_STATUS) else None
+    sig = report.signal if _is_int(report.signal, MAX_STATUS) else None
     return reason, exit_code, sig
 
 
-def _usage(body: dict) -> dict:
+def _usage(report: Finished) -> dict:
     """The job's final MaxRSS (bytes) and TotalCPU (seconds) from its cgroup, where the
     worker measured them (a report without them leaves the sampled values)."""
     out: dict = {}
-    if _is_int(body.get("max_rss")) and body["max_rss"] >= 0:
-        out["max_rss"] = body["max_rss"]
-    if _is_int(body.get("cpu_usec")) and body["cpu_usec"] >= 0:
-        out["total_cpu"] = body["cpu_usec"] / 1e6
+    if _is_int(report.max_rss) and report.max_rss >= 0:
+        out["max_rss"] = report.max_rss
+    if _is_int(report.cpu_usec) and report.cpu_usec >= 0:
+        out["total_cpu"] = report.cpu_usec / 1e6
     return out
 
 
-def _with_message(detail: str, body: dict) -> str:
+def _with_message(detail: str, report: Finished) -> str:
     """``detail`` and the report's message, if it has one (its first 500 characters)."""
-    return f"{detail}: {str(body['message'])[:500]}" if body.get("message") else detail
+    return f"{detail}: {report.message[:500]}" if report.message else detail
 
 
 def _is_int(v: Any, most: int = 2 ** 63 - 1) -> bool:

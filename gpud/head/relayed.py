@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 from .. import protocol
 from ..bus.base import Message, relay_replies
-from ..relay import (CHUNK_CHARS, BadRelayMessage, Identity, Part, Parts, parse_identity, parse_part,
-                     split_line, valid_name)
+from ..bus.messages import CHUNK_CHARS, MessageError, RelayPart, Reply, Request, decode, valid_name
+from ..relay import Parts, split_line
 from ..ctlsocket import Caller, RateLimitedLog, user_name
 
 if TYPE_CHECKING:
@@ -60,10 +60,16 @@ def relay_name(sender: str) -> str | None:
     return None
 
 
+def identity(req: Request) -> tuple[int, int, int, str, float]:
+    """Who asked, as the relay's kernel reported it, and until when the relay waits: every
+    part of one request must say the same."""
+    return req.uid, req.gid, req.pid, req.user, req.deadline
+
+
 class _Incomplete:
-    def __init__(self, ident: Identity, parts: int) -> None:
-        self.ident = ident
-        self.parts = Parts(parts)
+    def __init__(self, first: Request) -> None:
+        self.first = first
+        self.parts = Parts(first.parts)
 
 
 class RelayedRequests:
@@ -85,29 +91,27 @@ class RelayedRequests:
             log.warning("dropped %s on %s from %s: only relays and workers may relay requests",
                         msg.kind, msg.topic, msg.sender)
             return
-        if msg.kind != "request":
+        if msg.kind != Request.KIND:
             log.warning("dropped %s from %s: unknown kind on %s", msg.kind, msg.sender, msg.topic)
             return
         try:
-            part = parse_part(msg.body)
-        except BadRelayMessage as e:
-            log.warning("dropped request from %s: %s", msg.sender, e)
-            return
-        try:
-            ident = parse_identity(msg.body)
-        except BadRelayMessage as e:
-            log.warning("dropped request %s from %s: %s", part.id, msg.sender, e)
-            await self._reply(name, part.id, protocol.error(f"malformed relayed request ({e}); "
+            part = decode(msg.kind, msg.body)
+        except MessageError as e:
+            rid = RelayPart.id_of(msg.body)
+            log.warning("dropped request %sfrom %s: %s", f"{rid} " if rid else "", msg.sender, e)
+            if rid is not None:   # its relay waits: say why instead of letting it time out
+                await self._reply(name, rid, protocol.error(f"malformed relayed request ({e}); "
                                                             "check that gpud versions agree"))
             return
+        assert isinstance(part, Request)
         now = self.head.clock()
         self._expire(now)
-        if ident.deadline + CLOCK_SLACK < now:
+        if part.deadline + CLOCK_SLACK < now:
             log.warning("dropped request %s from %s: its relay stopped waiting %.0fs ago "
                         "(if this repeats, check that the hosts' clocks agree)",
-                        part.id, msg.sender, now - ident.deadline)
+                        part.id, msg.sender, now - part.deadline)
             return
-        line = self._collect(msg.sender, part, ident)
+        line = self._collect(msg.sender, part)
         if line is None:
             return
         if len(self._tasks) >= MAX_IN_FLIGHT:
@@ -116,17 +120,17 @@ class RelayedRequests:
             await self._reply(name, part.id, protocol.error("gpud head is busy; try again shortly"))
             return
         per_user = self.head.cfg.head.max_requests_per_user
-        if self._per_uid.get(ident.uid, 0) >= per_user:
+        if self._per_uid.get(part.uid, 0) >= per_user:
             self.quiet.log(logging.WARNING, "user busy", "refused request %s from %s: uid %d has %d relayed "
-                           "requests in progress", part.id, msg.sender, ident.uid, per_user)
+                           "requests in progress", part.id, msg.sender, part.uid, per_user)
             await self._reply(name, part.id, protocol.error(
                 f"too many requests from this user in progress ({per_user}, [head] max_requests_per_user); "
                 "wait for some to finish and try again"))
             return
-        self._per_uid[ident.uid] = self._per_uid.get(ident.uid, 0) + 1
-        task = asyncio.create_task(self._answer(name, part.id, ident, line), name=f"relayed {part.id}")
+        self._per_uid[part.uid] = self._per_uid.get(part.uid, 0) + 1
+        task = asyncio.create_task(self._answer(name, part, line), name=f"relayed {part.id}")
         self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._done, ident.uid))
+        task.add_done_callback(functools.partial(self._done, part.uid))
 
     def _done(self, uid: int, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -140,7 +144,7 @@ class RelayedRequests:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _collect(self, sender: str, part: Part, ident: Identity) -> bytes | None:
+    def _collect(self, sender: str, part: Request) -> bytes | None:
         """Add a part; the whole line once it is complete (or a one-part request)."""
         key = (sender, part.id)
         inc = self._incomplete.get(key)
@@ -151,15 +155,15 @@ class RelayedRequests:
                 log.warning("dropped request %s from %s: too many large requests arriving at once",
                             part.id, sender)
                 return None
-            inc = self._incomplete[key] = _Incomplete(ident, part.parts)
-        if ident != inc.ident:
+            inc = self._incomplete[key] = _Incomplete(part)
+        if identity(part) != identity(inc.first):
             log.warning("dropped request %s from %s: its parts disagree on who asked", part.id, sender)
             self._forget(key)
             return None
         before = inc.parts.size
         try:
             line = inc.parts.add(part)
-        except BadRelayMessage as e:
+        except MessageError as e:
             log.warning("dropped request %s from %s: %s", part.id, sender, e)
             self._forget(key)
             return None
@@ -174,22 +178,23 @@ class RelayedRequests:
             self._buffered -= inc.parts.size
 
     def _expire(self, now: float) -> None:
-        for key in [k for k, inc in self._incomplete.items() if inc.ident.deadline + CLOCK_SLACK < now]:
+        for key in [k for k, inc in self._incomplete.items() if inc.first.deadline + CLOCK_SLACK < now]:
             log.warning("dropped request %s from %s: some of its parts never arrived", key[1], key[0])
             self._forget(key)
 
-    async def _answer(self, name: str, rid: str, ident: Identity, line: bytes) -> None:
+    async def _answer(self, name: str, req: Request, line: bytes) -> None:
         # The uid is what the relay's kernel vouched for; the name the relay sent is only its
         # host's view and is never trusted: admin checks, accounts and job records use the
         # head's own name for the uid.
-        caller = Caller(uid=ident.uid, gid=ident.gid, pid=ident.pid, user=user_name(ident.uid))
-        left = ident.deadline + CLOCK_SLACK - self.head.clock()
+        rid = req.id
+        caller = Caller(uid=req.uid, gid=req.gid, pid=req.pid, user=user_name(req.uid))
+        left = req.deadline + CLOCK_SLACK - self.head.clock()
         try:
             async with asyncio.timeout(max(left, 0.0)):
                 answer = await self.head.server.dispatch(caller, line)
         except TimeoutError:
             self.quiet.log(logging.WARNING, "late", "request %s from relay %s (uid %d) took longer than its "
-                           "relay waits; no answer sent", rid, name, ident.uid)
+                           "relay waits; no answer sent", rid, name, req.uid)
             return
         await self._reply(name, rid, answer)
         self.answered += 1
@@ -199,7 +204,6 @@ class RelayedRequests:
         topic = relay_replies(name)
         try:
             for i, data in enumerate(parts):
-                await self.head.bus.publish(topic, "reply", {"id": rid, "part": i, "parts": len(parts),
-                                                             "data": data})
+                await self.head.bus.publish(topic, Reply(rid, i, len(parts), data))
         except Exception as e:  # the bus queues while disconnected; anything else is logged
             log.warning("could not answer request %s from relay %s: %s", rid, name, e)

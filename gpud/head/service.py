@@ -15,6 +15,7 @@ from typing import Callable
 
 from .. import sdnotify
 from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Will
+from ..bus.messages import HeadStatus
 from ..config import Config, ConfigError
 from ..keys import KeyFileError, load_keys
 from .daemon import HEAD_SENDER, Head
@@ -33,7 +34,7 @@ def make_bus(cfg: Config, key: bytes, inbox=None):
     return MqttBus(
         cfg.broker.url, cfg.cluster, HEAD_SENDER, key,
         subscriptions=[HEAD_EVENTS, "node/+/status", HEAD_REQUESTS],
-        will=Will(HEAD_STATUS, "head_status", {"state": "offline"}),
+        will=Will.of(HEAD_STATUS, HeadStatus("offline")),
         persistent=True, epoch=process_epoch(_epoch_file(cfg)),
         username=username, password=password, tls_ca=cfg.broker.ca_file,
         tls=cfg.broker.tls, inbox=inbox,

@@ -48,8 +48,9 @@ Only the numbering is durable: each launch is a ``step`` event in the job's log,
 restarted head numbers on from the count there, because workers ignore a step command
 they have already seen (same job, attempt and step).
 
-Worker messages are checked field by field; anything malformed, from a node outside the
-step, of another attempt or for an unknown step is dropped with one log line.
+Worker messages come decoded (``gpud.bus.messages``: anything malformed was dropped with one
+log line); one from a node outside the step, of another attempt, for an unknown step or
+naming another node's tasks is dropped here, with one log line too.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..bus.base import node_cmd
+from ..bus.messages import (MAX_INPUT_CHUNK, MAX_TASKS_PER_NODE, StepAck, StepExit, StepInput, StepKill, StepOutput,
+                            StepResize, StepStart)
 from ..model import JobState, StopReason
 from ..protocol import is_int
 from . import gang
@@ -81,7 +84,6 @@ MAX_STEP_OUTPUT = 4 << 20     # bytes of output kept per step; older lines are d
 LINE_OVERHEAD = 64            # bytes a kept line costs beside its text (the cap counts it)
 MAX_STEPS = 1024              # steps remembered at once, all jobs together
 MAX_STEPS_PER_JOB = 128
-MAX_TASKS_PER_NODE = 256
 MAX_ARGV_BYTES = 128 << 10
 MAX_ENV_BYTES = 256 << 10     # with argv, one signed message (the envelope takes 1 MiB)
 MAX_POLL_BYTES = 256 << 10    # text per step_poll answer: a bulk reader takes turns with others
@@ -90,10 +92,6 @@ KEEP_DONE = 120.0             # seconds a done step stays readable
 READER_TIMEOUT = 90.0         # seconds a step may go unread before it is killed (its srun is gone)
 RESEND_GAP_AFTER = 2.0        # seconds before the same gap is asked for again
 INPUT_WINDOW = 32             # input chunks a writer may have outstanding
-MAX_INPUT_CHUNK = 64 << 10    # characters of one step_input
-STREAMS = (1, 2, 3)           # stdout, stderr, a terminal's bytes (latin-1)
-MAX_STATUS = 255              # a task's exit code as a shell sees it
-MAX_SIGNAL = 127
 STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit", "requeue": "was requeued",
               "preempted": "was preempted", "idle": "was stopped for idle GPUs", "released": "was released"}
 
@@ -213,13 +211,10 @@ class Steps:
                  step.ntasks, gang.nodelist_text(nodes), " on a terminal" if pty else "", " ".join(argv)[:200])
         for rank, node in enumerate(nodes):
             try:
-                await self.head.bus.publish(node_cmd(node), "step", {
-                    "job": job.job_id, "attempt": job.attempt, "step": step_id, "argv": argv, "env": env,
-                    "ntasks_per_node": per_node, "node_rank": rank, "nnodes": len(nodes),
-                    "nodelist": gang.nodelist_text(nodes), "master_addr": addr,
-                    "master_port": gang.master_port(job.job_id), "pty": pty, "stdin": step.stdin,
-                    "rows": rows, "cols": cols,
-                })
+                await self.head.bus.publish(node_cmd(node), StepStart(
+                    job.job_id, job.attempt, step_id, argv=tuple(argv), env=dict(env), ntasks_per_node=per_node,
+                    node_rank=rank, nnodes=len(nodes), nodelist=gang.nodelist_text(nodes), master_addr=addr,
+                    master_port=gang.master_port(job.job_id), pty=pty, stdin=step.stdin, rows=rows, cols=cols))
             except Exception as e:   # too large for one message, or the bus refused it
                 log.warning("job %d step %d: cannot send it to %s: %s", job.job_id, step_id, node, e)
                 step.exit_code, step.message = 1, f"could not send the step to node {node}: {e}"
@@ -320,8 +315,7 @@ class Steps:
 
     async def _send_ack(self, step: Step, node: str, upto: int, *, resend: bool) -> None:
         try:
-            await self.head.bus.publish(node_cmd(node), "step_ack", {
-                "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "next": upto, "resend": resend})
+            await self.head.bus.publish(node_cmd(node), StepAck(step.job_id, step.attempt, step.step_id, upto, resend))
         except Exception as e:   # the node sends its kept output again by itself
             log.warning("job %d step %d: cannot send step_ack to %s: %s", step.job_id, step.step_id, node, e)
 
@@ -349,9 +343,8 @@ class Steps:
                 await asyncio.wait_for(step.input_moved.wait(), left)
             except asyncio.TimeoutError:
                 pass
-        await self.head.bus.publish(node_cmd(step.nodes[0]), "step_input", {
-            "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "writer": writer, "seq": seq,
-            "data": data, "eof": eof})
+        await self.head.bus.publish(node_cmd(step.nodes[0]), StepInput(step.job_id, step.attempt, step.step_id,
+                                                                       writer, seq, data, eof))
         return {"written": True}
 
     async def resize(self, caller: Caller, args: dict) -> dict:
@@ -361,8 +354,8 @@ class Steps:
             raise RequestError("srun: rows and cols must be from 1 to 65535")
         step = await self._reader_step(caller, job_id, step_id, args, {})
         if step.pty and not step.done:
-            await self.head.bus.publish(node_cmd(step.nodes[0]), "step_resize", {
-                "job": step.job_id, "attempt": step.attempt, "step": step.step_id, "rows": rows, "cols": cols})
+            await self.head.bus.publish(node_cmd(step.nodes[0]), StepResize(step.job_id, step.attempt, step.step_id,
+                                                                            rows, cols))
         return {"resized": step.pty}
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
@@ -394,14 +387,8 @@ class Steps:
 
     # -- from workers -----------------------------------------------------------------------
 
-    async def handle(self, node: str, kind: str, body: Any) -> None:
-        if not isinstance(body, dict):
-            log.warning("dropped %s from %s: body is not an object", kind, node)
-            return
-        job_id, attempt, step_id = body.get("job"), body.get("attempt"), body.get("step")
-        if not all(_is_count(v) for v in (job_id, attempt, step_id)):
-            log.warning("dropped %s from %s: job, attempt and step must be non-negative integers", kind, node)
-            return
+    async def handle(self, node: str, msg: StepOutput | StepExit) -> None:
+        job_id, attempt, step_id, kind = msg.job, msg.attempt, msg.step, msg.KIND
         step = self.steps.get((job_id, step_id))
         if step is None:
             job = self.head.store.active.get(job_id)
@@ -410,9 +397,7 @@ class Steps:
             if (job is not None and job.state is JobState.RUNNING and job.attempt == attempt
                     and node in gang.job_nodes(job) and self._issued(job_id, step_id)):
                 # A step that ran before this head started: keep it for its reader.
-                tasks = body.get("tasks")
-                step = self._adopt(job, step_id, tasks if is_int(tasks) and 1 <= tasks <= MAX_TASKS_PER_NODE
-                                   else gang.ntasks_per_node(job), body.get("pty") is True)
+                step = self._adopt(job, step_id, msg.tasks or gang.ntasks_per_node(job), msg.pty)
             else:
                 log.debug("dropped %s from %s: step %d.%d is over or unknown", kind, node, job_id, step_id)
                 return
@@ -423,29 +408,23 @@ class Steps:
         if node not in step.nodes:
             log.warning("dropped %s from %s: the node has no part in step %d.%d", kind, node, job_id, step_id)
             return
-        tasks = body.get("tasks")
-        if is_int(tasks) and 1 <= tasks <= MAX_TASKS_PER_NODE:
-            step.ntasks_per_node = tasks
-        if body.get("pty") is True:
+        if msg.tasks is not None:
+            step.ntasks_per_node = msg.tasks
+        if msg.pty:
             step.pty = step.stdin = True
-        if kind == "step_output":
-            await self._output(step, node, body)
+        if isinstance(msg, StepOutput):
+            await self._output(step, node, msg)
         else:
-            await self._exit(step, node, body)
+            await self._exit(step, node, msg)
 
-    async def _output(self, step: Step, node: str, body: dict) -> None:
-        first, lines = body.get("first", None), body.get("lines")
-        if not isinstance(lines, list) or not (first is None or _is_count(first)):
-            log.warning("dropped step_output from %s: malformed", node)
-            return
-        got = body.get("input")
-        if isinstance(got, dict):
-            for writer, n in got.items():
-                if isinstance(writer, str) and _is_count(n) and n > step.input_next.get(writer, 0):
-                    step.input_next[writer] = n
-                    step.input_moved.set()
-                    step.input_moved = asyncio.Event()
+    async def _output(self, step: Step, node: str, msg: StepOutput) -> None:
+        for writer, n in msg.input.items():
+            if n > step.input_next.get(writer, 0):
+                step.input_next[writer] = n
+                step.input_moved.set()
+                step.input_moved = asyncio.Event()
         expected = step.expected.get(node)
+        first = msg.first
         if first is None:          # a worker of before the numbering: take the batch as it is
             first = expected if expected is not None else 0
         if expected is None:       # adopted, reader not seen yet: its cursor decides
@@ -460,41 +439,36 @@ class Steps:
             return
         lo = step.nodes.index(node) * step.ntasks_per_node
         bad = 0
-        for i, item in enumerate(lines):
+        for i, (rank, stream, text) in enumerate(msg.lines):
             index = first + i
             if index < expected:
                 continue           # a repeat
-            if (isinstance(item, list) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int
-                    and item[1] in STREAMS and isinstance(item[2], str) and lo <= item[0] < lo + step.ntasks_per_node):
-                step.add(item[0], item[1], item[2], node, index)
+            if lo <= rank < lo + step.ntasks_per_node:
+                step.add(rank, stream, text, node, index)
             else:
                 bad += 1   # counted as taken: the numbering goes on
             expected = index + 1
         step.expected[node] = expected
         if bad:
-            log.warning("dropped %d of %d line(s) of step_output from %s: malformed, or not its tasks'",
-                        bad, len(lines), node)
+            log.warning("dropped %d of %d line(s) of step_output from %s: not its tasks'", bad, len(msg.lines), node)
         step.poke()
 
-    async def _exit(self, step: Step, node: str, body: dict) -> None:
-        rank, code, sig = body.get("rank"), body.get("exit_code"), body.get("signal")
+    async def _exit(self, step: Step, node: str, msg: StepExit) -> None:
+        rank, code, sig = msg.rank, msg.exit_code, msg.signal
         lo = step.nodes.index(node) * step.ntasks_per_node
         ranks = list(range(lo, lo + step.ntasks_per_node)) if rank is None else [rank]
-        if not all(type(r) is int and lo <= r < lo + step.ntasks_per_node for r in ranks) \
-                or not (code is None or (type(code) is int and 0 <= code <= MAX_STATUS)) \
-                or not (sig is None or (type(sig) is int and 0 <= sig <= MAX_SIGNAL)):
-            log.warning("dropped step_exit from %s: malformed (rank, exit_code or signal)", node)
+        if not all(lo <= r < lo + step.ntasks_per_node for r in ranks):
+            log.warning("dropped step_exit from %s: rank %s is not one of its tasks", node, rank)
             return
-        after = body.get("next")
-        if _is_count(after) and after > step.needed.get(node, 0):
-            step.needed[node] = after
+        if msg.next is not None and msg.next > step.needed.get(node, 0):
+            step.needed[node] = msg.next
         for r in ranks:
             if r in step.exits:
                 continue
             step.exits[r] = (code, sig)
             if (code != 0 or sig) and step.exit_code is None:
                 stopping = self._stopping(step)
-                why = body.get("message") if isinstance(body.get("message"), str) else None
+                why = msg.message
                 if stopping:   # the job's own stop killed it: not the step's failure
                     step.exit_code, step.message = 1, f"job {step.job_id} {stopping}; its tasks were killed"
                 else:
@@ -514,8 +488,7 @@ class Steps:
     async def _kill(self, step: Step) -> None:
         for node in step.nodes:
             try:
-                await self.head.bus.publish(node_cmd(node), "step_kill", {
-                    "job": step.job_id, "attempt": step.attempt, "step": step.step_id})
+                await self.head.bus.publish(node_cmd(node), StepKill(step.job_id, step.attempt, step.step_id))
             except Exception as e:   # the job's end kills the tasks in any case
                 log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
 

@@ -5,8 +5,9 @@ Theory of operation
 -------------------
 Every worker publishes a compact ``samples`` message every ``sample_interval`` seconds
 (gpud/worker/telemetry.py): one row per GPU (utilization, memory, power, temperature and the
-energy used since its previous sample) and which allocation holds which GPU.  ``ingest``
-validates it (a bad one is dropped with one log line) and folds it into three things:
+energy used since its previous sample) and which allocation holds which GPU.  The head's bus
+loop decodes it (``gpud.bus.messages.Samples``: a bad one is dropped with one log line and
+counted in ``dropped``), and ``ingest`` folds it into three things:
 
 * the **latest reading** of every node, in memory, for ``/metrics`` and ``gpuctl top``;
 * **per-job aggregates** (``JobUsage``).  A sample stands for ``iv`` seconds (the worker's
@@ -41,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..bus.messages import Samples
 from ..model import JobState, StopReason
 from ..units import format_duration
 from . import gang
@@ -55,15 +57,6 @@ log = logging.getLogger("gpud.telemetry")
 IDLE_UTIL = 5.0              # percent: a GPU under this is idle in reports and aggregates
 FLUSH_EVERY = 10.0           # seconds between writes of aggregates and series
 IDLE_REASON = "GpuIdle"      # the flag squeue shows as the job's reason
-MAX_GPUS = 4096              # per sample; far beyond any real node
-MAX_JOBS = 4096
-MAX_EXTRAS = 16384           # slices and processes per sample
-MAX_INTERVAL = 3600.0        # a sample never stands for more than this many seconds
-
-
-class BadSamples(ValueError):
-    """A ``samples`` body of the wrong shape; the message says what, in one line."""
-
 
 @dataclass(frozen=True)
 class GpuReading:
@@ -162,83 +155,20 @@ def _max(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-# -- parsing --------------------------------------------------------------------------------------
+# -- reading ------------------------------------------------------------------------------------
 
-def parse_samples(node: str, body: Any, now: float) -> NodeSample:
-    """Validate a ``samples`` body (see gpud.bus.base); BadSamples with one line otherwise."""
-    if not isinstance(body, dict):
-        raise BadSamples("body is not an object")
-    iv = body.get("iv")
-    if not _num(iv) or not 0 < iv <= MAX_INTERVAL:
-        raise BadSamples(f"iv must be seconds in (0, {MAX_INTERVAL:g}], not {iv!r}"[:200])
-    rows = body.get("gpus")
-    if not isinstance(rows, list) or len(rows) > MAX_GPUS:
-        raise BadSamples("gpus must be a list of [index, util, mem_mb, power_w, temp_c, energy_j]")
-    gpus: dict[int, GpuReading] = {}
-    for row in rows:
-        if not isinstance(row, list) or len(row) != 6 or not _index(row[0]):
-            raise BadSamples("gpus must be a list of [index, util, mem_mb, power_w, temp_c, energy_j]")
-        util = _opt(row[1], 0, 100, "util")
-        mem = _opt(row[2], 0, 1 << 31, "mem_mb")
-        gpus[row[0]] = GpuReading(
-            index=row[0], util=util, mem_used_mb=None if mem is None else int(mem),
-            power_w=_opt(row[3], 0, 100_000, "power_w"), temp_c=_opt(row[4], -100, 300, "temp_c"),
-            energy_j=_opt(row[5], 0, 1e12, "energy_j"),
-        )
-    jobs = None
-    if "jobs" in body:
-        raw = body["jobs"]
-        if not isinstance(raw, list) or len(raw) > MAX_JOBS:
-            raise BadSamples("jobs must be a list of [job, attempt, [gpu indices]]")
-        jobs = {}
-        for item in raw:
-            if (not isinstance(item, list) or len(item) != 3 or not _index(item[0], 1 << 62)
-                    or not _index(item[1], 1 << 62) or not isinstance(item[2], list)
-                    or not all(_index(i) for i in item[2])):
-                raise BadSamples("jobs must be a list of [job, attempt, [gpu indices]]")
-            jobs[(item[0], item[1])] = tuple(item[2])
-    slices = _extras(body.get("slices", []), "slices", lambda r: _index(r[0]) and isinstance(r[1], str)
-                     and len(r[1]) <= 128 and _index(r[2], 1 << 31))
-    procs = _extras(body.get("procs", []), "procs", lambda r: _index(r[0]) and _index(r[1], 1 << 31)
-                    and _index(r[2], 1 << 31))
-    return NodeSample(node=node, time=now, interval=float(iv), gpus=gpus, jobs=jobs,
-                      slices=tuple(tuple(r) for r in slices), procs=tuple(tuple(r) for r in procs),
-                      usage=_usage_rows(body.get("usage", [])))
+def node_sample(node: str, msg: Samples, now: float) -> NodeSample:
+    """A decoded ``samples`` message as the head keeps it, stamped with its own clock."""
+    gpus = {r[0]: GpuReading(index=r[0], util=_float(r[1]), mem_used_mb=None if r[2] is None else int(r[2]),
+                             power_w=_float(r[3]), temp_c=_float(r[4]), energy_j=_float(r[5]))
+            for r in msg.gpus}
+    jobs = None if msg.jobs is None else {(j, a): g for j, a, g in msg.jobs}
+    return NodeSample(node=node, time=now, interval=float(msg.iv), gpus=gpus, jobs=jobs,
+                      slices=msg.slices, procs=msg.procs, usage=msg.usage)
 
 
-def _usage_rows(raw: Any) -> tuple:
-    """The cgroup accounting rows of a sample: [job, attempt, step, max_rss, cpu_usec]."""
-    def opt(v: Any) -> bool:
-        return v is None or _index(v, 1 << 62)
-
-    if not isinstance(raw, list) or len(raw) > MAX_EXTRAS or not all(
-            isinstance(r, list) and len(r) == 5 and _index(r[0], 1 << 62) and _index(r[1], 1 << 62)
-            and isinstance(r[2], str) and len(r[2]) <= 32 and opt(r[3]) and opt(r[4]) for r in raw):
-        raise BadSamples("usage must be a list of [job, attempt, step, max_rss, cpu_usec]")
-    return tuple(tuple(r) for r in raw)
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _index(v: Any, hi: int = MAX_GPUS) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi
-
-
-def _opt(v: Any, lo: float, hi: float, what: str) -> float | None:
-    if v is None:
-        return None
-    if not _num(v) or not lo <= v <= hi:
-        raise BadSamples(f"{what} out of range: {v!r}"[:200])
-    return float(v)
-
-
-def _extras(raw: Any, what: str, ok) -> list[list]:
-    if not isinstance(raw, list) or len(raw) > MAX_EXTRAS or not all(
-            isinstance(r, list) and len(r) == 3 and ok(r) for r in raw):
-        raise BadSamples(f"{what} must be a list of 3-item rows")
-    return raw
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 # -- the head side --------------------------------------------------------------------------------
@@ -278,14 +208,9 @@ class Telemetry:
 
     # -- samples in -------------------------------------------------------------------------
 
-    async def ingest(self, node: str, body: Any) -> None:
+    async def ingest(self, node: str, msg: Samples) -> None:
         now = self.head.clock()
-        try:
-            sample = parse_samples(node, body, now)
-        except BadSamples as e:
-            self.dropped += 1
-            log.warning("dropped samples from %s: %s", node, e)
-            return
+        sample = node_sample(node, msg, now)
         self.latest[node] = sample
         self._take_usage(sample)
         for r in sample.gpus.values():

@@ -43,8 +43,9 @@ allocation here kills them.  A step this node refuses is answered with a ``step_
 (srun waits for one), and tasks a previous worker left are killed at start.
 
 Every message is at-least-once, so every handler tolerates repeats, and nothing in a
-message body is trusted: a body of the wrong shape is logged in one line and dropped.
-Only the sender ``head`` may command a worker; the bus has already verified signatures.
+message body is trusted: each is read with ``gpud.bus.messages.decode``, and one of the
+wrong shape is logged in one line and dropped.  Only the sender ``head`` may command a
+worker; the bus has already verified signatures.
 
 Stopping: the first ``stop()`` flushes the outbox briefly, publishes ``node_status``
 offline (the same message the last will would send) and leaves; jobs keep running and the
@@ -67,17 +68,19 @@ from typing import Any, Callable, Iterable
 import psutil
 
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, Will, node_cmd, node_status
+from ..bus.messages import (Ack, Body, HeadStatus, Heartbeat, Hello, Kill, Launch, Lease, MessageError, MigRelayout,
+                            NodeStatus, Register, Signal, Started, StepAck, StepExit, StepInput, StepKill, StepRef,
+                            StepResize, StepStart, TimeLimit, decode)
 from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
 from ..model import NodeInfo
 from . import gpumodes, lease as leases
-from .launch import parse_signal
+from .launch import Outcome, parse_signal
 
 log = logging.getLogger("gpud.worker")
 
 HEAD_SENDER = "head"
 SHUTDOWN_FLUSH_TIMEOUT = 2.0   # seconds to spend sending the last messages at a graceful stop
-MAX_ALLOCS_PER_MESSAGE = 100_000
 MAX_RESENDS_PER_HEARTBEAT = 256  # unacked results repeated per heartbeat; the rest next time
 _CANCEL_ROUNDS = 100           # see _cancel_all
 LEASE_EXPIRED = "lease_expired"    # the end reason of a job killed because the lease lapsed
@@ -94,11 +97,7 @@ def worker_subscriptions(name: str) -> list[str]:
 
 
 def worker_will(name: str) -> Will:
-    return Will(node_status(name), "node_status", {"state": "offline"})
-
-
-class BadMessage(ValueError):
-    """A message body of the wrong shape; the text says what is wrong, in one line."""
+    return Will.of(node_status(name), NodeStatus("offline"))
 
 
 def default_executor_factory(state_dir: str, node: str, **kw: Any) -> Any:
@@ -167,7 +166,7 @@ class Worker:
         self._executor_factory = executor_factory
         self._cmd_topic = node_cmd(self.name)
         self._users: dict[tuple[int, int], str] = {}   # for log lines only
-        self._outbox: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Body] = asyncio.Queue()
         self._connected = asyncio.Event()   # set by the bus's on_connect hook
         self._in_flight: asyncio.Task | None = None   # the message being handled
         self._launching: set[asyncio.Task] = set()     # launches in flight, waited for on stop
@@ -176,7 +175,7 @@ class Worker:
         # After a (re)connect, launches wait here until the answer to a heartbeat numbered
         # at least ``_hold_from`` says which allocations are still ours; None: not holding.
         self._hold_from: int | None = None
-        self._parked: dict[tuple[int, int], dict] = {}
+        self._parked: dict[tuple[int, int], Launch] = {}
         self._lease_changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -230,7 +229,7 @@ class Worker:
         from .steps import StepTasks
 
         self.steps = StepTasks(self.name, getattr(self.executor, "task_setup", lambda job, attempt: None),
-                               lambda kind, body: self._publish(HEAD_EVENTS, kind, body),
+                               lambda msg: self._publish(HEAD_EVENTS, msg),
                                state_dir=os.path.join(self.state_dir, "steps"))
         await self.steps.recover()   # a previous worker's srun tasks: killed, reported (queued until connected)
         await self._apply_gpu_modes()
@@ -320,7 +319,7 @@ class Worker:
     async def _flush_and_say_goodbye(self) -> None:
         async def goodbye() -> None:
             await self._outbox.join()
-            await self._publish(node_status(self.name), "node_status", {"state": "offline"}, retain=True)
+            await self._publish(node_status(self.name), NodeStatus("offline"), retain=True)
 
         await self._wait_or_force(asyncio.create_task(goodbye(), name="goodbye"), cancel=True)
 
@@ -372,53 +371,50 @@ class Worker:
 
     async def _outbox_loop(self) -> None:
         while True:
-            kind, body = await self._outbox.get()
+            msg = await self._outbox.get()
             try:
-                await self._publish(HEAD_EVENTS, kind, body)
+                await self._publish(HEAD_EVENTS, msg)
             finally:
                 self._outbox.task_done()
 
     # -- what the worker says -----------------------------------------------------------------
 
     async def announce(self) -> None:
-        await self._publish(node_status(self.name), "node_status", {"state": "online"}, retain=True)
+        await self._publish(node_status(self.name), NodeStatus("online"), retain=True)
         await self.register()
         await self.heartbeat()
 
     async def register(self) -> None:
-        await self._publish(HEAD_EVENTS, "register", {"node": self.node.to_dict()})
+        await self._publish(HEAD_EVENTS, Register(self.node))
 
     async def heartbeat(self) -> None:
-        outcomes = list(self.executor.outcomes())
-        await self._publish(HEAD_EVENTS, "heartbeat", {
-            "seq": self.lease.next_seq(self.mono()),
-            "running": [[j, a] for j, a in self.executor.running()],
-            "done": [[o.job_id, o.attempt] for o in outcomes],
-        })
+        outcomes: list[Outcome] = list(self.executor.outcomes())
+        await self._publish(HEAD_EVENTS, Heartbeat(
+            seq=self.lease.next_seq(self.mono()), running=tuple((j, a) for j, a in self.executor.running()),
+            done=tuple((o.job_id, o.attempt) for o in outcomes)))
         if self._head_online is False:
             return  # queued repeats would only pile up in the broker; "online" brings a resend
         for o in outcomes[:MAX_RESENDS_PER_HEARTBEAT]:  # until the head acks them
-            await self._publish(HEAD_EVENTS, "finished", o.to_body())
+            await self._publish(HEAD_EVENTS, o.finished())
 
-    async def _publish(self, topic: str, kind: str, body: dict, *, retain: bool = False) -> None:
+    async def _publish(self, topic: str, msg: Body, *, retain: bool = False) -> None:
         try:
-            await self.bus.publish(topic, kind, body, retain=retain)
+            await self.bus.publish(topic, msg, retain=retain)
         except Exception as e:  # the bus queues while disconnected; anything else is logged
-            log.warning("worker %s could not publish %s: %s", self.name, kind, e)
+            log.warning("worker %s could not publish %s: %s", self.name, msg.KIND, e)
 
     # Executor callbacks: they must not block, so they only queue.
 
     def _on_started(self, job_id: int, attempt: int, pid: int, start_time: float) -> None:
         log.info("job %s.%s (user %s) started on %s: pid %s", job_id, attempt,
                  self._user(job_id, attempt), self.name, pid)
-        self._outbox.put_nowait(("started", {"job": job_id, "attempt": attempt, "pid": pid,
-                                             "time": start_time}))
+        self._outbox.put_nowait(Started(job_id, attempt, pid, start_time))
 
     def _on_finished(self, outcome: Any) -> None:
         log.info("job %s.%s (user %s) finished on %s: %s exit=%s signal=%s", outcome.job_id,
                  outcome.attempt, self._user(outcome.job_id, outcome.attempt), self.name,
                  outcome.reason, outcome.exit_code, outcome.signal)
-        self._outbox.put_nowait(("finished", outcome.to_body()))
+        self._outbox.put_nowait(outcome.finished())
         if self.steps is not None:   # srun tasks end with the allocation
             self.steps.signal_job(outcome.job_id, outcome.attempt, signal.SIGKILL)
         task = asyncio.get_running_loop().create_task(self._after_job_end(), name="job-end")
@@ -476,56 +472,49 @@ class Worker:
             if msg.sender != HEAD_SENDER:
                 log.warning("worker %s dropped %s from %s: only the head may command workers",
                             self.name, msg.kind, msg.sender)
-            elif msg.topic == self._cmd_topic:
-                await self._on_command(msg)
-            elif msg.topic == HEAD_STATUS and msg.kind == "head_status":
-                await self._on_head_status(msg)
+                return
+            try:
+                cmd = decode(msg.kind, msg.body)
+            except MessageError as e:
+                log.warning("worker %s dropped %s from %s: %s", self.name, msg.kind, msg.sender, e)
+                if msg.topic == self._cmd_topic and msg.kind == StepStart.KIND:
+                    await self._refuse_step(msg.body, str(e))
+                elif msg.topic == self._cmd_topic and msg.kind == MigRelayout.KIND:
+                    await self.register()   # the head waits for the GPUs as they are
+                return
+            handler = self._commands.get(type(cmd))
+            if msg.topic == self._cmd_topic and handler is not None:
+                await handler(self, cmd)
+            elif msg.topic == HEAD_STATUS and isinstance(cmd, HeadStatus):
+                await self._on_head_status(cmd)
             else:
                 log.warning("worker %s dropped %s on %s: unexpected", self.name, msg.kind, msg.topic)
-        except BadMessage as e:
-            log.warning("worker %s dropped %s from %s: %s", self.name, msg.kind, msg.sender, e)
         except Exception as e:
             log.error("worker %s failed to handle %s from %s: %s: %s", self.name, msg.kind,
                       msg.sender, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
 
-    async def _on_command(self, msg: Message) -> None:
-        body = msg.body
-        if not isinstance(body, dict):
-            raise BadMessage("body is not an object")
-        handler = self._commands.get(msg.kind)
-        if handler is None:
-            raise BadMessage("unknown command")
-        await handler(self, body)
-
-    async def _on_head_status(self, msg: Message) -> None:
-        state = msg.body.get("state") if isinstance(msg.body, dict) else None
-        if state not in ("online", "offline"):
-            raise BadMessage(f"unknown head state {state!r}"[:200])
-        if msg.body.get("refresh") and state == "online" and self._head_online:
+    async def _on_head_status(self, status: HeadStatus) -> None:
+        if status.refresh and status.state == "online" and self._head_online:
             return   # the head's periodic reminder (gpud.head.daemon): nothing changed
-        log.info("worker %s: head is %s", self.name, state)
-        self._head_online = state == "online"
+        log.info("worker %s: head is %s", self.name, status.state)
+        self._head_online = status.state == "online"
         if self._head_online:
             await self.register()
             await self.heartbeat()
 
-    async def _cmd_lease(self, body: dict) -> None:
-        seq, period = body.get("seq"), body.get("period")
-        if isinstance(seq, bool) or not isinstance(seq, int) or isinstance(period, bool) or \
-                not isinstance(period, (int, float)) or not 0 < period < 1e7:
-            raise BadMessage("lease needs an integer seq and a positive period")
-        if self.lease.renewed(seq, float(period)):
+    async def _cmd_lease(self, lease: Lease) -> None:
+        if self.lease.renewed(lease.seq, lease.period):
             self._save_lease()
             self._lease_changed.set()
         held = getattr(self.executor, "held_time_limit", None)
-        for job, attempt, limit in leases.limits(body.get("limits")) if held is not None else ():
+        for job, attempt, limit in lease.limits if held is not None else ():
             now = held(job, attempt)
             if now is not None and now != (limit,):   # a time_limit command that was lost
                 log.info("job %s.%s: time limit %s from the head's lease answer", job, attempt, limit)
                 await self.executor.set_time_limit(job, attempt, limit)
-        if self._hold_from is not None and seq >= self._hold_from:
+        if self._hold_from is not None and lease.seq >= self._hold_from:
             self._hold_from = None
-            ours = set(leases.allocs(body.get("allocs")))
+            ours = set(lease.allocs)
             parked, self._parked = self._parked, {}
             for key, launch in parked.items():
                 if key in ours:
@@ -534,28 +523,18 @@ class Worker:
                     log.warning("job %s.%s: a launch queued while %s was away is no longer ours; "
                                 "not started", *key, self.name)
 
-    async def _cmd_launch(self, body: dict) -> None:
-        from .executor import Launch
-
-        try:
-            launch = Launch.from_body(body)
-        except (ValueError, TypeError, KeyError) as e:
-            raise BadMessage(f"malformed launch: {e}") from None
-        granted = body.get("lease")
-        seq = granted.get("seq") if isinstance(granted, dict) else None
-        if isinstance(seq, bool) or not isinstance(seq, (int, type(None))):
-            raise BadMessage("malformed launch: lease.seq must be an integer")
+    async def _cmd_launch(self, launch: Launch) -> None:
         key = (launch.job_id, launch.attempt)
         if self._hold_from is not None:   # just reconnected: ask the head first
             if len(self._parked) < MAX_PARKED:
-                self._parked[key] = body
+                self._parked[key] = launch
             return
-        if not self.lease.launch_ok(seq, self.mono()):
+        if not self.lease.launch_ok(launch.lease_seq, self.mono()):
             log.warning("job %s.%s: launch under a lapsed lease; not started (the head re-sends "
                         "launches that are still valid)", *key)
             return
-        user = getattr(launch, "user", None) or "?"
-        self._users[(launch.job_id, launch.attempt)] = str(user)
+        user = launch.user
+        self._users[(launch.job_id, launch.attempt)] = user
         log.info("job %s.%s (user %s) launching on %s", launch.job_id, launch.attempt, user, self.name)
         try:
             prepared = self.gpus.prepare_launch_now(launch)
@@ -584,140 +563,80 @@ class Worker:
             log.error("worker %s failed to handle launch from %s: %s: %s", self.name, HEAD_SENDER,
                       type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
 
-    async def _cmd_signal(self, body: dict) -> None:
-        job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
-        sig = body.get("signal", "TERM")
-        if isinstance(sig, bool) or not (isinstance(sig, int) or (isinstance(sig, str) and 0 < len(sig) <= 32)):
-            raise BadMessage(f"invalid signal {sig!r}")
-        grace = body.get("grace")
-        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
-                                  or not 0 <= grace < float("inf")):
-            raise BadMessage(f"invalid grace {grace!r}")
-        reason = _reason(body, "cancelled")
-        found = await self.executor.signal(job, attempt, sig=sig, grace=grace, reason=reason)
+    async def _cmd_signal(self, cmd: Signal) -> None:
+        job, attempt, sig, reason = cmd.job, cmd.attempt, cmd.signal, cmd.reason
+        found = await self.executor.signal(job, attempt, sig=sig, grace=cmd.grace, reason=reason)
         signum = parse_signal(sig)
         if found and signum is not None and self.steps is not None:   # srun tasks hear it too
             self.steps.signal_job(job, attempt, signum)
         log.info("job %s.%s (user %s) on %s: signal %s (%s)%s", job, attempt, self._user(job, attempt),
                  self.name, sig, reason, "" if found else ": not running here")
 
-    async def _cmd_time_limit(self, body: dict) -> None:
-        job, attempt = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt")
-        limit = body.get("time_limit")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
-                                  or not 0 < limit < float("inf")):
-            raise BadMessage(f"invalid time_limit {limit!r}"[:200])
-        await self.executor.set_time_limit(job, attempt, None if limit is None else float(limit))
+    async def _cmd_time_limit(self, cmd: TimeLimit) -> None:
+        await self.executor.set_time_limit(cmd.job, cmd.attempt, cmd.time_limit)
 
-    async def _cmd_kill(self, body: dict) -> None:
-        allocs = _pairs(body.get("allocs"), "allocs")
-        reason = _reason(body, "killed")
-        for job, attempt in allocs:
+    async def _cmd_kill(self, cmd: Kill) -> None:
+        reason = cmd.reason
+        for job, attempt in cmd.allocs:
             found = await self.executor.kill(job, attempt, reason=reason)
             if self.steps is not None:
                 self.steps.signal_job(job, attempt, signal.SIGKILL)
             log.info("job %s.%s (user %s) on %s: kill (%s)%s", job, attempt, self._user(job, attempt),
                      self.name, reason, "" if found else ": not running here")
 
-    async def _cmd_ack(self, body: dict) -> None:
-        for job, attempt in _pairs(body.get("done"), "done"):
+    async def _cmd_ack(self, cmd: Ack) -> None:
+        for job, attempt in cmd.done:
             self.executor.ack(job, attempt)
             self._users.pop((job, attempt), None)
 
-    async def _cmd_hello(self, body: dict) -> None:
+    async def _cmd_hello(self, cmd: Hello) -> None:
         await self.register()
         await self.heartbeat()
 
-    async def _cmd_mig(self, body: dict) -> None:
+    async def _cmd_mig(self, cmd: MigRelayout) -> None:
         in_use = gpumodes.devices_in_use(self._launches())
-        result = await asyncio.to_thread(self.gpus.apply_command, body, in_use)
-        reason = body.get("reason") if isinstance(body.get("reason"), str) else "re-layout"
+        result = await asyncio.to_thread(self.gpus.apply_command, cmd, in_use)
+        reason = cmd.reason or "re-layout"
         (log.warning if result.refused else log.info)(
             "worker %s: mig (%s): %s", self.name, reason[:80], result.message)
         self.node = replace(self.node, gpus=self.gpus.infos())
         await self.register()   # applied or not, the head learns what is there
 
-    async def _cmd_step(self, body: dict) -> None:
-        from .steps import parse_step
-
+    async def _refuse_step(self, body: Any, why: str) -> None:
+        """A step this node cannot start: srun waits for its tasks' exits, so say no."""
         try:
-            step = parse_step(body)
-        except ValueError as e:
-            ids = [body.get(k) for k in ("job", "attempt", "step")]
-            if all(type(v) is int and v >= 0 for v in ids):   # srun waits for it: say no
-                await self._publish(HEAD_EVENTS, "step_exit", {
-                    "job": ids[0], "attempt": ids[1], "step": ids[2], "rank": None, "exit_code": None,
-                    "signal": None, "message": f"node {self.name} refused the step: {e}"[:300]})
-            raise BadMessage(f"malformed step: {e}") from None
+            job, attempt, step = StepRef.read_ref(body)
+        except MessageError:
+            return   # nothing to address the answer to
+        why = f"node {self.name} refused the step: {why}"[:300]
+        await self._publish(HEAD_EVENTS, StepExit(job, attempt, step, message=why))
+
+    async def _cmd_step(self, cmd: StepStart) -> None:
         if self.steps is not None:
-            await self.steps.start(step)
+            await self.steps.start(cmd)
 
-    async def _cmd_step_kill(self, body: dict) -> None:
-        job, attempt, step = _id(body.get("job"), "job"), _id(body.get("attempt"), "attempt"), _id(body.get("step"), "step")
-        if self.steps is not None and self.steps.kill_step(job, attempt, step):
-            log.info("job %s.%s step %s on %s: tasks killed", job, attempt, step, self.name)
+    async def _cmd_step_kill(self, cmd: StepKill) -> None:
+        if self.steps is not None and self.steps.kill_step(cmd.job, cmd.attempt, cmd.step):
+            log.info("job %s.%s step %s on %s: tasks killed", cmd.job, cmd.attempt, cmd.step, self.name)
 
-    async def _cmd_step_stream(self, kind: str, body: dict) -> None:
-        """``step_ack``, ``step_input`` and ``step_resize``: a step's stream (gpud.worker.steps)."""
-        from .stepterm import parse_stream
+    async def _cmd_step_ack(self, cmd: StepAck) -> None:
+        if self.steps is not None:
+            await self.steps.ack(cmd.job, cmd.attempt, cmd.step, cmd.next, cmd.resend)
 
-        try:
-            b = parse_stream(kind, body)
-        except ValueError as e:
-            raise BadMessage(f"malformed {kind}: {e}") from None
-        if self.steps is None:
-            return
-        ids = (b["job"], b["attempt"], b["step"])
-        if kind == "step_ack":
-            await self.steps.ack(*ids, b["next"], b["resend"])
-        elif kind == "step_input":
-            await self.steps.write_input(*ids, b["writer"], b["seq"], b["data"], b["eof"])
-        else:
-            self.steps.resize(*ids, b["rows"], b["cols"])
+    async def _cmd_step_input(self, cmd: StepInput) -> None:
+        if self.steps is not None:
+            await self.steps.write_input(cmd.job, cmd.attempt, cmd.step, cmd.writer, cmd.seq, cmd.data, cmd.eof)
 
-    async def _cmd_step_ack(self, body: dict) -> None:
-        await self._cmd_step_stream("step_ack", body)
-
-    async def _cmd_step_input(self, body: dict) -> None:
-        await self._cmd_step_stream("step_input", body)
-
-    async def _cmd_step_resize(self, body: dict) -> None:
-        await self._cmd_step_stream("step_resize", body)
+    async def _cmd_step_resize(self, cmd: StepResize) -> None:
+        if self.steps is not None:
+            self.steps.resize(cmd.job, cmd.attempt, cmd.step, cmd.rows, cmd.cols)
 
     _commands = {
-        "launch": _cmd_launch, "lease": _cmd_lease, "signal": _cmd_signal, "kill": _cmd_kill,
-        "ack": _cmd_ack, "hello": _cmd_hello, "mig": _cmd_mig,
-        "step": _cmd_step, "step_kill": _cmd_step_kill, "time_limit": _cmd_time_limit,
-        "step_ack": _cmd_step_ack, "step_input": _cmd_step_input, "step_resize": _cmd_step_resize,
+        Launch: _cmd_launch, Lease: _cmd_lease, Signal: _cmd_signal, Kill: _cmd_kill,
+        Ack: _cmd_ack, Hello: _cmd_hello, MigRelayout: _cmd_mig,
+        StepStart: _cmd_step, StepKill: _cmd_step_kill, TimeLimit: _cmd_time_limit,
+        StepAck: _cmd_step_ack, StepInput: _cmd_step_input, StepResize: _cmd_step_resize,
     }
-
-
-# -- body validation ----------------------------------------------------------------------------
-
-def _id(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadMessage(f"{what} must be a non-negative integer, not {value!r}"[:200])
-    return value
-
-
-def _pairs(value: Any, what: str) -> list[tuple[int, int]]:
-    if not isinstance(value, list) or len(value) > MAX_ALLOCS_PER_MESSAGE:
-        raise BadMessage(f"{what} must be a list of [job, attempt]")
-    out = []
-    for item in value:
-        if not isinstance(item, list) or len(item) != 2:
-            raise BadMessage(f"{what} must be a list of [job, attempt]")
-        out.append((_id(item[0], "job"), _id(item[1], "attempt")))
-    return out
-
-
-def _reason(body: dict, default: str) -> str:
-    reason = body.get("reason", default)
-    if reason is None:
-        return default
-    if not isinstance(reason, str) or len(reason) > 200:
-        raise BadMessage("reason must be a short string")
-    return reason
 
 
 async def _cancel_all(tasks: Iterable[asyncio.Task]) -> None:

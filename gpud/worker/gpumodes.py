@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from ..bus.messages import MigRelayout
 from ..gpu import mig
 from ..gpu.backend import DeviceUse, GpuBackend, GpuError, MigRefusedError, ResetRequiredError
 from ..gpu.modes import UNMANAGED, WHOLE, GpuMode, modes_for
@@ -66,7 +67,6 @@ from ..model import GpuInfo, SliceInfo
 log = logging.getLogger("gpud.worker.gpumodes")
 
 INTERVAL_SLACK = 5.0     # seconds of clock difference between head and worker forgiven
-MAX_CHANGES = 16         # slices one mig command may destroy or create (a GPU has at most 8 slots)
 
 
 
@@ -251,10 +251,11 @@ class GpuModes:
 
     # -- the head's mig command ------------------------------------------------------------
 
-    def apply_command(self, body: Mapping[str, Any], in_use: Iterable[DeviceUse]) -> MigResult:
-        """Apply a ``mig`` command; never raises for a bad or refused one."""
+    def apply_command(self, cmd: MigRelayout, in_use: Iterable[DeviceUse]) -> MigResult:
+        """Apply a ``mig`` command (well formed: ``decode`` made it); never raises for one
+        this node cannot carry out."""
         try:
-            index, destroy, create = _command(body, self.base)
+            index, destroy, create = _command(cmd, self.base)
         except ValueError as e:
             return MigResult(False, True, f"malformed mig command: {e}")
         busy = set(in_use)
@@ -266,7 +267,7 @@ class GpuModes:
                 self.backend.note_in_use(busy)
                 self._refresh(index)
                 return self._relayout(index, destroy, create, {s for g, s in busy if g == index},
-                                      _interval(body, self.min_interval))
+                                      self.min_interval if cmd.min_interval is None else cmd.min_interval)
             except GpuError as e:
                 return MigResult(True, True, f"GPU {index}: re-layout stopped half-way: {e}")
             finally:
@@ -455,15 +456,6 @@ def from_config(cfg: Any, backend: GpuBackend, node: str, state_dir: str, *,
                     relaid_file=os.path.join(state_dir, "mig-relaid.json"))
 
 
-def _interval(body: Mapping[str, Any], own: float) -> float:
-    """The minimum interval a command carries (the head's, the one source of truth), else
-    the worker's own from its config (a head from before the field)."""
-    v = body.get("min_interval")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 10 ** 9:
-        return own
-    return float(v)
-
-
 def devices_in_use(launches: Iterable[Any]) -> set[DeviceUse]:
     """(GPU index, slice start or None) for every device the running launches hold."""
     out: set[DeviceUse] = set()
@@ -485,24 +477,15 @@ def slices_needed(launches: Iterable[Any]) -> list[SliceNeed]:
     return out
 
 
-def _command(body: Mapping[str, Any], gpus: Mapping[int, GpuInfo]) -> tuple[int, list[int], list[mig.Slice]]:
-    index = body.get("gpu")
-    if isinstance(index, bool) or not isinstance(index, int) or index not in gpus:
+def _command(cmd: MigRelayout, gpus: Mapping[int, GpuInfo]) -> tuple[int, list[int], list[mig.Slice]]:
+    """What to destroy and create on which GPU, the profiles named as this GPU's model names
+    them; ValueError for a GPU or profile this node does not have."""
+    index = cmd.gpu
+    if index not in gpus:
         raise ValueError(f"no GPU {index!r} here")
-    destroy, create = body.get("destroy", []), body.get("create", [])
-    if not isinstance(destroy, list) or not isinstance(create, list) \
-            or len(destroy) > MAX_CHANGES or len(create) > MAX_CHANGES:
-        raise ValueError("destroy and create must be short lists")
-    for s in destroy:
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 16:
-            raise ValueError(f"destroy: {s!r} is not a memory slot")
     try:
         model = gpus[index].model
-        made = [mig.Slice.from_dict(c) for c in create]
-        made = [mig.Slice(mig.parse_profile(c.profile, model), c.start) for c in made]
+        made = [mig.Slice(mig.parse_profile(profile, model), start) for profile, start in cmd.create]
     except mig.MigError as e:
         raise ValueError(str(e)) from None
-    reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise ValueError("reason must be a string")
-    return index, list(dict.fromkeys(destroy)), made
+    return index, list(cmd.destroy), made

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .cgroups import Limits
 from .cpubind import format_cpulist
-from .launch import Launch, output_path
+from .launch import Launch, batch_env, output_path
 
 
 class LaunchError(Exception):
@@ -75,7 +75,7 @@ def environment(launch: Launch, node: str, user: str, home: str) -> dict[str, st
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "USER": user, "LOGNAME": user, "HOME": home,
     })
-    env.update(launch.batch_env(node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
+    env.update(batch_env(launch, node))   # GPUD_ARRAY_*, SLURM_* (slurm_compat_env)
     env.update(launch.extra_env)
     return env
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Iterator
 
 SENT_KEPT = 256          # heartbeats remembered for matching answers (a few minutes' worth)
 FILE_NAME = "lease"
@@ -91,26 +90,3 @@ def save(state_dir: str, until: float) -> None:
     with open(tmp, "w", encoding="ascii") as f:
         f.write(f"{until:.6f}\n")
     os.replace(tmp, path)
-
-
-def limits(value: object) -> Iterator[tuple[int, int, float | None]]:
-    """The (job, attempt, time limit or None) items of a lease answer's ``limits``; malformed
-    items are skipped."""
-    if not isinstance(value, list):
-        return
-    for item in value:
-        if (isinstance(item, list) and len(item) == 3
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in item[:2])
-                and (item[2] is None or (isinstance(item[2], (int, float)) and not isinstance(item[2], bool)
-                                         and 0 < item[2] < float("inf")))):
-            yield item[0], item[1], None if item[2] is None else float(item[2])
-
-
-def allocs(value: object) -> Iterator[tuple[int, int]]:
-    """The (job, attempt) pairs of a lease answer's ``allocs``; malformed items are skipped."""
-    if not isinstance(value, list):
-        return
-    for item in value:
-        if isinstance(item, list) and len(item) == 2 and all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in item):
-            yield item[0], item[1]

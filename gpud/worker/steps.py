@@ -68,12 +68,12 @@ from typing import Any, Awaitable, Callable
 
 import psutil
 
+from ..bus.messages import Body, StepExit, StepOutput, StepStart
 from . import procs
 from .jobstore import read_json, write_file
-from .stepterm import parse_stream, set_size as _set_size, terminal_child as _terminal_child, \
-    write_all as _write_all
+from .stepterm import set_size as _set_size, terminal_child as _terminal_child, write_all as _write_all
 
-__all__ = ["StepTasks", "parse_step", "parse_stream", "task_env"]   # parse_stream: gpud.worker.stepterm
+__all__ = ["StepTasks", "task_env"]
 
 log = logging.getLogger("gpud.worker.steps")
 
@@ -87,7 +87,6 @@ RESEND_AFTER = 5.0            # seconds without an acknowledgement before kept o
 KEEP_ENDED = 300.0            # seconds an ended step's output and exits can still be asked for
 MAX_WRITERS = 16              # input writers remembered per step
 MAX_HELD_INPUT = 64           # input chunks held per step waiting for an earlier one
-MAX_TASKS_PER_NODE = 256
 SHELL = "/bin/sh"
 PTY_STREAM = 3                # a terminal's raw bytes, as latin-1 text
 # A task's shell: wait at the gate (a line on its input), enter the work directory as the
@@ -99,7 +98,7 @@ TASK_SHELL_STDIN = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@"'
 # On a terminal the gate is descriptor 3, closed before the command.
 TASK_SHELL_PTY = 'read -r _ <&3 || exit 125; exec 3<&-; cd -- "$0" || exit 126; exec "$@"'
 
-Emit = Callable[[str, dict], Awaitable[None]]
+Emit = Callable[[Body], Awaitable[None]]   # a step_output or step_exit, to the head
 
 
 def task_env(base: dict[str, str], *, rank: int, local: int, per_node: int, node_rank: int, nnodes: int,
@@ -152,7 +151,7 @@ class _Step:
     killed: bool = False
     ended: int = 0                # tasks whose step_exit went out
     ended_at: float | None = None
-    exits: list[dict] = field(default_factory=list)     # the step_exit bodies sent, for a resend
+    exits: list[StepExit] = field(default_factory=list)  # the step_exits sent, for a resend
     input_next: dict[str, int] = field(default_factory=dict)   # writer -> next seq to write
     held: dict[tuple[str, int], tuple[str, bool]] = field(default_factory=dict)
     inputs: asyncio.Queue | None = None                 # (data, eof) in order, for task 0
@@ -163,9 +162,14 @@ class _Step:
     def key(self) -> tuple[int, int, int]:
         return (self.job, self.attempt, self.step)
 
-    def base(self) -> dict:
-        return {"job": self.job, "attempt": self.attempt, "step": self.step, "tasks": self.per_node,
-                "pty": self.pty}
+    def output(self, first: int, lines: list[list], seq: int = 0) -> StepOutput:
+        """A step_output of ``lines`` ([rank, stream, text]) numbered from ``first``."""
+        return StepOutput(self.job, self.attempt, self.step, first=first, lines=tuple(tuple(x) for x in lines),
+                          seq=seq, input=dict(self.input_next), tasks=self.per_node, pty=self.pty)
+
+    def exit(self, rank: int | None, code: int | None, sig: int | None, message: str | None) -> StepExit:
+        return StepExit(self.job, self.attempt, self.step, rank=rank, exit_code=code, signal=sig, message=message,
+                        next=self.next_index, tasks=self.per_node, pty=self.pty)
 
     def update_room(self) -> None:
         # A killed step's last output never waits: its tasks are gone, only the pipes'
@@ -194,15 +198,14 @@ class StepTasks:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def start(self, body: dict) -> None:
-        """A ``step`` command (already shape-checked by ``parse_step``)."""
-        key = (body["job"], body["attempt"], body["step"])
+    async def start(self, cmd: StepStart) -> None:
+        """A ``step`` command."""
+        key = (cmd.job, cmd.attempt, cmd.step)
         if key in self._steps or key in self._done:
             return   # a repeated command
-        per_node, node_rank = body["ntasks_per_node"], body["node_rank"]
-        step = self._steps[key] = _Step(*key, per_node=per_node, pty=body["pty"],
-                                        stdin=body["stdin"] and node_rank == 0,
-                                        rows=body["rows"], cols=body["cols"], acked_at=time.monotonic())
+        per_node, node_rank = cmd.ntasks_per_node, cmd.node_rank
+        step = self._steps[key] = _Step(*key, per_node=per_node, pty=cmd.pty, stdin=cmd.stdin and node_rank == 0,
+                                        rows=cmd.rows, cols=cmd.cols, acked_at=time.monotonic())
         step.room.set()
         if step.stdin:
             step.inputs = asyncio.Queue()
@@ -216,19 +219,19 @@ class StepTasks:
             why = f"job {key[0]} does not run on node {self.node} (ended, or not started yet)"
         if setup is None:
             log.warning("job %d step %d refused on %s: %s", key[0], key[2], self.node, why)
-            refusal = {**step.base(), "rank": None, "exit_code": None, "signal": None, "message": why, "next": 0}
+            refusal = step.exit(None, None, None, why)
             step.exits.append(refusal)
-            await self._emit("step_exit", refusal)
+            await self._emit(refusal)
             self._end(step)
             return
-        base = {**body["env"], **setup.env}
+        base = {**cmd.env, **setup.env}
         for local in range(per_node):
             env = task_env(base, rank=first + local, local=local, per_node=per_node, node_rank=node_rank,
-                           nnodes=body["nnodes"], step=key[2], master_addr=body["master_addr"],
-                           master_port=body["master_port"], nodelist=body["nodelist"])
+                           nnodes=cmd.nnodes, step=key[2], master_addr=cmd.master_addr,
+                           master_port=cmd.master_port, nodelist=cmd.nodelist)
             task = _Task(first + local)
             step.tasks.append(task)
-            run = asyncio.get_running_loop().create_task(self._run(step, task, body["argv"], setup, env),
+            run = asyncio.get_running_loop().create_task(self._run(step, task, list(cmd.argv), setup, env),
                                                          name=f"step {key[0]}.{key[2]} task {task.rank}")
             self._runs.add(run)
             run.add_done_callback(self._runs.discard)
@@ -265,14 +268,12 @@ class StepTasks:
                     i, item = items.pop(0)
                     batch.append((i, item))
                     size += len(item[2])
-                await self._emit("step_output", {**step.base(), "first": batch[0][0], "seq": 0,
-                                                 "lines": [item for _, item in batch], "input": step.input_next})
+                await self._emit(step.output(batch[0][0], [item for _, item in batch]))
             if not step.kept:   # tell the head where the stream stands, even with nothing to send
-                await self._emit("step_output", {**step.base(), "first": step.next_index, "seq": 0,
-                                                 "lines": [], "input": step.input_next})
+                await self._emit(step.output(step.next_index, []))
             step.acked_at = time.monotonic()
-        for body in step.exits:
-            await self._emit("step_exit", body)
+        for sent in step.exits:
+            await self._emit(sent)
 
     async def write_input(self, job: int, attempt: int, step_id: int, writer: str, seq: int,
                           data: str, eof: bool) -> bool:
@@ -331,8 +332,7 @@ class StepTasks:
             except (OSError, ConnectionResetError, BrokenPipeError):
                 pass   # the task stopped reading (or ended); what it did not take is gone with it
             if step.inputs.empty():
-                await self._emit("step_output", {**step.base(), "first": step.next_index, "seq": 0, "lines": [],
-                                                 "input": step.input_next})
+                await self._emit(step.output(step.next_index, []))
 
     def _tick(self) -> None:
         if self._ticker is None or self._ticker.done():
@@ -404,9 +404,8 @@ class StepTasks:
                            + ("it was killed (its output could not be read any more)" if killed
                               else "its status is lost"))
                 log.warning("job %d step %d task %d: %s", rec["job"], rec["step"], rec["rank"], why)
-                await self._emit("step_exit", {"job": rec["job"], "attempt": rec["attempt"], "step": rec["step"],
-                                               "rank": rec["rank"], "exit_code": None,
-                                               "signal": signals.SIGKILL if killed else None, "message": why})
+                await self._emit(StepExit(rec["job"], rec["attempt"], rec["step"], rank=rec["rank"],
+                                          signal=int(signals.SIGKILL) if killed else None, message=why))
             _remove(path)
         return len(names)
 
@@ -502,10 +501,9 @@ class StepTasks:
             os.close(task.master)
             task.master = None
         await self._flush(step)
-        body = {**step.base(), "rank": task.rank, "exit_code": code, "signal": sig, "message": message,
-                "next": step.next_index}
-        step.exits.append(body)
-        await self._emit("step_exit", body)
+        ended = step.exit(task.rank, code, sig, message)
+        step.exits.append(ended)
+        await self._emit(ended)
         step.ended += 1
         if step.ended == len(step.tasks):
             self._end(step)
@@ -585,8 +583,7 @@ class StepTasks:
                     step.acked_at = time.monotonic()
                 step.kept.extend(zip(range(first, first + len(batch)), batch))
                 step.kept_bytes += size
-                await self._emit("step_output", {**step.base(), "seq": step.seq, "first": first,
-                                                 "lines": batch, "input": step.input_next})
+                await self._emit(step.output(first, batch, step.seq))
             step.update_room()
 
     def _save(self, step: _Step, task: _Task) -> str | None:
@@ -693,48 +690,3 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def parse_step(body: Any) -> dict:
-    """A ``step`` command body, checked; ValueError with a one-line reason otherwise."""
-    if not isinstance(body, dict):
-        raise ValueError("body is not an object")
-    out: dict[str, Any] = {}
-    for key, hi in (("job", 2**63 - 1), ("attempt", 2**63 - 1), ("step", 2**31), ("node_rank", 1 << 20),
-                    ("nnodes", 1 << 20), ("ntasks_per_node", MAX_TASKS_PER_NODE), ("master_port", 65535)):
-        v = body.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
-            raise ValueError(f"{key} must be an integer from 0 to {hi}")
-        out[key] = v
-    if out["ntasks_per_node"] < 1 or out["node_rank"] >= out["nnodes"]:
-        raise ValueError("ntasks_per_node must be positive and node_rank below nnodes")
-    argv = body.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a and "\x00" not in a
-                                                         for a in argv[:1]) \
-            or not all(isinstance(a, str) and "\x00" not in a for a in argv):
-        raise ValueError("argv must be a non-empty list of strings")
-    out["argv"] = list(argv)
-    env = body.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and "\x00" not in k
-                                            and isinstance(v, str) and "\x00" not in v for k, v in env.items()):
-        raise ValueError("env must map variable names to strings")
-    out["env"] = dict(env)
-    for key in ("pty", "stdin"):
-        v = body.get(key, False)
-        if not isinstance(v, bool):
-            raise ValueError(f"{key} must be true or false")
-        out[key] = v
-    for key, default in (("rows", 24), ("cols", 80)):
-        v = body.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
-            raise ValueError(f"{key} must be an integer from 1 to 65535")
-        out[key] = v
-    if out["pty"] and out["ntasks_per_node"] * out["nnodes"] != 1:
-        raise ValueError("a step on a terminal has one task")
-    for key in ("master_addr", "nodelist"):
-        v = body.get(key)
-        if not isinstance(v, str) or not v or "\x00" in v or len(v) > 65536:
-            raise ValueError(f"{key} must be a non-empty string")
-        out[key] = v
-    return out
-

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``Sampler.run`` wakes every interval, asks the GPU backend for one reading of every GPU
 (``GpuBackend.sample``, in a thread: NVML calls block), and publishes one ``samples``
-message on ``head/events``::
+message (``gpud.bus.messages.Samples``) on ``head/events``::
 
     {"t": worker clock, "iv": seconds this sample stands for,
      "gpus":   [[index, util %, MiB used, watts, deg C, joules since the last sample], ...],
@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Sequence
 
 from ..bus.base import HEAD_EVENTS
+from ..bus.messages import Body, Samples
 from ..gpu.backend import Assignment, GpuBackend, GpuSample
 
 log = logging.getLogger("gpud.worker.telemetry")
@@ -57,7 +59,7 @@ def assignments_from(executor: Any) -> list[Assignment]:
 class Sampler:
     """Samples a backend and publishes ``samples``; one per worker."""
 
-    def __init__(self, backend: GpuBackend, publish: Callable[[str, str, dict], Awaitable[None]],
+    def __init__(self, backend: GpuBackend, publish: Callable[[str, Body], Awaitable[None]],
                  assignments: Callable[[], Sequence[Assignment]], interval: float, *,
                  clock: Callable[[], float] = time.time, connected: Callable[[], bool] = lambda: True,
                  usage: Callable[[], list[list]] | None = None) -> None:
@@ -81,8 +83,8 @@ class Sampler:
             await asyncio.sleep(self.interval)
             await self.sample_once()
 
-    async def sample_once(self) -> dict | None:
-        """Take and publish one sample; its body, or None when nothing was sent."""
+    async def sample_once(self) -> Samples | None:
+        """Take and publish one sample; the message, or None when nothing was sent."""
         if not self.connected():
             return None
         assigned = list(self.assignments())
@@ -93,7 +95,7 @@ class Sampler:
             log.warning("telemetry: GPU sample failed: %s: %s", type(e).__name__, e)
             return None
         now = self.clock()
-        body = self.body(readings, assigned, now)
+        msg = self.message(readings, assigned, now)
         if self.usage is not None:
             try:
                 rows = await asyncio.to_thread(self.usage)
@@ -101,31 +103,29 @@ class Sampler:
                 log.warning("telemetry: cgroup accounting failed: %s: %s", type(e).__name__, e)
                 rows = []
             if rows:
-                body["usage"] = rows
+                msg = replace(msg, usage=tuple(tuple(r) for r in rows))
         try:
-            await self.publish(HEAD_EVENTS, "samples", body)
+            await self.publish(HEAD_EVENTS, msg)
         except Exception as e:
             log.warning("telemetry: could not publish samples: %s", e)
             return None
         self.sent += 1
-        return body
+        return msg
 
-    def body(self, readings: Sequence[GpuSample], assigned: Sequence[Assignment], now: float) -> dict:
+    def message(self, readings: Sequence[GpuSample], assigned: Sequence[Assignment], now: float) -> Samples:
         """The ``samples`` message for these readings; remembers counters for the next one."""
         since = self.interval if self._last_sent is None else max(0.0, now - self._last_sent)
         since = min(since, MAX_GAP_INTERVALS * self.interval)
         gpus, slices, procs = [], [], []
         for r in readings:
-            gpus.append([r.index, _round(r.util), r.mem_used_mb, _round(r.power_w), _round(r.temp_c),
-                         _round(self._energy(r, since))])
-            slices += [[r.index, s.uuid, s.mem_used_mb] for s in r.slices]
-            procs += [[r.index, pid, mib] for pid, mib in r.procs]
+            gpus.append((r.index, _round(r.util), r.mem_used_mb, _round(r.power_w), _round(r.temp_c),
+                         _round(self._energy(r, since))))
+            slices += [(r.index, s.uuid, s.mem_used_mb) for s in r.slices]
+            procs += [(r.index, pid, mib) for pid, mib in r.procs]
         self._last_sent = now
-        return {
-            "t": now, "iv": self.interval, "gpus": gpus,
-            "jobs": [[a.job_id, a.attempt, list(a.gpus)] for a in assigned],
-            "slices": slices, "procs": procs,
-        }
+        return Samples(t=now, iv=self.interval, gpus=tuple(gpus),
+                       jobs=tuple((a.job_id, a.attempt, tuple(a.gpus)) for a in assigned),
+                       slices=tuple(slices), procs=tuple(procs))
 
     def _energy(self, r: GpuSample, since: float) -> float | None:
         previous = self._counters.get(r.index)
