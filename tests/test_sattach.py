@@ -19,9 +19,11 @@ def _running_job(rig) -> int:
 
 
 def test_sattach_shows_a_running_steps_output_and_types_into_task_0(rig):
-    # The step reads a line from its input (srun's is a pipe we never write to) and
-    # prints ticks until it has one.
-    script = 'echo started; while ! read -t 0.2 line; do :; done; echo "got $line"; echo bye'
+    # The step reads a line from its input (srun's is a pipe we never write to), in
+    # 0.2 s tries: what a timed-out try read is kept (bash saves it), as the line may come
+    # in pieces.
+    script = ('echo started; line=; until read -r -t 0.2 part; do line="$line$part"; done; '
+              'echo "got $line$part"; echo bye')
     srun = subprocess.Popen(gpuctl_argv(rig.socket, "srun", "--gpus", "1", "bash", "-c", script),
                             env=child_env(rig.socket), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
