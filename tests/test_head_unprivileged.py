@@ -45,6 +45,7 @@ def test_a_head_run_by_an_ordinary_user_serves_root(mosquitto):  # noqa: F811
         # be closed to other users (a pyenv under /root), which is not what is tested here.
         import asyncio  # noqa: F401
         import concurrent.futures.thread  # noqa: F401
+        import gpud.bus.credentials  # noqa: F401
         import gpud.bus.mqtt  # noqa: F401
         import gpud.cli  # noqa: F401
         import gpud.head.service  # noqa: F401

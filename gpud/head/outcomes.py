@@ -26,6 +26,7 @@ from .jobs import final_state, requeue_changes
 from .store import JobRecord, Txn
 
 if TYPE_CHECKING:
+    from .change import Change
     from .daemon import Head
 
 log = logging.getLogger("gpud.head")
@@ -47,15 +48,14 @@ class WorkerReports:
             return
         acks: dict[str, list[tuple[int, int]]] = {}
         gang_reports: list[tuple[str, Finished]] = []
-        ended: list[tuple[JobRecord, str, JobState, str]] = []   # (job as it was, node, new state, detail)
         reported: list[int] = []
-        async with self.head.lock:
-            end = self.head.clock()
-            txn = Txn(self.head.store)
+        head = self.head
+        async with head.change() as ch:
+            end, txn = ch.now, ch.txn
             done: set[tuple[int, int]] = set()
             for node, report in reports:
                 jid, attempt = report.job, report.attempt
-                job = self.head.store.active.get(jid)
+                job = head.store.active.get(jid)
                 if isinstance(report, Started):
                     # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
                     if job is not None and job.attempt == attempt and job.node == node:
@@ -71,21 +71,22 @@ class WorkerReports:
                 if job.attempt != attempt or job.node != node or not job.state.active or (jid, attempt) in done:
                     continue
                 done.add((jid, attempt))
-                ended.append((job, node, *self._end_in(txn, job, report, end)))
-            await self.head.store.commit(txn)
-            for job, node, new, detail in ended:
-                self.head.allocation_ended(job, end)
-                log.info("job %d (user %s) on %s ended %s: %s", job.job_id, job.user, node, new.value, detail)
-            if ended:
-                self.head.kick()
-        for node, pairs in acks.items():
-            await self.head.bus.publish(node_cmd(node), Ack(tuple(pairs)))
-        for jid in dict.fromkeys(reported):
+                new, detail = self._end_in(txn, job, report, end)
+                ch.ended(job, end)
+                ch.then(log.info, "job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
+                ch.wake()
+            for node, pairs in acks.items():
+                ch.tell(node_cmd(node), Ack(tuple(pairs)))
+            ch.then(self._steps_ended, reported)
+        for node, report in gang_reports:
+            await self._gang_finished(node, report)
+
+    def _steps_ended(self, job_ids: list[int]) -> None:
+        """Tell the steps of every job in ``job_ids`` that has ended (or is no longer known)."""
+        for jid in dict.fromkeys(job_ids):
             now_job = self.head.store.active.get(jid)
             if now_job is None or not now_job.state.active:
                 self.head.steps.job_ended(jid)
-        for node, report in gang_reports:
-            await self._gang_finished(node, report)
 
     def _end_in(self, txn: Txn, job: JobRecord, report: Finished, end: float) -> tuple[JobState, str]:
         """A single-node job's end, added to ``txn``: its new state and the event's detail."""
@@ -105,47 +106,44 @@ class WorkerReports:
     async def _gang_finished(self, node: str, report: Finished) -> None:
         """One ``finished`` report of a gang job (any rank), committed on its own."""
         jid, attempt = report.job, report.attempt
-        end = self.head.clock()
-        ended_gang: JobRecord | None = None
-        async with self.head.lock:
-            job = self.head.store.active.get(jid)
+        head = self.head
+        async with head.change() as ch:
+            end = ch.now
+            job = head.store.active.get(jid)
             rank = gang.rank_of(job, node) if job is not None else None
+            ended_gang: JobRecord | None = None
             if job is not None and job.attempt == attempt and rank and job.state.active:
                 # A part after rank 0 ended: only news while the job runs (a stop the head
                 # sent ends every part; rank 0's report decides then).
                 if job.state is JobState.RUNNING:
-                    ended_gang = await self._part_failed(job, node, rank, report, end)
+                    self._part_failed(ch, job, node, rank, report)
+                    ended_gang = job
             elif job is not None and job.attempt == attempt and job.node == node and job.state.active:
-                txn = Txn(self.head.store)
-                new, detail = self._end_in(txn, job, report, end)
-                await self.head.store.commit(txn)
-                self.head.allocation_ended(job, end)
-                log.info("job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
-                self.head.kick()
+                new, detail = self._end_in(ch.txn, job, report, end)
+                ch.ended(job, end)
+                ch.then(log.info, "job %d (user %s) on %s ended %s: %s", jid, job.user, node, new.value, detail)
+                ch.wake()
                 if job.parts:
                     ended_gang = job
-        await self.head.bus.publish(node_cmd(node), Ack(((jid, attempt),)))
-        if ended_gang is not None:
-            await self.head.kill_parts(ended_gang, "job ended", besides=node)
-        now_job = self.head.store.active.get(jid)
-        if job is not None and (now_job is None or not now_job.state.active):
-            self.head.steps.job_ended(jid)
+            ch.tell(node_cmd(node), Ack(((jid, attempt),)))
+            if ended_gang is not None:
+                ch.then(head.kill_parts, ended_gang, "job ended", besides=node)
+            if job is not None:
+                ch.then(self._steps_ended, [jid])
 
-    async def _part_failed(self, job: JobRecord, node: str, rank: int, report: Finished, end: float) -> JobRecord:
+    def _part_failed(self, ch: "Change", job: JobRecord, node: str, rank: int, report: Finished) -> None:
         """A gang job's rank>0 part ended on its own: the job ends FAILED, or TIMEOUT when the
-        holder reached its own limit first (rank 0's report was lost or late), under the lock."""
+        holder reached its own limit first (rank 0's report was lost or late)."""
         reason, exit_code, sig = _outcome(report)
         detail = _with_message(f"part {rank} on {node} ended: {reason} exit={exit_code} signal={sig}", report)
         new = JobState.TIMEOUT if reason == "timeout" else JobState.FAILED
-        txn = Txn(self.head.store)
-        txn.end_allocation(job.job_id, job.attempt, end=end, outcome="part_failed")
-        txn.transition(job, new, now=end, event="finished", detail=detail, end_time=end,
-                       exit_code=exit_code, signal=sig)
-        await self.head.store.commit(txn)
-        self.head.allocation_ended(job, end)
-        log.warning("job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user, new.value, detail)
-        self.head.kick()
-        return job
+        ch.txn.end_allocation(job.job_id, job.attempt, end=ch.now, outcome="part_failed")
+        ch.txn.transition(job, new, now=ch.now, event="finished", detail=detail, end_time=ch.now,
+                          exit_code=exit_code, signal=sig)
+        ch.ended(job, ch.now)
+        ch.then(log.warning, "job %d (user %s) %s: %s; killing its other parts", job.job_id, job.user,
+                new.value, detail)
+        ch.wake()
 
 
 def _outcome(report: Finished) -> tuple[str, int | None, int | None]:
