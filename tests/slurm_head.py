@@ -86,7 +86,7 @@ class HeadKit:
                 "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "model": model, "memory_mb": 81559}
                          for i in range(gpus)]}
         self.store.nodes[name] = NodeRecord(name, info, "UP", None, self.clock(), self.clock())
-        self.head.heard[name] = self.head.granted[name] = self.clock()   # as a heartbeat would
+        self.head.liveness.heard[name] = self.head.liveness.granted[name] = self.clock()   # as a heartbeat would
 
     def label_nodes(self, **labels: str) -> None:
         """Give every node ``labels`` plus an ``addr`` (10.0.0.<its number>), as gang jobs need."""
@@ -144,7 +144,7 @@ class HeadKit:
     async def report(self, node: str, kind: str, body: Any) -> None:
         """A message from ``node``'s worker, through the head's door for them: decoded (a
         malformed one is dropped with a log line), then handled."""
-        await self.head.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", self.clock(), body))
+        await self.head.inbox.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", self.clock(), body))
 
     def job(self, job_id: int):
         return self.store.active.get(job_id)

@@ -104,7 +104,7 @@ class Rig:
 
     async def finish(self, job_id: int, exit_code: int = 0, reason: str = "exited") -> None:
         job = self.job(job_id)
-        await self.head.handle(Message(HEAD_EVENTS, "finished", f"worker:{job.node}", "x", self.clock(), {
+        await self.head.inbox.handle(Message(HEAD_EVENTS, "finished", f"worker:{job.node}", "x", self.clock(), {
             "job": job_id, "attempt": job.attempt, "exit_code": exit_code, "signal": None, "reason": reason}))
 
     def commands(self) -> list:

@@ -154,7 +154,7 @@ async def test_launches_carry_the_array_facts(tmp_path):
         array_id = (await kit.call("submit", spec={"script": "#!/bin/sh\ntrue\n", "array": "10-30:10",
                                                   "open_mode": "append"}))["job_id"]
         await kit.schedule()
-        body = kit.head.launch_message(kit.store.active[array_id + 1]).to_body()
+        body = kit.head.commands.launch_message(kit.store.active[array_id + 1]).to_body()
         assert {k: body[k] for k in ("array_job_id", "array_task_id", "array_task_count", "array_task_min",
                                      "array_task_max", "array_task_step", "open_mode", "slurm_compat_env",
                                      "partition", "cluster")} == {

@@ -164,21 +164,21 @@ async def test_a_lost_parts_node_requeues_and_the_next_attempt_ignores_the_old_o
     kit.clock.advance(kit.cfg.head.node_timeout + 1)
     for name in NODES:       # every node but the lost one keeps its heartbeats (and leases)
         if name != lost:
-            kit.head.heard[name] = kit.head.granted[name] = kit.clock()
-    await kit.head.check_nodes()
+            kit.head.liveness.heard[name] = kit.head.liveness.granted[name] = kit.clock()
+    await kit.head.liveness.check_nodes()
     assert kit.store.nodes[lost].state == "DOWN"
     assert kit.job(job.job_id).state.value == "RUNNING"   # until the lost node's lease has ended
     kit.clock.advance(kit.cfg.head.lease + 10)
     for name in NODES:
         if name != lost:
-            kit.head.heard[name] = kit.head.granted[name] = kit.clock()
-    await kit.head.check_nodes()
+            kit.head.liveness.heard[name] = kit.head.liveness.granted[name] = kit.clock()
+    await kit.head.liveness.check_nodes()
     requeued = kit.job(job.job_id)
     assert requeued.state.value == "PENDING" and requeued.parts == () and requeued.requeue_count == 1
     assert [n for n, _ in kit.sent_to("kill")] == [rank0]
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["done"] and got["exit_code"] == 1 and "requeued" in got["message"]
-    assert not kit.head._stop_sent
+    assert not kit.head.commands.stop_sent
 
     await kit.schedule()
     second = kit.job(job.job_id)
@@ -206,8 +206,8 @@ async def test_a_lost_parts_node_ends_a_no_requeue_job_node_fail(kit):
     job = await kit.start_gang(nodes=3, gpus=12, requeue=False)
     lost = job.parts[1]["node"]
     kit.sent.clear()
-    await kit.head._node_down(kit.store.nodes[lost], "no heartbeat for 99s")
-    await kit.head._node_failed(kit.store.nodes[lost])
+    await kit.head.liveness.node_down(kit.store.nodes[lost], "no heartbeat for 99s")
+    await kit.head.liveness.node_failed(kit.store.nodes[lost])
     done = await kit.record(job.job_id)
     assert done.state.value == "NODE_FAIL"
     assert sorted(n for n, _ in kit.sent_to("kill")) == sorted(n for n in gang.job_nodes(job) if n != lost)
@@ -303,7 +303,7 @@ async def test_forged_and_malformed_worker_messages_are_dropped_and_logged(kit, 
         (outsider, "step_exit", {**base, "rank": None, "exit_code": 1}),
     ]
     for node, kind, body in bad:
-        await kit.head.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", kit.clock(), body))
+        await kit.head.inbox.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", kit.clock(), body))
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["lines"] == [] and not got["done"], got
     assert "handler failed" not in caplog.text
@@ -319,7 +319,7 @@ async def test_forged_and_malformed_worker_messages_are_dropped_and_logged(kit, 
         (n1, "started", {"job": [job.job_id], "attempt": job.attempt}),
     ]
     for node, kind, body in forged:
-        await kit.head.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", kit.clock(), body))
+        await kit.head.inbox.handle(Message(HEAD_EVENTS, kind, f"worker:{node}", "x", kit.clock(), body))
     assert kit.job(job.job_id).state.value == "RUNNING"
     assert "handler failed" not in caplog.text
 

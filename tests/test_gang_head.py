@@ -111,8 +111,8 @@ async def test_losing_a_parts_node_requeues_the_whole_job(kit):
     job = await kit.start_gang()
     kit.sent.clear()
     lost = job.parts[0]["node"]
-    await kit.head._node_down(kit.store.nodes[lost], "test")
-    await kit.head._node_failed(kit.store.nodes[lost])
+    await kit.head.liveness.node_down(kit.store.nodes[lost], "test")
+    await kit.head.liveness.node_failed(kit.store.nodes[lost])
     again = kit.job(job.job_id)
     assert again.state.value == "PENDING" and again.parts == () and again.node is None
     assert [n for n, _ in kit.sent_to("kill")] == [job.node]

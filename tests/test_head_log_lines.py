@@ -14,8 +14,8 @@ async def test_a_no_requeue_job_lost_with_its_node_is_logged(tmp_path, caplog):
         a = await kit.submit(gpus=1, requeue=False)
         await kit.schedule()
         caplog.set_level(logging.INFO, logger="gpud")
-        await kit.head._node_down(kit.store.nodes["n1"], "heartbeats stopped")
-        await kit.head._node_failed(kit.store.nodes["n1"])      # its lease has ended
+        await kit.head.liveness.node_down(kit.store.nodes["n1"], "heartbeats stopped")
+        await kit.head.liveness.node_failed(kit.store.nodes["n1"])      # its lease has ended
         assert f"job {a} (user alice) NODE_FAIL: node n1 DOWN (heartbeats stopped); its lease ended" in caplog.text
 
 

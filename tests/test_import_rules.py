@@ -141,8 +141,9 @@ def test_the_rules_see_what_they_check():
         any(under(n, "gpud.sched") for n in imported(ROOT / "gpud/sched/core.py"))
     assert any(under(n, "gpud.head") for n in imported(ROOT / "gpud/cli.py"))
     assert SQL.search("SELECT job_id FROM jobs") and not SQL.search("select a partition from the list")
-    calls = [n for n in ast.walk(ast.parse((ROOT / "gpud/head/daemon.py").read_text()))
+    senders = [ROOT / f"gpud/head/{m}.py" for m in ("daemon", "commands", "liveness")]
+    calls = [n for p in senders for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "publish"]
-    assert len(calls) >= 5 and not hand_made_messages(ROOT / "gpud/head/daemon.py")
+    assert len(calls) >= 5 and not any(hand_made_messages(p) for p in senders)
     sample = ROOT / "tests/test_worker_daemon.py"   # tests publish raw bodies on purpose
     assert hand_made_messages(sample)

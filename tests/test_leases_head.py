@@ -24,7 +24,7 @@ async def kit(tmp_path):
         k.head.submit_keys._mono = k.mono
         for name in ("n1", "n2"):
             k.add_node(name, gpus=4)
-            k.head.heard[name] = k.head.granted[name] = k.mono()
+            k.head.liveness.heard[name] = k.head.liveness.granted[name] = k.mono()
         k.record_sent()
         yield k
 
@@ -73,7 +73,7 @@ async def test_a_heartbeat_is_answered_with_a_lease_naming_the_nodes_allocations
     assert where == node and body == {"seq": 77, "period": kit.cfg.head.lease, "allocs": [[job_id, 1]],
                                       "limits": [[job_id, 1, kit.job(job_id).time_limit]]}
     # and a launch names the heartbeat it was granted on
-    assert kit.head.lease_seq[node] == 77
+    assert kit.head.liveness.lease_seq[node] == 77
 
 
 async def test_a_silent_node_goes_down_at_the_timeout_but_its_job_waits_for_the_lease(kit):
@@ -84,17 +84,17 @@ async def test_a_silent_node_goes_down_at_the_timeout_but_its_job_waits_for_the_
     await beat_all(kit, 1)
     lease, timeout = kit.cfg.head.lease, kit.cfg.head.node_timeout
     kit.mono.advance(timeout + 1)
-    kit.head.heard[other] = kit.mono()
-    await kit.head.check_nodes()
+    kit.head.liveness.heard[other] = kit.mono()
+    await kit.head.liveness.check_nodes()
     assert kit.store.nodes[node].state == "DOWN"
     assert kit.job(job_id).state.value == "RUNNING" and kit.job(job_id).attempt == 1   # not yet
     kit.mono.advance(lease + lease_margin(lease) - timeout - 2)        # just before the lease surely ended
-    kit.head.heard[other] = kit.mono()
-    await kit.head.check_nodes()
+    kit.head.liveness.heard[other] = kit.mono()
+    await kit.head.liveness.check_nodes()
     assert kit.job(job_id).state.value == "RUNNING"
     kit.mono.advance(2)
-    kit.head.heard[other] = kit.mono()
-    await kit.head.check_nodes()
+    kit.head.liveness.heard[other] = kit.mono()
+    await kit.head.liveness.check_nodes()
     assert kit.job(job_id).state.value == "PENDING" and kit.job(job_id).requeue_count == 1
     events = await kit.store.job_events(job_id)
     assert any(e["event"] == "node_fail" and "lease ended" in e["detail"] for e in events)
@@ -107,7 +107,7 @@ async def test_a_node_back_within_the_lease_loses_nothing(kit):
     await kit.schedule()
     node = kit.job(job_id).node
     kit.mono.advance(kit.cfg.head.node_timeout + 1)
-    await kit.head.check_nodes()
+    await kit.head.liveness.check_nodes()
     assert kit.store.nodes[node].state == "DOWN"
     await kit.report(node, "heartbeat", heartbeat(kit, node, 5, [(job_id, 1)]))
     assert kit.store.nodes[node].state == "UP"
@@ -129,9 +129,9 @@ async def test_a_restarted_head_waits_a_whole_lease_before_replacing(kit, tmp_pa
     await kit.schedule()
     node = kit.job(job_id).node
     # what run() does at start: every node may hold a lease granted just before a crash
-    kit.head.heard[node] = kit.head.granted[node] = kit.mono()
+    kit.head.liveness.heard[node] = kit.head.liveness.granted[node] = kit.mono()
     kit.mono.advance(kit.cfg.head.node_timeout + 1)
-    await kit.head.check_nodes()
+    await kit.head.liveness.check_nodes()
     assert kit.store.nodes[node].state == "DOWN" and kit.job(job_id).state.value == "RUNNING"
 
 
@@ -144,7 +144,7 @@ async def test_a_wall_clock_step_takes_no_node_down_and_stops_no_job(kit, step):
     await beat_all(kit, 1)
     kit.clock.advance(step)               # the wall clock steps; the monotonic one does not
     kit.mono.advance(1.0)
-    await kit.head.check_nodes()
+    await kit.head.liveness.check_nodes()
     await kit.schedule()                  # the time-limit check runs before each pass
     await beat_all(kit, 2)
     assert {n.state for n in kit.store.nodes.values()} == {"UP"}
@@ -208,10 +208,10 @@ async def test_a_full_disk_reaches_the_user_and_the_head_recovers(kit):
     # a node goes DOWN while full: logged and retried, never fatal
     kit.mono.advance(kit.cfg.head.node_timeout + 1)
     for _ in range(2):
-        await kit.head.liveness_tick()       # the commit fails; logged, nothing raised
+        await kit.head.liveness.tick()       # the commit fails; logged, nothing raised
     assert {n.state for n in kit.store.nodes.values()} == {"UP"}   # memory never ran ahead
     await kit.store.db.execute("PRAGMA max_page_count=1073741823")
-    await kit.head.liveness_tick()
+    await kit.head.liveness.tick()
     assert {n.state for n in kit.store.nodes.values()} == {"DOWN"}
     job = await kit.call("submit", ALICE, spec=spec(f"echo {big}"))
     assert (await kit.record(job["job_id"])) is not None

@@ -102,7 +102,7 @@ async def arriving_together(kit, messages):
             yield m
 
     kit.head.bus.messages = burst
-    await asyncio.wait_for(kit.head._bus_loop(), 10)   # ends with the bus, as it does
+    await asyncio.wait_for(kit.head.inbox.run(), 10)   # ends with the bus, as it does
 
 
 async def test_reports_arriving_together_on_the_bus_are_applied_together(kit):

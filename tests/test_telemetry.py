@@ -211,9 +211,9 @@ async def test_the_head_drops_bad_samples_and_routes_good_ones(tmp_path, caplog)
         def msg(body) -> Message:
             return Message(HEAD_EVENTS, "samples", "worker:n1", "id", T0, body)
 
-        await r.head.handle(msg({"iv": 5, "gpus": "lots"}))
+        await r.head.inbox.handle(msg({"iv": 5, "gpus": "lots"}))
         assert r.head.telemetry.dropped == 1 and "dropped samples from n1: gpus must be" in caplog.text
-        await r.head.handle(msg(r.body("n1")))
+        await r.head.inbox.handle(msg(r.body("n1")))
         assert set(r.head.telemetry.latest) == {"n1"}
 
 

@@ -77,8 +77,8 @@ class Change:
 
     def signal(self, job: "JobRecord", sig: str, *, grace: float | None, reason: str,
                nodes: list[str] | None = None) -> None:
-        """``sig`` to ``job`` on its nodes once committed (``Head.send_signal``)."""
-        self._after.append(lambda: self._head.send_signal(job, sig, grace=grace, reason=reason, nodes=nodes))
+        """``sig`` to ``job`` on its nodes once committed (``WorkerCommands.send_signal``)."""
+        self._after.append(lambda: self._head.commands.send_signal(job, sig, grace=grace, reason=reason, nodes=nodes))
 
     def then(self, act: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Any other step that must follow the commit, after the lock is released:

@@ -7,9 +7,10 @@ Four tasks in one TaskGroup:
 ``submitter``  gathers submissions from the socket and inserts them in one transaction
                per batch (group commit), then answers every caller: durable before
                acknowledged, thousands per second on one connection.
-``bus``        handles worker messages: registration, heartbeats (liveness, fencing,
-               launch re-sends), ``started`` and ``finished`` reports: those waiting
-               together go in one group commit, then one ack per node.
+``bus``        handles worker messages (``inbox.py``): registration, heartbeats
+               (``liveness.py``: liveness, fencing, launch re-sends), ``started`` and
+               ``finished`` reports: those waiting together go in one group commit, then
+               one ack per node.
 ``scheduler``  runs a pass when kicked (submit, finish, node change) or on a timer:
                snapshot -> pure core -> re-checked plan -> one commit -> messages.  A kick
                after an idle spell starts a pass at once; kicks soon after the last pass wait
@@ -19,18 +20,14 @@ Four tasks in one TaskGroup:
 ``liveness``   marks nodes DOWN after ``node_timeout`` without a heartbeat (nothing new is
                scheduled there); their jobs are requeued (or NODE_FAIL with --no-requeue)
                only once the node's lease has surely ended.  Time while the head itself is
-               cut off from the broker does not count against the nodes.  It also keeps
-               the database's WAL checkpointed.
+               cut off from the broker does not count against the nodes (``liveness.py``).
+               It also keeps the database's WAL checkpointed.
 
 Leases (no job runs twice at once): a worker runs allocations only while it holds a lease,
-renewed by the head's ``lease`` answer to each heartbeat.  The worker times the lease from
-when it *sent* that heartbeat, the head from when it *answered* it, each on its own
-monotonic clock, so the worker's lease always ends before the head's idea of it; the head
-starts a lost job's replacement only ``lease + lease_margin(lease)`` after its last answer
-to the node, or as soon as the worker reports the attempt ended.  A launch carries the
-heartbeat it was granted on (``lease.seq``): a worker never starts one whose lease lapsed.
-Every liveness judgement, lease, resend pacing and time limit here reads ``self.mono``;
-``self.clock`` (the wall clock) only stamps what is stored or shown as a date.
+renewed by the head's ``lease`` answer to each heartbeat (``liveness.py`` says how the two
+sides time it).  Launches, stop signals and kills go out through ``commands.py``.  Every
+liveness judgement, lease, resend pacing and time limit reads ``self.mono``; ``self.clock``
+(the wall clock) only stamps what is stored or shown as a date.
 
 Reload (SIGHUP or the ``reconfigure`` op): ``reconfigure`` swaps in the new scheduling
 policy, admins, timeouts and log level between two passes; running jobs are not touched and
@@ -60,24 +57,24 @@ import time
 from typing import Callable
 
 from .. import __version__
-from ..bus.base import HEAD_EVENTS, HEAD_REQUESTS, HEAD_STATUS, Bus, Message, node_cmd
-from ..bus.messages import (Finished, GpuAssignment, HeadStatus, Heartbeat, Hello, Kill, Launch, Lease,
-                            MessageError, Register, Samples, Signal, Started, StepExit, StepOutput, decode)
+from ..bus.base import HEAD_STATUS, Bus
+from ..bus.messages import HeadStatus
 from .. import config as config_mod
 from ..config import Config, ConfigError
-from ..model import JobState, NodeState, StopReason
+from ..model import JobState
 from ..units import format_size_kb
-from . import gang
 from .change import Change
+from .commands import WorkerCommands
 from ..ctlsocket import Limits, RequestError, SocketServer
+from .inbox import WorkerInbox
 from .jobcaps import SubmitCaps
-from .jobs import requeue_changes
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS
 from .ops_jobs import OPS as JOB_OPS
 from .ops_sched import OPS as SCHED_OPS
-from .ops_slurm import OPS as SLURM_OPS, node_time_limit
+from .liveness import LAUNCH_RESEND_AFTER, Liveness, lease_margin  # noqa: F401 (tests import them from here)
+from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
 from .steps import OPS as STEP_OPS, Steps
@@ -86,10 +83,10 @@ from .relayed import RelayedRequests
 from .outcomes import WorkerReports
 from ..sched.plan import Plan
 from ..sched.snapshot import live_claims
-from .scheduling import (DOWN, DRAIN, UP, Applied, JobViews, annotate, build_snapshot, node_view, pass_gap,
-                         plan_to_txn, run_core, running_view)
-from .gpusharing import MigCommands, launch_devices
-from .store import WAL_CHECKPOINT_BYTES, JobRecord, NodeRecord, Store, Txn, free_kb, storage_problem
+from .scheduling import (Applied, JobViews, annotate, build_snapshot, node_view, pass_gap, plan_to_txn, run_core,
+                         running_view)
+from .gpusharing import MigCommands
+from .store import WAL_CHECKPOINT_BYTES, JobRecord, Store, free_kb, storage_problem
 from .submitkeys import SubmitKeys
 from .telemetry import Telemetry
 from .usage import UsageLedger
@@ -97,14 +94,9 @@ from .usage import UsageLedger
 log = logging.getLogger("gpud.head")
 
 HEAD_SENDER = "head"
-LEASE_MARGIN = 1.0              # seconds, plus LEASE_MARGIN_SHARE of the lease: see lease_margin
-LEASE_MARGIN_SHARE = 0.005      # monotonic clocks may run this much apart (NTP slews 0.05% at most)
 CHECKPOINT_IDLE_AFTER = 10.0    # seconds between truncations of the WAL (at quiet moments)
-LAUNCH_RESEND_AFTER = 3.0       # seconds before an unreported allocation's launch is re-sent
-STOP_RESEND_AFTER = 5.0         # seconds before a stop signal is re-sent
 MAX_SUBMIT_BATCH = 1000
 STATUS_REFRESH = 60.0           # seconds between re-publications of the retained "online"
-MAX_REPORT_BATCH = 1000         # worker messages taken from the bus at once
 CORE_SWITCH_INTERVAL = 0.001    # seconds: the GIL hand-over while the core's thread runs
 
 
@@ -137,11 +129,6 @@ class Head:
         # (the jobs of one submission: one, or an array's tasks; its future)
         self.submissions: asyncio.Queue[tuple[list[JobRecord], asyncio.Future]] = asyncio.Queue()
         self.lock = asyncio.Lock()          # one writer of job state at a time
-        self._stop_sent: dict[tuple[int, int], float] = {}   # mono time of the last stop sent
-        self._launch_sent: dict[tuple[int, int], float] = {}  # mono time of the last launch sent
-        self.heard: dict[str, float] = {}     # node -> mono time of its last heartbeat or register
-        self.granted: dict[str, float] = {}   # node -> mono time of the last lease granted to it
-        self.lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
         self.run_since: dict[tuple[int, int], float] = {}   # allocation -> mono time it started
         self.usage = UsageLedger()           # fair-share usage, decayed, persisted
         self.last_plan: Plan | None = None   # factors and reasons for sprio
@@ -155,6 +142,14 @@ class Head:
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
+        self.liveness = Liveness(self)        # registers, heartbeats, leases, lost nodes
+        self.inbox = WorkerInbox(self)        # the bus loop: workers' messages to the parts above
+        # Launches, signals, kills (re-sent by liveness); clocks and config read at call
+        # time, as tests and reloads swap them.
+        self.commands = WorkerCommands(
+            bus, store, config=lambda: self.cfg, mono=lambda: self.mono(), clock=lambda: self.clock(),
+            launch_fields=self.slurm.launch_fields, lease_seq=self.liveness.lease_seq,
+            fail=lambda node, report: self.reports.apply([(node, report)]))
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation
@@ -163,12 +158,8 @@ class Head:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        # Nodes get a full timeout from our start to report in: the head being down is not
-        # the nodes' fault.  And any of them may hold a lease granted just before a crash:
-        # their jobs are replaced no earlier than a whole lease from now.
-        now, mono = self.clock(), self.mono()
-        for name in self.store.nodes:
-            self.heard[name] = self.granted[name] = mono
+        now = self.clock()
+        self.liveness.head_started()
         self.bus.on_connect = self._on_bus_connect  # type: ignore[attr-defined]
         await self.usage.load(self.store, now)
         await self.submit_keys.load(self.store, now)
@@ -179,9 +170,9 @@ class Head:
             async with asyncio.TaskGroup() as tg:
                 tasks = [
                     tg.create_task(self._submitter(), name="submitter"),
-                    tg.create_task(self._bus_loop(), name="bus"),
+                    tg.create_task(self.inbox.run(), name="bus"),
                     tg.create_task(self._scheduler(), name="scheduler"),
-                    tg.create_task(self._liveness(), name="liveness"),
+                    tg.create_task(self.liveness.run(), name="liveness"),
                     tg.create_task(self.telemetry.run(), name="telemetry"),
                     tg.create_task(self.slurm.run(), name="scrontab"),
                     tg.create_task(self._status_refresher(), name="status-refresh"),
@@ -269,11 +260,7 @@ class Head:
                 await self.bus.publish(HEAD_STATUS, HeadStatus("online", __version__, refresh=True), retain=True)
 
     async def _on_bus_connect(self) -> None:
-        # Reconnected: whatever time we were away does not count against the nodes (their
-        # leases went on ending meanwhile: ``granted`` stays as it was).
-        mono = self.mono()
-        for name in self.store.nodes:
-            self.heard[name] = mono
+        self.liveness.bus_reconnected()
         await self.bus.publish(HEAD_STATUS, HeadStatus("online", __version__), retain=True)
 
     # -- socket operations ------------------------------------------------------------------
@@ -373,13 +360,13 @@ class Head:
             log.info("job %d (user %s) allocated on %s gpus=%s attempt %d", job.job_id, job.user,
                      job.nodelist, list(job.gpu_indices) + [i for p in job.parts for i in p.get("gpu_indices", ())],
                      job.attempt)
-        await asyncio.gather(*(self._send_launch(j) for j in applied.launches))
+        await asyncio.gather(*(self.commands.send_launch(j) for j in applied.launches))
         await self.mig.send(applied.relayouts, now)
         for job, p in applied.stops:
             if p.for_job is not None:
                 self.claims[job.job_id] = p.for_job
             log.info("job %d (user %s) preempted on %s: %s", job.job_id, job.user, job.node, p.reason)
-            await self.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
+            await self.commands.send_signal(job, job.spec.signal or "TERM", grace=p.grace_time, reason="preempted")
         return applied
 
     async def _core(self, snap, now: float) -> Plan:
@@ -394,47 +381,6 @@ class Head:
         finally:
             sys.setswitchinterval(before)
 
-    # -- messages to workers ------------------------------------------------------------------
-
-    def launch_message(self, job: JobRecord) -> Launch:
-        """Rank 0's launch of ``job`` (``gang.launches`` makes the other ranks')."""
-        spec = job.spec
-        return Launch(
-            job_id=job.job_id, attempt=job.attempt, name=job.name, user=job.user, uid=job.uid, gid=job.gid,
-            script=spec.script, work_dir=spec.work_dir, stdout=spec.stdout, stderr=spec.stderr, env=dict(spec.env),
-            rlimits=dict(spec.rlimits), gpus=tuple(GpuAssignment.from_dict(d) for d in launch_devices(job)),
-            cpus=job.cpus, mem_mb=job.mem_mb, time_limit=job.time_limit, kill_grace=self.cfg.head.kill_grace,
-            submit_dir=spec.work_dir, **self.slurm.launch_fields(job))
-
-    async def _send_launch(self, job: JobRecord, node: str | None = None) -> None:
-        """The launch of every node of ``job`` (a gang job has one per rank), or of ``node``."""
-        assert job.node is not None
-        slurm_env = bool(getattr(self.cfg.head, "slurm_compat_env", False))
-        self._launch_sent[(job.job_id, job.attempt)] = self.mono()
-        try:
-            launches = gang.launches(self.launch_message(job), job, gang.master_addr(self.store, job), slurm=slurm_env)
-        except MessageError as e:   # a recorded device the worker would refuse
-            await self._launch_failed(job, node or job.node, str(e))
-            return
-        for where, launch in launches:
-            if node is None or where == node:
-                # the lease it is granted under: the worker never starts it once that lapsed
-                launch = dataclasses.replace(launch, lease_seq=self.lease_seq.get(where))
-                try:
-                    await self.bus.publish(node_cmd(where), launch)
-                except (ValueError, TypeError) as e:   # the bus cannot carry it (too large)
-                    await self._launch_failed(job, where, str(e))
-                    return
-
-    async def _launch_failed(self, job: JobRecord, node: str, why: str) -> None:
-        """A launch that cannot be sent fails its job, as a worker's failed launch would; the
-        node and everything else go on (it must not stall the pass or the node's heartbeats)."""
-        log.error("job %d (user %s): cannot send its launch to %s: %s; the job fails", job.job_id, job.user,
-                  node, why)
-        await self.reports.apply([(node, Finished(
-            job.job_id, job.attempt, None, None, "launch_failed", self.clock(),
-            f"the head could not send the launch to {node}: {why}"[:300]))])
-
     def ran_for(self, job: JobRecord) -> float:
         """Seconds the job's allocation has run, on the monotonic clock.  An allocation from
         before this head started is dated once from its (wall-clock) start time."""
@@ -443,217 +389,6 @@ class Head:
         if since is None:
             since = self.run_since[key] = self.mono() - max(0.0, self.clock() - (job.start_time or self.clock()))
         return self.mono() - since
-
-    async def send_signal(self, job: JobRecord, sig: str, *, grace: float | None, reason: str,
-                          nodes: list[str] | None = None) -> None:
-        """``sig`` to the job on every node it holds (or on ``nodes``)."""
-        if job.node is None:
-            return
-        self._stop_sent[(job.job_id, job.attempt)] = self.mono()
-        for node in nodes if nodes is not None else gang.job_nodes(job):
-            await self.bus.publish(node_cmd(node), Signal(job.job_id, job.attempt, sig, grace, reason))
-
-    async def kill_parts(self, job: JobRecord, reason: str, *, besides: str | None = None) -> None:
-        """SIGKILL what a gang job still runs on its nodes (all but ``besides``)."""
-        for node in gang.job_nodes(job):
-            if node != besides:
-                await self.bus.publish(node_cmd(node), Kill(((job.job_id, job.attempt),), reason))
-
-    # -- messages from workers ----------------------------------------------------------------
-
-    async def _bus_loop(self) -> None:
-        """Messages in arrival order; a run of ``started``/``finished`` reports waiting
-        together is applied as one batch (one commit, one ack per node)."""
-        inbox: asyncio.Queue[Message | None] = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                async for m in self.bus.messages():
-                    inbox.put_nowait(m)
-            finally:
-                inbox.put_nowait(None)
-
-        reader = asyncio.create_task(read(), name="bus-reader")
-        try:
-            while True:
-                msgs = [await inbox.get()]
-                while not inbox.empty() and len(msgs) < MAX_REPORT_BATCH:
-                    msgs.append(inbox.get_nowait())
-                run: list[tuple[str, Started | Finished]] = []
-                for msg in msgs:
-                    report = self._report(msg) if msg is not None else None
-                    if report is not None:
-                        run.append(report)
-                        continue
-                    await self._reports_or_log(run)
-                    run = []
-                    if msg is None:
-                        await reader  # the bus closed: end as it ended (an error propagates)
-                        return
-                    try:
-                        await self.handle(msg)
-                    except Exception:
-                        log.exception("dropped %s message from %s: handler failed", msg.kind, msg.sender)
-                await self._reports_or_log(run)
-        finally:
-            reader.cancel()
-
-    def _report(self, msg: Message) -> tuple[str, Started | Finished] | None:
-        """(node, report) for a well-formed ``started``/``finished`` of a known node, which
-        the bus loop batches; None for anything else (``handle`` takes it, and logs it if bad)."""
-        if not (msg.topic == HEAD_EVENTS and msg.kind in (Started.KIND, Finished.KIND)
-                and msg.sender.startswith("worker:") and msg.sender[len("worker:"):] in self.store.nodes):
-            return None
-        try:
-            report = decode(msg.kind, msg.body)
-        except MessageError:
-            return None
-        assert isinstance(report, (Started, Finished))
-        return msg.sender[len("worker:"):], report
-
-    async def _reports_or_log(self, run: list[tuple[str, Started | Finished]]) -> None:
-        if not run:
-            return
-        for node, report in run:
-            if isinstance(report, Started):   # salloc is granted once every node's holder runs
-                self.allocs.started(node, report)
-        try:
-            await self.reports.apply(run)
-        except Exception:
-            log.exception("dropped %d started/finished reports: handler failed", len(run))
-
-    async def handle(self, msg: Message) -> None:
-        if msg.topic == HEAD_REQUESTS:
-            return await self.relayed.handle(msg)
-        if msg.topic != HEAD_EVENTS:
-            return  # node status topics: liveness is judged by heartbeats
-        if not msg.sender.startswith("worker:"):
-            log.warning("dropped %s message from %s: not a worker", msg.kind, msg.sender)
-            return
-        node = msg.sender[len("worker:"):]
-        try:
-            report = decode(msg.kind, msg.body)
-        except MessageError as e:
-            if msg.kind == Samples.KIND:
-                self.telemetry.dropped += 1
-            log.warning("dropped %s from %s: %s", msg.kind, node, e)
-            return
-        if isinstance(report, Register):
-            await self._on_register(node, report)
-        elif node not in self.store.nodes:
-            # A worker we do not know yet (e.g. the head lost its database): ask it to register.
-            await self.bus.publish(node_cmd(node), Hello())
-        elif isinstance(report, Heartbeat):
-            await self._on_heartbeat(node, report)
-        elif isinstance(report, Started):
-            await self._on_started(node, report)
-        elif isinstance(report, Finished):
-            await self._on_finished(node, report)
-        elif isinstance(report, Samples):
-            await self.telemetry.ingest(node, report)
-        elif isinstance(report, (StepOutput, StepExit)):
-            await self.steps.handle(node, report)
-        else:
-            log.warning("dropped %s from %s: not a worker's message", msg.kind, msg.sender)
-
-    async def _on_register(self, node: str, msg: Register) -> None:
-        info = msg.node
-        if info.name != node:
-            log.warning("dropped register from %s: claims to be %s", node, info.name)
-            return
-        now = self.clock()
-        self.heard[node] = self.mono()
-        self.granted.setdefault(node, self.heard[node])
-        old = self.store.nodes.get(node)
-        back = old is None or old.state in (DOWN, NodeState.UNKNOWN.value)
-        state = UP if back else old.state
-        if back:
-            log.info("node %s up: %d GPUs, %d CPUs, %d MB", node, len(info.gpus), info.cpus, info.mem_mb)
-        async with self.lock:
-            txn = Txn(self.store)
-            txn.node_transition(
-                old or NodeRecord(name=node, info={}, state=UP, reason=None, last_seen=now, registered=now),
-                state, reason=None if back else old.reason, now=now,
-                event="registered" if old is None else "returned" if back else "registered again",
-                info=info.to_dict(), last_seen=now)
-            await self.store.commit(txn)
-        self.mig.registered(node, info.to_dict(), now)
-        self.kick()
-
-    async def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
-        running, done, seq = hb.running, hb.done, hb.seq
-        rec = self.store.nodes[node]
-        mono = self.heard[node] = self.mono()
-        if rec.state == DOWN:
-            async with self.lock:
-                txn = Txn(self.store)
-                txn.node_transition(rec, UP, reason=None, now=self.clock(), event="returned",
-                                    last_seen=self.clock())
-                await self.store.commit(txn)
-            log.info("node %s is back", node)
-            self.kick()
-        # The lease: granted (and recorded) before it is sent, so the head's idea of when it
-        # ends is never earlier than the worker's.
-        here = list(self.store.jobs_on_node(node))
-        if seq is not None:
-            self.granted[node] = mono
-            self.lease_seq[node] = seq
-            # Each allocation's time limit rides along, so a lost ``time_limit`` command (an
-            # operator raising it) reaches the node with the next answer.
-            await self.bus.publish(node_cmd(node), Lease(
-                seq, self.cfg.head.lease, tuple((j.job_id, j.attempt) for j in here),
-                tuple((j.job_id, j.attempt, node_time_limit(self, j, gang.rank_of(j, node) or 0)) for j in here)))
-        # Fencing: kill whatever this node runs that the head no longer assigns to it.
-        stale = []
-        for jid, attempt in running:
-            job = self.store.active.get(jid)
-            if job is None or job.attempt != attempt or not job.state.active or gang.rank_of(job, node) is None:
-                stale.append((jid, attempt))
-        if stale:
-            log.warning("node %s runs allocations no longer assigned to it, killing: %s", node,
-                        [list(p) for p in stale])
-            await self.bus.publish(node_cmd(node), Kill(tuple(stale), "fenced"))
-        reported = set(running) | set(done)
-        for job in list(self.store.jobs_on_node(node)):
-            key = (job.job_id, job.attempt)
-            if key in reported:
-                if job.state is JobState.COMPLETING and key in set(running):
-                    sent = self._stop_sent.get(key, float("-inf"))
-                    if mono - sent > STOP_RESEND_AFTER:
-                        await self.send_signal(job, "TERM", grace=self.cfg.head.kill_grace,
-                                                reason=_stop_kind(job), nodes=[node])
-                continue
-            sent = self._launch_sent.setdefault(key, mono)
-            if job.launched_at is not None and mono - sent > LAUNCH_RESEND_AFTER:
-                log.info("re-sending launch of job %d attempt %d to %s", job.job_id, job.attempt, node)
-                await self._send_launch(job, node)
-
-    async def _on_started(self, node: str, report: Started) -> None:
-        self.allocs.started(node, report)
-        await self.reports.apply([(node, report)])
-
-    async def _on_finished(self, node: str, report: Finished) -> None:
-        await self.reports.apply([(node, report)])
-
-    # -- liveness --------------------------------------------------------------------------
-
-    async def _liveness(self) -> None:
-        while True:  # node_timeout may change on reload
-            await asyncio.sleep(max(0.05, min(1.0, self.cfg.head.node_timeout / 4)))
-            await self.liveness_tick()
-
-    async def liveness_tick(self) -> None:
-        """Judge the nodes and keep the WAL small; a failure (a full disk, say) is logged and
-        the next tick tries again: never fatal."""
-        try:
-            await self.check_nodes()
-        except Exception as e:
-            log.error("liveness: could not record node changes (will retry): %s", e,
-                      exc_info=not isinstance(e, (sqlite3.Error, OSError)))
-        try:
-            await self.checkpoint()
-        except Exception as e:
-            log.warning("could not checkpoint the database's WAL: %s", e)
 
     async def checkpoint(self) -> None:
         """Keep the WAL small: passive once it grows past WAL_CHECKPOINT_BYTES; truncated to
@@ -667,74 +402,12 @@ class Head:
             self._truncated = self.mono()
             await self.store.checkpoint("TRUNCATE")
 
-    def lease_ends(self, node: str) -> float:
-        """Mono time by which the node's worker has surely stopped what it ran for us."""
-        lease = self.cfg.head.lease
-        return self.granted.get(node, float("-inf")) + lease + lease_margin(lease)
-
-    async def check_nodes(self) -> None:
-        mono, timeout = self.mono(), self.cfg.head.node_timeout
-        for rec in list(self.store.nodes.values()):
-            heard = self.heard.get(rec.name)
-            if rec.state in (UP, DRAIN) and heard is not None and mono - heard > timeout:
-                await self._node_down(rec, f"no heartbeat for {mono - heard:.0f}s")
-        for rec in list(self.store.nodes.values()):
-            if rec.state == DOWN and mono >= self.lease_ends(rec.name) and \
-                    next(self.store.jobs_on_node(rec.name), None) is not None:
-                await self._node_failed(rec)
-
-    async def _node_down(self, rec: NodeRecord, reason: str) -> None:
-        """No more jobs for the node; what runs there is kept until its lease has ended."""
-        async with self.lock:
-            txn = Txn(self.store)
-            txn.node_transition(rec, DOWN, reason=reason, now=self.clock(), event="node_down")
-            await self.store.commit(txn)
-        jobs = list(self.store.jobs_on_node(rec.name))
-        wait = max(0.0, self.lease_ends(rec.name) - self.mono())
-        log.warning("node %s DOWN: %s%s", rec.name, reason,
-                    f"; its {len(jobs)} job(s) are requeued once its lease has ended, in {wait:.0f}s, "
-                    "unless it returns" if jobs else "")
-        self.kick()
-
-    async def _node_failed(self, rec: NodeRecord) -> None:
-        """The DOWN node's lease has ended: its jobs are surely dead there; requeue them."""
-        async with self.change() as ch:
-            now, txn = ch.now, ch.txn
-            reason = f"node {rec.name} DOWN ({rec.reason or 'no heartbeat'}); its lease ended"
-            lost = list(self.store.jobs_on_node(rec.name))
-            for job in lost:
-                txn.end_allocation(job.job_id, job.attempt, end=now, outcome="node_fail")
-                if job.spec.requeue and job.stop_reason != StopReason.CANCELLED:
-                    txn.transition(job, JobState.PENDING, now=now, event="node_fail",
-                                   detail=f"{reason}; requeued", **requeue_changes(job))
-                    log.info("job %d (user %s) requeued: %s", job.job_id, job.user, reason)
-                else:
-                    new = JobState.CANCELLED if job.stop_reason == StopReason.CANCELLED else JobState.NODE_FAIL
-                    txn.transition(job, new, now=now, event="node_fail", detail=reason, end_time=now)
-                    log.info("job %d (user %s) %s: %s", job.job_id, job.user, new.value, reason)
-                ch.ended(job, now)
-                if job.parts:   # a gang job's other parts hold nothing now
-                    ch.then(self.kill_parts, job, "node_fail", besides=rec.name)
-                ch.then(self.steps.job_ended, job.job_id)
-            ch.wake()
-
     def allocation_ended(self, job: JobRecord, end: float) -> None:
         """After an allocation's end is committed: bill the job (its allocation as it was)
         and stop re-sending its stop signal."""
         if job.node is not None:
             self.usage.job_ended(running_view(job), node_view(self.store, job.node), end, self.cfg.sched)
         key = (job.job_id, job.attempt)
-        self._stop_sent.pop(key, None)
-        self._launch_sent.pop(key, None)
+        self.commands.forget(key)
         self.run_since.pop(key, None)
 
-
-def lease_margin(lease: float) -> float:
-    """How long after a lease's end the head waits before it counts the worker's jobs dead:
-    the worker's kill and the two monotonic clocks' different rates."""
-    return LEASE_MARGIN + LEASE_MARGIN_SHARE * lease
-
-
-def _stop_kind(job: JobRecord) -> str:
-    stop = StopReason.of(job.stop_reason)
-    return "preempted" if stop is not None and stop.kind == "preempted" else "cancelled"

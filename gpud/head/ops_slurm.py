@@ -410,7 +410,7 @@ async def op_update_node(head: "Head", caller: Caller, args: dict) -> dict:
                                              event="drained")
             elif rec.state in (DRAIN, DOWN):
                 rec = ch.txn.node_transition(rec, UP, reason=None, now=ch.now, event=f"resumed by {caller.user}")
-                head.heard[name] = head.mono()   # a DOWN node gets a full timeout to prove itself
+                head.liveness.heard[name] = head.mono()   # a DOWN node gets a full timeout to prove itself
             else:
                 errors.append(f"node {name}: not drained or down; nothing to resume")
                 continue

@@ -127,7 +127,7 @@ class WorkerReports:
                     ended_gang = job
             ch.tell(node_cmd(node), Ack(((jid, attempt),)))
             if ended_gang is not None:
-                ch.then(head.kill_parts, ended_gang, "job ended", besides=node)
+                ch.then(head.commands.kill_parts, ended_gang, "job ended", besides=node)
             if job is not None:
                 ch.then(self._steps_ended, [jid])
 

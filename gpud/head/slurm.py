@@ -345,7 +345,7 @@ class SlurmSupport:
                                             stop_reason=StopReason.TIMEOUT.value, stop_time=now))
         await self.head.store.commit(txn)
         for j in stops:
-            await self.head.send_signal(j, "TERM", grace=self.head.cfg.head.kill_grace, reason="timeout")
+            await self.head.commands.send_signal(j, "TERM", grace=self.head.cfg.head.kill_grace, reason="timeout")
         self.book.retain(refs)
         return {k: v for k, v in blocked.items() if k in self.head.store.active}
 

@@ -358,7 +358,7 @@ class Telemetry:
                                          reason=reason)
             await head.store.commit(txn)
         if updated.state is JobState.COMPLETING:
-            await head.send_signal(updated, "TERM", grace=head.cfg.head.kill_grace,
+            await head.commands.send_signal(updated, "TERM", grace=head.cfg.head.kill_grace,
                                    reason="cancelled" if action == "cancel" else "preempted")
             head.kick()
 
