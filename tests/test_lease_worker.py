@@ -144,11 +144,11 @@ async def test_the_worker_kills_its_jobs_when_the_lease_lapses(tmp_path):
         await r.wait("started")
         r.lease_period = None              # the head goes silent
         mono.t += 59                        # within the lease: nothing happens
-        r.worker._lease_changed.set()
+        r.worker.fencing.changed.set()
         await asyncio.sleep(0.05)
         assert not [c for c in r.executor.calls if c[0] == "kill"]
         mono.t += 2                         # past it
-        r.worker._lease_changed.set()
+        r.worker.fencing.changed.set()
         await until(lambda: ("kill", 1, 1, LEASE_EXPIRED) in r.executor.calls, WAIT, "the self-fencing kill")
     finally:
         await close_rig(r)
@@ -218,10 +218,10 @@ async def test_a_wall_clock_step_on_the_worker_keeps_its_lease(tmp_path):
         await r.command("launch", launch_body(1))
         await r.wait("started")
         wall[0] += 3600                      # +1 h on the wall clock
-        r.worker._lease_changed.set()
+        r.worker.fencing.changed.set()
         await r.worker.heartbeat()
         await r.barrier()
-        assert r.worker.lease.held(mono()) and not [c for c in r.executor.calls if c[0] == "kill"]
+        assert r.worker.fencing.lease.held(mono()) and not [c for c in r.executor.calls if c[0] == "kill"]
         r.worker.stop()
         await asyncio.wait_for(runner, WAIT)
         collector.cancel()

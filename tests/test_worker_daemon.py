@@ -136,7 +136,7 @@ class Rig:
     async def leased(self) -> None:
         """Returns once the worker holds a lease and no longer holds launches back."""
         async def held():
-            while self.worker._hold_from is not None or not self.worker.lease.held(self.worker.mono()):
+            while self.worker.fencing.hold_from is not None or not self.worker.fencing.lease.held(self.worker.mono()):
                 await asyncio.sleep(0.005)
         await asyncio.wait_for(held(), WAIT)
 

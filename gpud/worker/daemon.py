@@ -19,12 +19,13 @@ keep running.  Four tasks share one TaskGroup:
                 ``hello`` (the head wants a fresh ``register``) and ``mig`` (re-lay a
                 dynamic MIG GPU; a ``register`` follows); plus ``head_status``, whose
                 "online" also triggers a ``register``.
-``lease``       the lease from the head (gpud.worker.lease): each heartbeat carries a number,
-                the head's ``lease`` answer renews the lease from that heartbeat's send
-                time; when it lapses every allocation is killed (self-fencing).  Launches
-                are started only under a lease that holds, and after every (re)connect
-                the launches that arrive are held until the head's first answer says
-                which allocations are still this node's.
+``lease``       the lease from the head (gpud.worker.lease, kept by gpud.worker.fencing):
+                each heartbeat carries a number, the head's ``lease`` answer renews the
+                lease from that heartbeat's send time; when it lapses every allocation is
+                killed (self-fencing).  Launches are started only under a lease that
+                holds, and after every (re)connect the launches that arrive are held
+                until the head's first answer says which allocations are still this
+                node's.
 ``outbox``      publishes what the executor reports (``started``, ``finished``) in the
                 order it happened, so executor callbacks never wait on the network.
 
@@ -38,9 +39,10 @@ busy slices are completed.
 Multi-node jobs: the node reports ``labels["addr"]`` (``[worker] address``, else its primary
 IPv4 address) for MASTER_ADDR; ranks after the first arrive as ordinary launches of a
 holder script.  ``step`` and ``step_kill`` start and end ``gpuctl srun`` tasks
-(gpud.worker.steps); a job's stop signals reach its tasks too, and the end of its
-allocation here kills them.  A step this node refuses is answered with a ``step_exit``
-(srun waits for one), and tasks a previous worker left are killed at start.
+(gpud.worker.steps, reached through gpud.worker.steprelay); a job's stop signals reach its
+tasks too, and the end of its allocation here kills them.  A step this node refuses is
+answered with a ``step_exit`` (srun waits for one), and tasks a previous worker left are
+killed at start.  The node's resources and address: gpud.worker.nodeinfo.
 
 Every message is at-least-once, so every handler tolerates repeats, and nothing in a
 message body is trusted: each is read with ``gpud.bus.messages.decode``, and one of the
@@ -59,23 +61,21 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Callable, Iterable
-
-import psutil
+from typing import Any, Awaitable, Callable, Iterable
 
 from ..bus.base import HEAD_EVENTS, HEAD_STATUS, Bus, Message, Will, node_cmd, node_status
 from ..bus.messages import (Ack, Body, HeadStatus, Heartbeat, Hello, Kill, Launch, Lease, MessageError, MigRelayout,
-                            NodeStatus, Register, Signal, Started, StepAck, StepExit, StepInput, StepKill, StepRef,
-                            StepResize, StepStart, TimeLimit, decode)
+                            NodeStatus, Register, Signal, Started, StepStart, TimeLimit, decode)
 from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
-from ..model import NodeInfo
 from . import gpumodes, lease as leases
+from .fencing import LEASE_EXPIRED, Fencing  # noqa: F401 (LEASE_EXPIRED: imported from here by tests)
 from .launch import Outcome, parse_signal
+from .nodeinfo import build_node_info, primary_address  # noqa: F401 (imported from here by tests)
+from .steprelay import StepRelay
 
 log = logging.getLogger("gpud.worker")
 
@@ -83,9 +83,6 @@ HEAD_SENDER = "head"
 SHUTDOWN_FLUSH_TIMEOUT = 2.0   # seconds to spend sending the last messages at a graceful stop
 MAX_RESENDS_PER_HEARTBEAT = 256  # unacked results repeated per heartbeat; the rest next time
 _CANCEL_ROUNDS = 100           # see _cancel_all
-LEASE_EXPIRED = "lease_expired"    # the end reason of a job killed because the lease lapsed
-ADOPTED_LEASE = 300.0          # s: jobs found with no lease file (an upgrade) get this long to hear the head
-MAX_PARKED = 10_000            # launches held after a reconnect, waiting for the head's answer
 
 
 def worker_sender(name: str) -> str:
@@ -104,46 +101,6 @@ def default_executor_factory(state_dir: str, node: str, **kw: Any) -> Any:
     from .executor import Executor
 
     return Executor(state_dir, node, **kw)
-
-
-SIM_CPUS_PER_GPU = 16       # a simulated GPU server is sized like a real one,
-SIM_MEM_MB_PER_GPU = 128 * 1024  # not like the small machine simulating it
-
-
-def build_node_info(cfg: Config, backend: GpuBackend) -> NodeInfo:
-    """This host as the head sees it: config overrides first, then what the machine has.
-
-    With simulated GPUs the host's own CPUs and memory would make the GPUs unreachable
-    (a 2-core test box could run two jobs on eight GPUs), so the defaults follow the GPUs.
-    """
-    gpus = tuple(backend.discover())
-    sim = backend.name == "sim"
-    cpus = os.cpu_count() or 1
-    mem = psutil.virtual_memory().total // (1 << 20)
-    if sim:
-        cpus, mem = max(cpus, SIM_CPUS_PER_GPU * len(gpus)), max(mem, SIM_MEM_MB_PER_GPU * len(gpus))
-    return NodeInfo(
-        name=cfg.worker_name(),
-        cpus=cfg.worker.cpus or cpus,
-        mem_mb=cfg.worker.mem_mb or mem,
-        gpus=gpus,
-        labels={**(cfg.worker.labels or {}), "addr": cfg.worker.address or primary_address(),
-                **({"features": ",".join(cfg.worker.features)} if cfg.worker.features else {})},
-    )
-
-
-def primary_address() -> str:
-    """The IPv4 address this host's default route leaves by (no packet is sent), else its
-    host name: what other nodes use to reach a multi-node job's rank 0."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))   # TEST-NET-1: only picks a route
-            addr = s.getsockname()[0]
-        if addr and not addr.startswith("127."):
-            return addr
-    except OSError:
-        pass
-    return socket.gethostname()
 
 
 class Worker:
@@ -171,12 +128,13 @@ class Worker:
         self._in_flight: asyncio.Task | None = None   # the message being handled
         self._launching: set[asyncio.Task] = set()     # launches in flight, waited for on stop
         self._head_online: bool | None = None          # from head_status; None: not heard yet
-        self.lease = leases.Lease()
-        # After a (re)connect, launches wait here until the answer to a heartbeat numbered
-        # at least ``_hold_from`` says which allocations are still ours; None: not holding.
-        self._hold_from: int | None = None
-        self._parked: dict[tuple[int, int], Launch] = {}
-        self._lease_changed = asyncio.Event()
+        self.fencing = Fencing(self.name, self.state_dir, mono=lambda: self.mono(), executor=lambda: self.executor)
+        self.step_relay = StepRelay(self.name, lambda: self.steps, lambda topic, msg: self._publish(topic, msg))
+        self._commands: dict[type, Callable[[Any], Awaitable[None]]] = {
+            Launch: self._cmd_launch, Lease: self._cmd_lease, Signal: self._cmd_signal, Kill: self._cmd_kill,
+            Ack: self._cmd_ack, Hello: self._cmd_hello, MigRelayout: self._cmd_mig, TimeLimit: self._cmd_time_limit,
+            **self.step_relay.handlers(),
+        }
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self.ready = asyncio.Event()         # set once the executor runs and the tasks are up
@@ -225,7 +183,7 @@ class Worker:
         await self._confine()                           # before start(): adoption finds jobs by their cgroups
         self.executor.lease_file = os.path.join(self.state_dir, leases.FILE_NAME)   # the wrappers watch it
         await self.executor.start()
-        self._resume_lease()
+        self.fencing.resume()
         from .steps import StepTasks
 
         self.steps = StepTasks(self.name, getattr(self.executor, "task_setup", lambda job, attempt: None),
@@ -244,7 +202,7 @@ class Worker:
                     tg.create_task(self._heartbeat_loop(), name="heartbeat"),
                     tg.create_task(self._command_loop(), name="commands"),
                     tg.create_task(self._sampler().run(), name="telemetry"),
-                    tg.create_task(self._lease_loop(), name="lease"),
+                    tg.create_task(self.fencing.run(), name="lease"),
                 ]
                 outbox = tg.create_task(self._outbox_loop(), name="outbox")
                 self.ready.set()
@@ -273,48 +231,6 @@ class Worker:
 
     async def _on_bus_connect(self) -> None:
         self._connected.set()
-
-    # -- the lease (gpud.worker.lease) ----------------------------------------------------------
-
-    def _resume_lease(self) -> None:
-        """At start: the lease a previous worker on this boot held, so adopted jobs live
-        exactly as long as they would have; none on record and jobs found (an upgrade from a
-        worker without leases): a provisional one."""
-        saved = leases.load(self.state_dir)
-        if saved is not None:
-            self.lease.until = saved
-        elif self.executor.running():
-            self.lease.until = self.mono() + ADOPTED_LEASE
-            self._save_lease()
-
-    def _save_lease(self) -> None:
-        try:
-            os.makedirs(self.state_dir, exist_ok=True)
-            leases.save(self.state_dir, self.lease.until)
-        except OSError as e:   # the daemon still fences; the wrappers keep the last lease they saw
-            log.error("worker %s: cannot save its lease: %s", self.name, e)
-
-    async def _lease_loop(self) -> None:
-        """Self-fencing: once the lease lapses, nothing runs here."""
-        while True:
-            now = self.mono()
-            if not self.lease.held(now):
-                self._parked.clear()
-                running = list(self.executor.running())
-                if running:
-                    log.error("worker %s: no lease from the head for %s; killing its %d job(s)", self.name,
-                              f"{self.lease.period:g}s" if self.lease.period else "too long", len(running))
-                for job, attempt in running:
-                    try:
-                        await self.executor.kill(job, attempt, reason=LEASE_EXPIRED)
-                    except Exception as e:  # noqa: BLE001 - one failure must not spare the others
-                        log.error("worker %s: could not kill job %s.%s: %s", self.name, job, attempt, e)
-            self._lease_changed.clear()
-            wait = self.lease.until - now if self.lease.held(now) else 1.0
-            try:
-                await asyncio.wait_for(self._lease_changed.wait(), min(1.0, max(0.01, wait)))
-            except asyncio.TimeoutError:
-                pass
 
     async def _flush_and_say_goodbye(self) -> None:
         async def goodbye() -> None:
@@ -345,7 +261,7 @@ class Worker:
                     log.info("worker %s reconnected to the broker", self.name)
                 # Launches queued for us while we were away may be stale: hold what arrives
                 # until the head answers this announcement's heartbeat.
-                self._hold_from = self.lease.last_seq + 1
+                self.fencing.hold_launches()
                 await self.announce()
                 first, announced = False, connects
             await self._connected.wait()
@@ -390,7 +306,7 @@ class Worker:
     async def heartbeat(self) -> None:
         outcomes: list[Outcome] = list(self.executor.outcomes())
         await self._publish(HEAD_EVENTS, Heartbeat(
-            seq=self.lease.next_seq(self.mono()), running=tuple((j, a) for j, a in self.executor.running()),
+            seq=self.fencing.next_seq(), running=tuple((j, a) for j, a in self.executor.running()),
             done=tuple((o.job_id, o.attempt) for o in outcomes)))
         if self._head_online is False:
             return  # queued repeats would only pile up in the broker; "online" brings a resend
@@ -478,13 +394,13 @@ class Worker:
             except MessageError as e:
                 log.warning("worker %s dropped %s from %s: %s", self.name, msg.kind, msg.sender, e)
                 if msg.topic == self._cmd_topic and msg.kind == StepStart.KIND:
-                    await self._refuse_step(msg.body, str(e))
+                    await self.step_relay.refuse(msg.body, str(e))
                 elif msg.topic == self._cmd_topic and msg.kind == MigRelayout.KIND:
                     await self.register()   # the head waits for the GPUs as they are
                 return
             handler = self._commands.get(type(cmd))
             if msg.topic == self._cmd_topic and handler is not None:
-                await handler(self, cmd)
+                await handler(cmd)
             elif msg.topic == HEAD_STATUS and isinstance(cmd, HeadStatus):
                 await self._on_head_status(cmd)
             else:
@@ -503,35 +419,17 @@ class Worker:
             await self.heartbeat()
 
     async def _cmd_lease(self, lease: Lease) -> None:
-        if self.lease.renewed(lease.seq, lease.period):
-            self._save_lease()
-            self._lease_changed.set()
+        self.fencing.renewed(lease)
         held = getattr(self.executor, "held_time_limit", None)
         for job, attempt, limit in lease.limits if held is not None else ():
             now = held(job, attempt)
             if now is not None and now != (limit,):   # a time_limit command that was lost
                 log.info("job %s.%s: time limit %s from the head's lease answer", job, attempt, limit)
                 await self.executor.set_time_limit(job, attempt, limit)
-        if self._hold_from is not None and lease.seq >= self._hold_from:
-            self._hold_from = None
-            ours = set(lease.allocs)
-            parked, self._parked = self._parked, {}
-            for key, launch in parked.items():
-                if key in ours:
-                    await self._cmd_launch(launch)
-                else:
-                    log.warning("job %s.%s: a launch queued while %s was away is no longer ours; "
-                                "not started", *key, self.name)
+        await self.fencing.release(lease, self._cmd_launch)
 
     async def _cmd_launch(self, launch: Launch) -> None:
-        key = (launch.job_id, launch.attempt)
-        if self._hold_from is not None:   # just reconnected: ask the head first
-            if len(self._parked) < MAX_PARKED:
-                self._parked[key] = launch
-            return
-        if not self.lease.launch_ok(launch.lease_seq, self.mono()):
-            log.warning("job %s.%s: launch under a lapsed lease; not started (the head re-sends "
-                        "launches that are still valid)", *key)
+        if not self.fencing.may_start(launch):
             return
         user = launch.user
         self._users[(launch.job_id, launch.attempt)] = user
@@ -601,42 +499,6 @@ class Worker:
             "worker %s: mig (%s): %s", self.name, reason[:80], result.message)
         self.node = replace(self.node, gpus=self.gpus.infos())
         await self.register()   # applied or not, the head learns what is there
-
-    async def _refuse_step(self, body: Any, why: str) -> None:
-        """A step this node cannot start: srun waits for its tasks' exits, so say no."""
-        try:
-            job, attempt, step = StepRef.read_ref(body)
-        except MessageError:
-            return   # nothing to address the answer to
-        why = f"node {self.name} refused the step: {why}"[:300]
-        await self._publish(HEAD_EVENTS, StepExit(job, attempt, step, message=why))
-
-    async def _cmd_step(self, cmd: StepStart) -> None:
-        if self.steps is not None:
-            await self.steps.start(cmd)
-
-    async def _cmd_step_kill(self, cmd: StepKill) -> None:
-        if self.steps is not None and self.steps.kill_step(cmd.job, cmd.attempt, cmd.step):
-            log.info("job %s.%s step %s on %s: tasks killed", cmd.job, cmd.attempt, cmd.step, self.name)
-
-    async def _cmd_step_ack(self, cmd: StepAck) -> None:
-        if self.steps is not None:
-            await self.steps.ack(cmd.job, cmd.attempt, cmd.step, cmd.next, cmd.resend)
-
-    async def _cmd_step_input(self, cmd: StepInput) -> None:
-        if self.steps is not None:
-            await self.steps.write_input(cmd.job, cmd.attempt, cmd.step, cmd.writer, cmd.seq, cmd.data, cmd.eof)
-
-    async def _cmd_step_resize(self, cmd: StepResize) -> None:
-        if self.steps is not None:
-            self.steps.resize(cmd.job, cmd.attempt, cmd.step, cmd.rows, cmd.cols)
-
-    _commands = {
-        Launch: _cmd_launch, Lease: _cmd_lease, Signal: _cmd_signal, Kill: _cmd_kill,
-        Ack: _cmd_ack, Hello: _cmd_hello, MigRelayout: _cmd_mig,
-        StepStart: _cmd_step, StepKill: _cmd_step_kill, TimeLimit: _cmd_time_limit,
-        StepAck: _cmd_step_ack, StepInput: _cmd_step_input, StepResize: _cmd_step_resize,
-    }
 
 
 async def _cancel_all(tasks: Iterable[asyncio.Task]) -> None:
