@@ -5,7 +5,7 @@
 * nothing imports gpud.head or gpud.worker except the two modules that wire daemons together
   (gpud/cli.py and gpud/standalone.py), and the head and the worker do not import each other;
 * gpuctl imports no daemon module (it starts on every call, and may run where no daemon is);
-* the bus (and with it the wire contract, gpud/bus/messages.py) imports only itself and the
+* the bus (and with it the wire contract, the package gpud/bus/messages/) imports only itself and the
   shared data and notations: never a daemon, the core or a GPU backend;
 * the daemons send message objects (gpud.bus.messages): no ``publish`` call and no last will
   spells out a kind and a body by hand;
