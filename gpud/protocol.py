@@ -90,10 +90,11 @@ Operations (args -> result):
              "mem_used_mb", "power_w", "temp_c", "users", "slices"], "queue": {partition:
              {"pending", "running", "completing", "pending_gpus"}}, "jobs": [running job]}
 
-``step_launch`` {"job_id": int, "argv": [str], "ntasks_per_node": int?, "env": {str: str}?}
-             -> {"job_id", "step", "ntasks", "nodes", "nodelist"}   (gpuctl srun: start argv
-             on every node of a running job; its owner or root only, never an admin: the tasks run as the
-             job's user)
+``step_launch`` {"job_id": int, "argv": [str], "ntasks_per_node": int?, "env": {str: str}?,
+             "rlimits": {NAME: [soft, hard]}?} -> {"job_id", "step", "ntasks", "nodes", "nodelist"}
+             (gpuctl srun: start argv on every node of a running job; its owner or root only, never
+             an admin: the tasks run as the job's user, with srun's resource limits as ``submit``'s
+             ``rlimits``, each at most the node's own)
 ``step_poll`` {"job_id", "step", "offset": int} -> {"lines": [[rank, stream (1 stdout, 2
              stderr), text]], "offset" (the next one to ask for), "dropped" (lines lost to
              the buffer cap), "done": bool, "exit_code": int|null, "message": str|null,

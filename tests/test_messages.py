@@ -45,7 +45,9 @@ EXAMPLES: list[m.Body] = [
     m.TimeLimit(7, 2, None),
     m.StepStart(7, 2, 0, argv=("python", "train.py", ""), env={"FROM_SRUN": "1"}, ntasks_per_node=2,
                 node_rank=1, nnodes=2, nodelist="n[1-2]", master_addr="10.0.0.1", master_port=27007,
-                pty=False, stdin=True, rows=50, cols=132),
+                pty=False, stdin=True, rows=50, cols=132, rlimits={"NOFILE": (321, 4096), "CORE": (-1, -1)}),
+    m.StepStart(7, 2, 1, argv=("true",), env={}, ntasks_per_node=1, node_rank=0, nnodes=1, nodelist="n1",
+                master_addr="n1", master_port=27007),
     m.StepKill(7, 2, 0),
     m.StepAck(7, 2, 0, 17, resend=True),
     m.StepInput(7, 2, 0, "srun-1", 3, "typed\n\x03\xff", eof=True),
@@ -141,6 +143,18 @@ def test_the_sender_side_shapes_match_what_older_receivers_read():
                                                             "time", "message"}
 
 
+def test_a_step_carries_sruns_limits_only_when_it_has_some():
+    """``rlimits`` is optional: a step without limits sends no key, and one from an older
+    head (no key) is read as none."""
+    with_limits, without = (x for x in EXAMPLES if x.KIND == "step")
+    body = encode(with_limits)[1]
+    assert body["rlimits"] == {"NOFILE": [321, 4096], "CORE": [-1, -1]}
+    assert decode("step", json.loads(json.dumps(body))).rlimits == {"NOFILE": (321, 4096), "CORE": (-1, -1)}
+    assert "rlimits" not in encode(without)[1]
+    older = dict(OLDER)["step"]
+    assert decode("step", older).rlimits == {} and decode("step", {**older, "rlimits": None}).rlimits == {}
+
+
 # -- refused ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind, body, words", [
@@ -206,6 +220,11 @@ MALFORMED = [
     ("step", _with("step", ntasks_per_node=0), "ntasks_per_node must be an integer"),
     ("step", _with("step", pty=True), "a step on a terminal has one task"),
     ("step", _with("step", master_port=70000), "master_port must be an integer"),
+    ("step", _with("step", rlimits={"NOFILE": [1]}), "invalid resource limit 'NOFILE'"),
+    ("step", _with("step", rlimits={"NOFILE": [1, 2**63]}), "invalid resource limit 'NOFILE'"),
+    ("step", _with("step", rlimits={"NOFILE": [True, 1]}), "invalid resource limit 'NOFILE'"),
+    ("step", _with("step", rlimits={"LOTS": [1, 1]}), "invalid resource limit 'LOTS'"),
+    ("step", _with("step", rlimits=[[1, 1]]), "rlimits must map resource names"),
     ("step_ack", _with("step_ack", next=-1), "next must be an integer"),
     ("step_input", _with("step_input", writer=""), "writer must be a non-empty string"),
     ("step_input", _with("step_input", data="\u20ac"), "latin-1"),

@@ -61,3 +61,34 @@ def test_gpuctl_reads_its_limits_as_the_kernel_reports_them():
     for name, pair in mine.items():
         want = resource.getrlimit(getattr(resource, "RLIMIT_" + name))
         assert pair == [-1 if v == resource.RLIM_INFINITY else v for v in want], name
+
+
+def _srun(c: Cluster, job: int, *args: str, preexec=None) -> subprocess.CompletedProcess:
+    """``gpuctl srun`` inside ``job`` (GPUD_JOB_ID), run by a process with ``preexec``'s limits."""
+    return subprocess.run([sys.executable, "-m", "gpuctl.main", "--socket", c.socket, "srun", *args],
+                          env=dict(c.env, GPUD_JOB_ID=str(job)), capture_output=True, text=True, timeout=60,
+                          cwd=str(c.root), preexec_fn=preexec)
+
+
+def test_srun_tasks_get_the_limits_of_the_srun_that_started_them(tmp_path, mosquitto):  # noqa: F811
+    _, node_hard = resource.getrlimit(resource.RLIMIT_NOFILE)   # the worker inherits this one
+    hard = 1000 if node_hard == resource.RLIM_INFINITY else min(node_hard, 1000)
+    with Cluster(tmp_path / "c", mosquitto.url) as c:
+        c.start_head()
+        c.start_worker("n1")
+        job = c.sbatch("-o", "/dev/null", "--wrap", "sleep 600")
+        c.wait_job_state(job, "RUNNING", 60)
+        # srun under a lowered NOFILE, as after `ulimit -n` in the user's shell; two tasks
+        r = _srun(c, job, "--ntasks-per-node", "2", "grep", "Max open files", "/proc/self/limits",
+                  preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (321, hard)))
+        assert r.returncode == 0, r.stderr
+        assert [line.split()[3:5] for line in r.stdout.splitlines()] == [["321", str(hard)]] * 2, r.stdout
+        # an srun with the node's limits: its tasks have them (the worker's, not the first step's)
+        r = _srun(c, job, "sh", "-c", "ulimit -Hn")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["unlimited" if node_hard == resource.RLIM_INFINITY else str(node_hard)]
+        with c.client() as client, pytest.raises(RemoteError) as e:
+            client.call("step_launch", job_id=job, argv=["true"], rlimits={"NOFILE": "lots"})
+        assert str(e.value).startswith("srun: invalid resource limit 'NOFILE'") and "\n" not in str(e.value)
+        c.gpuctl("scancel", str(job))
+        c.wait_job_state(job, "CANCELLED", 60)

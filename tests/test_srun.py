@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 
@@ -56,6 +57,17 @@ def test_resource_options_inside_a_job_are_ignored_with_a_warning(head):
     assert r.returncode == 0
     assert r.stderr == "srun: warning: --gpus is ignored inside a job: the step uses job 5's allocation\n"
     assert "submit" not in head.ops()
+
+
+def test_srun_sends_its_own_resource_limits(head):
+    head.reply("step_launch", {"job_id": 5, "step": 0, "ntasks": 1, "nodes": 1, "nodelist": "w1"})
+    head.reply("step_poll", {"lines": [], "offset": 0, "done": True, "exit_code": 0, "message": None,
+                             "bad_rank": None})
+    assert srun(head.path, "true").returncode == 0
+    sent = head.last("step_launch")["rlimits"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)   # the srun child inherits this test's
+    assert sent["NOFILE"] == [-1 if v == resource.RLIM_INFINITY else v for v in (soft, hard)]
+    assert set(sent) == {"AS", "CORE", "CPU", "DATA", "FSIZE", "MEMLOCK", "NOFILE", "NPROC", "RSS", "STACK"}
 
 
 def test_someone_elses_job_is_refused(head):
@@ -180,3 +192,23 @@ async def test_a_working_directory_the_task_cannot_enter_is_an_error(tmp_path):
     body = step_body(["true"])
     sent, _ = await run_step(tmp_path / "missing", body, until=lambda s, t: len(exits(s)) == 2)
     assert exits(sent) == {2: (126, None), 3: (126, None)}
+
+
+async def test_tasks_run_under_sruns_limits_never_above_the_workers(tmp_path):
+    """srun's NOFILE, lowered, reaches both tasks; a hard limit above the worker's own is
+    clamped to it (the worker runs these tasks as it would as root)."""
+    _, node_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    body = step_body(["sh", "-c", "echo $(ulimit -Sn) $(ulimit -Hn)"], rlimits={"NOFILE": [321, 10**9]})
+    assert body.rlimits == {"NOFILE": (321, 10**9)}
+    sent, _ = await run_step(tmp_path, body, until=lambda s, t: len(exits(s)) == 2)
+    assert exits(sent) == {2: (0, None), 3: (0, None)}
+    hard = "unlimited" if node_hard == resource.RLIM_INFINITY else str(node_hard)
+    assert sorted(lines(sent)) == [(2, 1, f"321 {hard}\n"), (3, 1, f"321 {hard}\n")]
+
+
+async def test_a_task_on_a_terminal_runs_under_sruns_limits_too(tmp_path):
+    body = step_body(["sh", "-c", "ulimit -Sn"], rlimits={"NOFILE": [321, 321]}, pty=True, ntasks_per_node=1,
+                     nnodes=1, node_rank=0)
+    sent, _ = await run_step(tmp_path, body, until=lambda s, t: len(exits(s)) == 1)
+    assert exits(sent) == {0: (0, None)}
+    assert "".join(text for _, fd, text in lines(sent) if fd == 3).split() == ["321"]

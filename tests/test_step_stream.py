@@ -177,3 +177,19 @@ async def test_input_reaches_task_0_once_and_in_order(tmp_path):
         assert sent[-2][1]["input"] == {"a": 3} or any(m.get("input") == {"a": 3} for _, m in sent)
     finally:
         await tasks.close()
+
+
+async def test_sruns_limits_go_to_the_nodes_and_bad_ones_are_refused(kit):
+    job_id = await kit.submit(ALICE, "sleep 600", gpus=1)
+    await kit.schedule()
+    await kit.call("step_launch", ALICE, job_id=job_id, argv=["true"], rlimits={"NOFILE": [321, 4096]})
+    [(node, body)] = kit.sent_to("step")
+    assert node == "n1" and body["rlimits"] == {"NOFILE": [321, 4096]}
+    await kit.call("step_launch", ALICE, job_id=job_id, argv=["true"])   # an older srun: none
+    assert "rlimits" not in kit.sent_to("step")[-1][1]
+    for bad, words in (({"NOFILE": [1]}, "srun: invalid resource limit 'NOFILE'"),
+                       ({"LOTS": [1, 1]}, "srun: invalid resource limit 'LOTS'"),
+                       ("all", "srun: rlimits must map resource names")):
+        why = await kit.refused("step_launch", ALICE, job_id=job_id, argv=["true"], rlimits=bad)
+        assert why.startswith(words) and "\n" not in why, why
+    assert len(kit.sent_to("step")) == 2

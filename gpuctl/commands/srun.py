@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from ..client import own_rlimits
 from .common import CommandFailed, session
 from .salloc import Allocation, allocation_spec, typed_options
 from .sbatch import SbatchCommand, _table_options
@@ -87,7 +88,8 @@ def command(ctx: click.Context, label: bool, pty: bool, command: tuple[str, ...]
 def _run_step(client: Any, job_id: int, argv: list[str], env: dict[str, str], per_node: int | None,
               label: bool, pty: bool) -> int:
     forward = pty or not stdin_is_null()
-    args: dict[str, Any] = {"job_id": job_id, "argv": argv, "env": env}
+    # srun's own limits, which its tasks inherit as a batch job inherits sbatch's
+    args: dict[str, Any] = {"job_id": job_id, "argv": argv, "env": env, "rlimits": own_rlimits()}
     if per_node is not None:
         args["ntasks_per_node"] = per_node
     if forward:

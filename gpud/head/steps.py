@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 from ..bus.base import node_cmd
 from ..bus.messages import (MAX_INPUT_CHUNK, MAX_TASKS_PER_NODE, StepAck, StepExit, StepInput, StepKill, StepOutput,
                             StepResize, StepStart)
-from ..model import JobState, StopReason
+from ..model import JobState, SpecError, StopReason, parse_rlimits
 from ..protocol import is_int
 from . import gang
 from ..ctlsocket import Caller, RequestError
@@ -185,6 +185,10 @@ class Steps:
         if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
             raise RequestError(f"srun: the environment is larger than {MAX_ENV_BYTES >> 10} KiB; "
                                "unset what the tasks do not need")
+        try:   # srun's own limits, which its tasks inherit, checked as a submission's are
+            rlimits = parse_rlimits(args.get("rlimits"))
+        except SpecError as e:
+            raise RequestError(f"srun: {e}") from None
         pty, stdin = args.get("pty", False), args.get("stdin", False)
         rows, cols = args.get("rows", 24), args.get("cols", 80)
         if not isinstance(pty, bool) or not isinstance(stdin, bool):
@@ -214,7 +218,8 @@ class Steps:
                 await self.head.bus.publish(node_cmd(node), StepStart(
                     job.job_id, job.attempt, step_id, argv=tuple(argv), env=dict(env), ntasks_per_node=per_node,
                     node_rank=rank, nnodes=len(nodes), nodelist=gang.nodelist_text(nodes), master_addr=addr,
-                    master_port=gang.master_port(job.job_id), pty=pty, stdin=step.stdin, rows=rows, cols=cols))
+                    master_port=gang.master_port(job.job_id), pty=pty, stdin=step.stdin, rows=rows, cols=cols,
+                    rlimits=rlimits))
             except Exception as e:   # too large for one message, or the bus refused it
                 log.warning("job %d step %d: cannot send it to %s: %s", job.job_id, step_id, node, e)
                 step.exit_code, step.message = 1, f"could not send the step to node {node}: {e}"

@@ -103,29 +103,27 @@ def open_output(path, append=False):
         raise SetupError(f"cannot open output file {path}: {e.strerror}") from None
 
 
+def _load_rlimits():
+    # -I keeps this file's directory off sys.path: load the shared module by its path
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rlimits.py")
+    spec = importlib.util.spec_from_file_location("gpud_worker_rlimits", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rlimits = _load_rlimits()   # once, so the fork server's children have it already
+
+
 def set_limits(limits):
     """The submitter's resource limits ({"NOFILE": [soft, hard]}, -1: unlimited), each
     clamped to the wrapper's own hard limit: user data can lower a limit, never raise one."""
-    import resource
-
-    inf = resource.RLIM_INFINITY
-    for name, (soft, hard) in sorted(limits.items()):
-        res = getattr(resource, "RLIMIT_" + name, None)
-        if res is None:
-            continue
-        _, cap = resource.getrlimit(res)
-
-        def clamp(v):
-            v = inf if v == -1 else v
-            return v if cap == inf else (cap if v == inf else min(v, cap))
-
-        hard = clamp(hard)
-        soft = clamp(soft)
-        soft = soft if hard == inf or (soft != inf and soft <= hard) else hard
-        try:
-            resource.setrlimit(res, (soft, hard))
-        except (ValueError, OSError) as e:
-            sys.stderr.write(f"job wrapper: cannot set {name} limit to {soft}/{hard}: {e}; keeping the node's\n")
+    todo, unknown = rlimits.plan(limits)
+    for name in unknown:
+        sys.stderr.write(f"job wrapper: no {name} limit here; ignored\n")
+    rlimits.apply(todo, lambda line: sys.stderr.write(f"job wrapper: {line}\n"))
 
 
 def become_job(spec):

@@ -9,7 +9,9 @@ task is started the way the allocation's batch script or holder was
 directory, with the allocation's environment (so ``CUDA_VISIBLE_DEVICES`` lists this
 node's GPUs only), in a session and process group of its own, plus the per-task
 variables torchrun and ``torch.distributed`` read (``task_env``).  srun's own environment
-is the base: the job's variables win over it.
+is the base: the job's variables win over it.  The tasks run under srun's resource limits
+(the step's ``rlimits``, as a batch script runs under sbatch's), each clamped to the
+worker's own hard limit (``gpud.worker.rlimits``), set in the child before exec.
 
 Output is read in chunks, cut into lines (a line longer than ``MAX_LINE`` is split) and
 sent as ``step_output`` batches of whole lines, at most ``BATCH_BYTES`` each.  Every item
@@ -69,7 +71,7 @@ from typing import Any, Awaitable, Callable
 import psutil
 
 from ..bus.messages import Body, StepExit, StepOutput, StepStart
-from . import procs
+from . import procs, rlimits
 from .jobstore import read_json, write_file
 from .stepterm import set_size as _set_size, terminal_child as _terminal_child, write_all as _write_all
 
@@ -157,6 +159,7 @@ class _Step:
     inputs: asyncio.Queue | None = None                 # (data, eof) in order, for task 0
     rows: int = 24
     cols: int = 80
+    limits: list = field(default_factory=list)          # rlimits.plan: srun's limits, set in each task
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -224,6 +227,10 @@ class StepTasks:
             await self._emit(refusal)
             self._end(step)
             return
+        # Worked out here, once: the task's child only calls setrlimit (see _limits_child).
+        step.limits, unknown = rlimits.plan(cmd.rlimits)
+        if unknown:
+            log.warning("job %d step %d: no %s limit on this node; ignored", key[0], key[2], ", ".join(unknown))
         base = {**cmd.env, **setup.env}
         for local in range(per_node):
             env = task_env(base, rank=first + local, local=local, per_node=per_node, node_rank=node_rank,
@@ -455,7 +462,7 @@ class StepTasks:
                     task.proc = await asyncio.create_subprocess_exec(
                         SHELL, "-c", TASK_SHELL_PTY, setup.work_dir, *argv, stdin=slave, stdout=slave,
                         stderr=slave, cwd="/", env=env, start_new_session=True, pass_fds=(3,),
-                        preexec_fn=_terminal_child(gate_r), **extra)
+                        preexec_fn=_limits_child(step.limits, _terminal_child(gate_r)), **extra)
                 finally:
                     os.close(slave)
                     os.close(gate_r)
@@ -463,7 +470,8 @@ class StepTasks:
                 task.proc = await asyncio.create_subprocess_exec(
                     SHELL, "-c", TASK_SHELL_STDIN if takes_input else TASK_SHELL, setup.work_dir, *argv,
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                    cwd="/", env=env, start_new_session=True, limit=READ_CHUNK, **extra)
+                    cwd="/", env=env, start_new_session=True, limit=READ_CHUNK,
+                    preexec_fn=_limits_child(step.limits), **extra)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
             code = 127 if isinstance(e, FileNotFoundError) else 126
@@ -643,6 +651,24 @@ def _kill_left(pid: int, create_time: float | None) -> bool:
     if create_time is None:
         return False
     return procs.sweep_group(pid, create_time, spare=pid)   # the leader exited; what it left behind
+
+
+def _limits_child(todo: list, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
+    """The task's child, after the switch to the job's user and before exec: ``then``, and
+    srun's limits (lowering is all a user may do, and the plan never raises one above the
+    worker's hard limits).  None when there is nothing to do, so the spawn stays fast."""
+    if not todo:
+        return then
+
+    def child() -> None:
+        if then is not None:
+            then()
+        rlimits.apply(todo, _warn_child)
+    return child
+
+
+def _warn_child(line: str) -> None:
+    os.write(2, f"srun: warning: {line}\n".encode(errors="replace"))   # the task's own stderr
 
 
 def _write_pid(path: str, pid: int) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..fields import integer
+from ...model import SpecError, parse_rlimits
+from ..fields import MessageError, integer
 
 VERSION = 1
 MAX_UID = 2**32 - 2                # uid/gid: (uid_t)-1 means "no id"
@@ -38,3 +39,11 @@ def _job(d: dict) -> tuple[int, int]:
 
 def _pairs_body(pairs_: tuple[tuple[int, int], ...]) -> list[list[int]]:
     return [[j, a] for j, a in pairs_]
+
+
+def read_rlimits(v: Any) -> dict[str, tuple[int, int]]:
+    """Resource limits ``{NAME: [soft, hard]}`` a launch or a step carries (absent: none)."""
+    try:
+        return parse_rlimits(v)
+    except SpecError as e:
+        raise MessageError(str(e)) from None

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...model import SpecError, parse_rlimits
 from ...syntax import parse_signal
 from ..fields import (MAX_ID, MAX_NAME, MessageError, env, flag, integer, is_int, is_number, number, obj, pair,
                       pairs, seconds, some, text)
-from .body import MAX_ALLOCS, MAX_GPUS, MAX_UID, Body, _job, _pairs_body
+from .body import MAX_ALLOCS, MAX_GPUS, MAX_UID, Body, _job, _pairs_body, read_rlimits
 
 MAX_CHANGES = 16                   # slices one mig command may destroy or create
 DEVICE_KINDS = ("gpu", "mig", "mps", "timeslice")
@@ -80,13 +79,6 @@ def _gpus(v: Any) -> tuple[GpuAssignment, ...]:
     if len({g.uuid for g in out}) != len(out):
         raise MessageError("gpus lists a UUID twice")
     return out
-
-
-def _rlimits(v: Any) -> dict[str, tuple[int, int]]:
-    try:
-        return parse_rlimits(v)
-    except SpecError as e:
-        raise MessageError(str(e)) from None
 
 
 # Array and Slurm-environment facts of a launch; all optional (``head.slurm.launch_fields``).
@@ -175,7 +167,7 @@ class Launch(Body):
             time_limit=seconds(d, "time_limit", None),
             kill_grace=seconds(d, "kill_grace", DEFAULT_KILL_GRACE, zero_ok=True),  # type: ignore[arg-type]
             submit_dir=text(d, "submit_dir", work_dir), extra_env=env(d, "extra_env"),
-            rlimits=_rlimits(d.get("rlimits")), lease_seq=_lease_seq(d.get("lease")),
+            rlimits=read_rlimits(d.get("rlimits")), lease_seq=_lease_seq(d.get("lease")),
             **_launch_extras(d),
         )
 

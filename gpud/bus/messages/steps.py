@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..fields import MAX_ID, MessageError, any_text, env, flag, integer, is_int, items, obj, text
-from .body import Body
+from .body import Body, read_rlimits
 
 MAX_TASKS_PER_NODE = 256           # srun tasks one node starts for one step
 MAX_INPUT_CHUNK = 64 << 10         # characters of one step_input
@@ -56,12 +56,16 @@ class StepStart(StepRef):
     stdin: bool = False         # task 0 takes input (step_input)
     rows: int = 24
     cols: int = 80
+    rlimits: dict[str, tuple[int, int]] = field(default_factory=dict)   # srun's own (model.parse_rlimits)
 
     def to_body(self) -> dict[str, Any]:
-        return {**self.ref(), "argv": list(self.argv), "env": dict(self.env),
+        body = {**self.ref(), "argv": list(self.argv), "env": dict(self.env),
                 "ntasks_per_node": self.ntasks_per_node, "node_rank": self.node_rank, "nnodes": self.nnodes,
                 "nodelist": self.nodelist, "master_addr": self.master_addr, "master_port": self.master_port,
                 "pty": self.pty, "stdin": self.stdin, "rows": self.rows, "cols": self.cols}
+        if self.rlimits:   # absent: none (what older heads send)
+            body["rlimits"] = {k: list(v) for k, v in self.rlimits.items()}
+        return body
 
     @classmethod
     def from_body(cls, d: Any) -> "StepStart":
@@ -81,7 +85,7 @@ class StepStart(StepRef):
                    nnodes=nnodes, nodelist=text(d, "nodelist", most=65536),
                    master_addr=text(d, "master_addr", most=65536), master_port=integer(d, "master_port", 0, 65535),
                    pty=pty, stdin=flag(d, "stdin"), rows=integer(d, "rows", 1, 65535, 24),
-                   cols=integer(d, "cols", 1, 65535, 80))
+                   cols=integer(d, "cols", 1, 65535, 80), rlimits=read_rlimits(d.get("rlimits")))
 
 
 @dataclass(frozen=True)
