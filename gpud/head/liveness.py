@@ -36,7 +36,7 @@ from . import gang
 from .jobs import requeue_changes
 from .ops_slurm import node_time_limit
 from .scheduling import DOWN, DRAIN, UP
-from .store import NodeRecord, Txn
+from .store import NodeRecord
 
 if TYPE_CHECKING:
     from .daemon import Head
@@ -85,7 +85,6 @@ class Liveness:
         if info.name != node:
             log.warning("dropped register from %s: claims to be %s", node, info.name)
             return
-        now = head.clock()
         self.heard[node] = head.mono()
         self.granted.setdefault(node, self.heard[node])
         old = head.store.nodes.get(node)
@@ -93,16 +92,15 @@ class Liveness:
         state = UP if back else old.state
         if back:
             log.info("node %s up: %d GPUs, %d CPUs, %d MB", node, len(info.gpus), info.cpus, info.mem_mb)
-        async with head.lock:
-            txn = Txn(head.store)
-            txn.node_transition(
+        async with head.change() as ch:
+            now = ch.now
+            ch.txn.node_transition(
                 old or NodeRecord(name=node, info={}, state=UP, reason=None, last_seen=now, registered=now),
                 state, reason=None if back else old.reason, now=now,
                 event="registered" if old is None else "returned" if back else "registered again",
                 info=info.to_dict(), last_seen=now)
-            await head.store.commit(txn)
-        head.mig.registered(node, info.to_dict(), now)
-        head.kick()
+            ch.wake()
+        head.mig.registered(node, info.to_dict(), now)   # before the woken pass runs: it reads the layouts
 
     async def on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         head, commands = self.head, self.head.commands
@@ -110,13 +108,10 @@ class Liveness:
         rec = head.store.nodes[node]
         mono = self.heard[node] = head.mono()
         if rec.state == DOWN:
-            async with head.lock:
-                txn = Txn(head.store)
-                txn.node_transition(rec, UP, reason=None, now=head.clock(), event="returned",
-                                    last_seen=head.clock())
-                await head.store.commit(txn)
+            async with head.change() as ch:
+                ch.txn.node_transition(rec, UP, reason=None, now=ch.now, event="returned", last_seen=ch.now)
+                ch.wake()
             log.info("node %s is back", node)
-            head.kick()
         # The lease: granted (and recorded) before it is sent, so the head's idea of when it
         # ends is never earlier than the worker's.
         here = list(head.store.jobs_on_node(node))
@@ -192,16 +187,14 @@ class Liveness:
     async def node_down(self, rec: NodeRecord, reason: str) -> None:
         """No more jobs for the node; what runs there is kept until its lease has ended."""
         head = self.head
-        async with head.lock:
-            txn = Txn(head.store)
-            txn.node_transition(rec, DOWN, reason=reason, now=head.clock(), event="node_down")
-            await head.store.commit(txn)
+        async with head.change() as ch:
+            ch.txn.node_transition(rec, DOWN, reason=reason, now=ch.now, event="node_down")
+            ch.wake()
         jobs = list(head.store.jobs_on_node(rec.name))
         wait = max(0.0, self.lease_ends(rec.name) - head.mono())
         log.warning("node %s DOWN: %s%s", rec.name, reason,
                     f"; its {len(jobs)} job(s) are requeued once its lease has ended, in {wait:.0f}s, "
                     "unless it returns" if jobs else "")
-        head.kick()
 
     async def node_failed(self, rec: NodeRecord) -> None:
         """The DOWN node's lease has ended: its jobs are surely dead there; requeue them."""

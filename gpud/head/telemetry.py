@@ -46,7 +46,7 @@ from ..bus.messages import Samples
 from ..model import JobState, StopReason
 from ..units import format_duration
 from . import gang
-from .store import JobRecord, Txn
+from .store import JobRecord
 from .store_telemetry import USAGE_COLUMNS, TelemetryRepository
 
 if TYPE_CHECKING:
@@ -345,22 +345,19 @@ class Telemetry:
                     event: str, detail: str) -> None:
         """Flag (or unflag) a job, and stop it when ``action`` says so."""
         head = self.head
-        async with head.lock:
+        async with head.change() as ch:   # ``now`` is the sample's time, not the change's
             current = head.store.active.get(job.job_id)
             if current is None or current.state is not JobState.RUNNING or current.attempt != job.attempt:
                 return
-            txn = Txn(head.store)
             if action in ("requeue", "cancel"):
-                updated = txn.transition(current, JobState.COMPLETING, now=now, event=event, detail=detail,
-                                         reason=reason, stop_reason=StopReason.idle(action).value, stop_time=now)
+                updated = ch.txn.transition(current, JobState.COMPLETING, now=now, event=event, detail=detail,
+                                            reason=reason, stop_reason=StopReason.idle(action).value,
+                                            stop_time=now)
+                ch.signal(updated, "TERM", grace=head.cfg.head.kill_grace,
+                          reason="cancelled" if action == "cancel" else "preempted")
+                ch.wake()
             else:
-                updated = txn.transition(current, JobState.RUNNING, now=now, event=event, detail=detail,
-                                         reason=reason)
-            await head.store.commit(txn)
-        if updated.state is JobState.COMPLETING:
-            await head.commands.send_signal(updated, "TERM", grace=head.cfg.head.kill_grace,
-                                   reason="cancelled" if action == "cancel" else "preempted")
-            head.kick()
+                ch.txn.transition(current, JobState.RUNNING, now=now, event=event, detail=detail, reason=reason)
 
     # -- writes ----------------------------------------------------------------------------
 
