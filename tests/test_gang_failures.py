@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from gpud.bus.base import HEAD_EVENTS, Message
-from gpud.head import gang, steps
+from gpud.head import gang, steprecord, steps
 from gpud.head.daemon import LAUNCH_RESEND_AFTER
 from gpud.sched.config import PreemptionConfig, QosConfig
 from tests.slurm_head import ALICE, BOB, HeadKit
@@ -431,7 +431,7 @@ async def test_oversized_output_is_bounded_and_cancel_checks_its_arguments(kit):
     for seq in range(1, 7):
         await kit.report(job.node, "step_output", {**base, "seq": seq, "lines": [[0, 1, big]]})
     kept = kit.head.steps.steps[(job.job_id, step["step"])]
-    assert kept.size <= steps.MAX_STEP_OUTPUT
+    assert kept.size <= steprecord.MAX_STEP_OUTPUT
     got = await kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=0)
     assert got["dropped"] == 6 - len(kept.lines) > 0
     assert len(got["lines"]) == 1, "a poll answer carries at most about 1 MiB"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpud.bus.base import node_cmd
-from gpud.head import gang, steps
+from gpud.head import gang, steprecord
 from tests.slurm_head import ALICE, BOB, HeadKit
 
 
@@ -174,7 +174,7 @@ async def test_step_output_and_kill_on_bad_exit(kit):
 
 
 async def test_steps_end_with_their_job_and_output_is_bounded(kit, monkeypatch):
-    monkeypatch.setattr(steps, "MAX_STEP_OUTPUT", 100)
+    monkeypatch.setattr(steprecord, "MAX_STEP_OUTPUT", 100)
     job = await kit.start_gang()
     step = await kit.call("step_launch", ALICE, job_id=job.job_id, argv=["yes"])
     n0 = job.node

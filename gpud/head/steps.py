@@ -20,8 +20,8 @@ read goes back to the nodes as ``step_ack`` {next}: a node keeps what is not ack
 and stops reading its tasks while ``WINDOW`` bytes are outstanding, so a slow reader slows
 the task and the head never holds more than that per node.  The head's copy is still
 capped at ``MAX_STEP_OUTPUT`` bytes (the oldest lines go; a reader that was behind is
-told how many it missed) and one answer carries at most ``MAX_POLL_BYTES``, so a bulk
-reader takes turns with everyone else's requests.
+told how many it missed; gpud.head.steprecord) and one answer carries at most
+``MAX_POLL_BYTES``, so a bulk reader takes turns with everyone else's requests.
 
 Input (``step_input``: srun's or sattach's standard input, in numbered chunks per writer)
 goes to the node of task 0, which writes each chunk once, in order, and reports how far
@@ -46,7 +46,10 @@ Steps are forgotten ``KEEP_DONE`` seconds after they are done.
 
 Only the numbering is durable: each launch is a ``step`` event in the job's log, and a
 restarted head numbers on from the count there, because workers ignore a step command
-they have already seen (same job, attempt and step).
+they have already seen (same job, attempt and step) (gpud.head.stepnumbers).
+
+The socket verbs (``OPS``) and their shared argument checks are gpud.head.stepops; ``Steps``
+here holds every live step and does the work.
 
 Worker messages come decoded (``gpud.bus.messages``: anything malformed was dropped with one
 log line); one from a node outside the step, of another attempt, for an unknown step or
@@ -61,7 +64,6 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..bus.base import node_cmd
@@ -72,16 +74,18 @@ from ..protocol import is_int
 from . import gang
 from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
-from .store import Txn
+from .stepnumbers import StepNumbers
+from .stepops import OPS, parse_cursor, require_counts
+from .steprecord import LINE_OVERHEAD, Step, task_exit_code
 
 if TYPE_CHECKING:
     from .daemon import Head
     from .store import JobRecord
 
+__all__ = ["OPS", "Steps"]   # OPS (gpud.head.stepops): the head daemon takes the verbs from here
+
 log = logging.getLogger("gpud.steps")
 
-MAX_STEP_OUTPUT = 4 << 20     # bytes of output kept per step; older lines are dropped
-LINE_OVERHEAD = 64            # bytes a kept line costs beside its text (the cap counts it)
 MAX_STEPS = 1024              # steps remembered at once, all jobs together
 MAX_STEPS_PER_JOB = 128
 MAX_ARGV_BYTES = 128 << 10
@@ -96,68 +100,13 @@ STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit",
               "preempted": "was preempted", "idle": "was stopped for idle GPUs", "released": "was released"}
 
 
-@dataclass
-class Step:
-    job_id: int
-    attempt: int
-    step_id: int
-    uid: int
-    nodes: list[str]
-    ntasks_per_node: int
-    lines: deque = field(default_factory=deque)   # (offset, rank, stream, text, node, index)
-    next_offset: int = 0
-    size: int = 0
-    pty: bool = False
-    stdin: bool = False
-    expected: dict[str, int | None] = field(default_factory=dict)   # node -> next item number to take
-    needed: dict[str, int] = field(default_factory=dict)    # node -> items before its last exit
-    acked: dict[str, int] = field(default_factory=dict)     # node -> what it was told was read
-    gap_asked: dict[str, tuple[int, float]] = field(default_factory=dict)
-    input_next: dict[str, int] = field(default_factory=dict)    # writer -> chunks task 0 has had
-    input_moved: asyncio.Event = field(default_factory=asyncio.Event)
-    read_at: float = 0.0          # monotonic: the last poll
-    exits: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)  # rank -> (code, sig)
-    bad_rank: int | None = None
-    exit_code: int | None = None
-    message: str | None = None
-    done_at: float | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def ntasks(self) -> int:
-        return len(self.nodes) * self.ntasks_per_node
-
-    @property
-    def done(self) -> bool:
-        return self.done_at is not None
-
-    def add(self, rank: int, stream: int, text: str, node: str = "", index: int = 0) -> None:
-        self.lines.append((self.next_offset, rank, stream, text, node, index))
-        self.next_offset += 1
-        self.size += len(text) + LINE_OVERHEAD
-        while self.size > MAX_STEP_OUTPUT and self.lines:
-            self.size -= len(self.lines.popleft()[3]) + LINE_OVERHEAD
-
-    def poke(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-
-def task_exit_code(code: int | None, sig: int | None) -> int:
-    """A task's status as a shell reports it: its code, 128+signal when killed, 1 when none."""
-    if sig:
-        return 128 + sig
-    return 1 if code is None else code
-
-
 class Steps:
     """Every live step of every job, by (job id, step id)."""
 
     def __init__(self, head: "Head") -> None:
         self.head = head
         self.steps: dict[tuple[int, int], Step] = {}
-        self._next: dict[int, int] = {}        # job id -> next step id
-        self._numbering = asyncio.Lock()       # one step number read and recorded at a time
+        self.numbers = StepNumbers(head)
         self.epoch = os.urandom(6).hex()      # a reader's offsets are this head's only
         self.monotonic = time.monotonic
 
@@ -202,7 +151,7 @@ class Steps:
         if pty and per_node * len(nodes) != 1:
             raise RequestError(f"srun: --pty runs one task, and job {job.job_id} has {len(nodes)} node(s) with "
                                f"{per_node} task(s) each; use --ntasks-per-node 1 in a one-node allocation")
-        step_id = await self._number(job, caller, per_node * len(nodes), argv)
+        step_id = await self.numbers.next(job, caller, per_node * len(nodes), argv)
         job = self.head.store.active.get(job.job_id) or job
         if job.state is not JobState.RUNNING or gang.job_nodes(job) != nodes:   # it ended meanwhile
             raise RequestError(f"srun: job {job.job_id} is {job.state.value}, not RUNNING; "
@@ -231,8 +180,8 @@ class Steps:
 
     async def poll(self, caller: Caller, args: dict) -> dict:
         job_id, step_id, offset = args.get("job_id"), args.get("step"), args.get("offset", 0)
-        _require_counts(job_id=job_id, step=step_id, offset=offset)
-        cursor = _cursor(args.get("cursor"))
+        require_counts(job_id=job_id, step=step_id, offset=offset)
+        cursor = parse_cursor(args.get("cursor"))
         step = await self._reader_step(caller, job_id, step_id, args, cursor)
         step.read_at = self.monotonic()
         same_head = args.get("epoch") in (None, self.epoch)
@@ -277,9 +226,9 @@ class Steps:
         step = self.steps.get((job_id, step_id))
         if step is None:
             job = self.head.store.active.get(job_id)
-            if job is not None and job.state is JobState.RUNNING and not self._next_known(job_id):
-                await self._count_issued(job)
-            if (job is None or job.state is not JobState.RUNNING or not self._issued(job_id, step_id)
+            if job is not None and job.state is JobState.RUNNING and not self.numbers.known(job_id):
+                await self.numbers.count(job)
+            if (job is None or job.state is not JobState.RUNNING or not self.numbers.issued(job_id, step_id)
                     or not may_modify(job.uid, caller.uid, caller.user, self.head.admins, os.geteuid())):
                 raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
                                    "or its job is not running)")
@@ -327,7 +276,7 @@ class Steps:
     async def write(self, caller: Caller, args: dict) -> dict:
         """``step_input``: a chunk of a writer's input for task 0, passed on in order."""
         job_id, step_id, seq = args.get("job_id"), args.get("step"), args.get("seq")
-        _require_counts(job_id=job_id, step=step_id, seq=seq)
+        require_counts(job_id=job_id, step=step_id, seq=seq)
         writer, data, eof = args.get("writer"), args.get("data", ""), args.get("eof", False)
         if not isinstance(writer, str) or not 0 < len(writer) <= 64:
             raise RequestError("srun: writer must be a short string")
@@ -354,7 +303,7 @@ class Steps:
 
     async def resize(self, caller: Caller, args: dict) -> dict:
         job_id, step_id, rows, cols = args.get("job_id"), args.get("step"), args.get("rows"), args.get("cols")
-        _require_counts(job_id=job_id, step=step_id)
+        require_counts(job_id=job_id, step=step_id)
         if not all(is_int(v) and 1 <= v <= 65535 for v in (rows, cols)):
             raise RequestError("srun: rows and cols must be from 1 to 65535")
         step = await self._reader_step(caller, job_id, step_id, args, {})
@@ -366,7 +315,7 @@ class Steps:
     async def cancel(self, caller: Caller, args: dict) -> dict:
         """srun was interrupted: kill the step's tasks everywhere."""
         job_id, step_id = args.get("job_id"), args.get("step")
-        _require_counts(job_id=job_id, step=step_id)
+        require_counts(job_id=job_id, step=step_id)
         step = self.steps.get((job_id, step_id))
         if step is None:
             return {"cancelled": False}
@@ -397,10 +346,10 @@ class Steps:
         step = self.steps.get((job_id, step_id))
         if step is None:
             job = self.head.store.active.get(job_id)
-            if job is not None and job.state is JobState.RUNNING and not self._next_known(job_id):
-                await self._count_issued(job)
+            if job is not None and job.state is JobState.RUNNING and not self.numbers.known(job_id):
+                await self.numbers.count(job)
             if (job is not None and job.state is JobState.RUNNING and job.attempt == attempt
-                    and node in gang.job_nodes(job) and self._issued(job_id, step_id)):
+                    and node in gang.job_nodes(job) and self.numbers.issued(job_id, step_id)):
                 # A step that ran before this head started: keep it for its reader.
                 step = self._adopt(job, step_id, msg.tasks or gang.ntasks_per_node(job), msg.pty)
             else:
@@ -497,21 +446,6 @@ class Steps:
             except Exception as e:   # the job's end kills the tasks in any case
                 log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
 
-    def _issued(self, job_id: int, step_id: int) -> bool:
-        """Was ``step_id`` given out (by this head, or before it started)?  The job's step
-        events are counted first (``_count_issued``)."""
-        nxt = self._next.get(job_id)
-        return nxt is not None and step_id < nxt
-
-    def _next_known(self, job_id: int) -> bool:
-        return job_id in self._next
-
-    async def _count_issued(self, job: "JobRecord") -> None:
-        async with self._numbering:
-            if job.job_id not in self._next:
-                events = await self.head.store.job_events(job.job_id)
-                self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
-
     def _stopping(self, step: Step) -> str | None:
         """Why the step's job is stopping or gone ("was cancelled"...), None while it runs."""
         job = self.head.store.active.get(step.job_id)
@@ -521,24 +455,6 @@ class Steps:
             return None
         stop = StopReason.of(job.stop_reason)
         return STOP_WORDS.get(stop.kind, "is stopping") if stop is not None else "is stopping"
-
-    async def _number(self, job: "JobRecord", caller: Caller, ntasks: int, argv: list[str]) -> int:
-        """The job's next step number, recorded in its event log before anything starts."""
-        async with self._numbering:
-            if job.job_id not in self._next:   # first step since this head started
-                events = await self.head.store.job_events(job.job_id)
-                self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
-            step_id = self._next[job.job_id]
-            txn = Txn(self.head.store)
-            txn.event(job, self.head.clock(), "step",
-                      f"{step_id}: {ntasks} task(s) by {caller.user}: {' '.join(argv)}"[:300])
-            try:
-                await self.head.store.commit(txn)
-            except Exception as e:   # the disk said no: nothing was started
-                log.exception("job %d: cannot record step %d", job.job_id, step_id)
-                raise RequestError(f"srun: cannot record the step: database error: {e}") from None
-            self._next[job.job_id] = step_id + 1
-            return step_id
 
     def _finish(self, step: Step) -> None:
         step.done_at = self.head.clock()
@@ -561,9 +477,7 @@ class Steps:
         for key, step in list(self.steps.items()):
             if step.done_at is not None and now - step.done_at > KEEP_DONE:
                 del self.steps[key]
-        live = {k[0] for k in self.steps} | set(self.head.store.active)
-        for jid in [j for j in self._next if j not in live]:
-            del self._next[jid]
+        self.numbers.forget({k[0] for k in self.steps} | set(self.head.store.active))
 
     def _job(self, caller: Caller, job_id: Any) -> "JobRecord":
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
@@ -576,49 +490,3 @@ class Steps:
             raise RequestError(f"srun: Access/permission denied: job {job_id} belongs to {job.user}; only its "
                                "owner or root may run tasks in it (an admin may cancel, hold or requeue it)")
         return job
-
-
-def _is_count(v: Any) -> bool:
-    """A non-negative integer (not a bool)."""
-    return is_int(v) and v >= 0
-
-
-def _require_counts(**values: Any) -> None:
-    """Refuse a request unless each of ``values`` is a non-negative integer."""
-    for name, v in values.items():
-        if not _is_count(v):
-            raise RequestError(f"srun: {name} must be a non-negative integer")
-
-
-async def op_step_launch(head: "Head", caller: Caller, args: dict) -> dict:
-    return await head.steps.launch(caller, args)
-
-
-async def op_step_poll(head: "Head", caller: Caller, args: dict) -> dict:
-    return await head.steps.poll(caller, args)
-
-
-async def op_step_cancel(head: "Head", caller: Caller, args: dict) -> dict:
-    return await head.steps.cancel(caller, args)
-
-
-async def op_step_input(head: "Head", caller: Caller, args: dict) -> dict:
-    return await head.steps.write(caller, args)
-
-
-async def op_step_resize(head: "Head", caller: Caller, args: dict) -> dict:
-    return await head.steps.resize(caller, args)
-
-
-def _cursor(value: Any) -> dict[str, int]:
-    """A reader's cursor: node -> the next item number it wants."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > 4096 or not all(
-            isinstance(k, str) and _is_count(v) for k, v in value.items()):
-        raise RequestError("srun: cursor must map node names to item numbers")
-    return dict(value)
-
-
-OPS = {"step_launch": op_step_launch, "step_poll": op_step_poll, "step_cancel": op_step_cancel,
-       "step_input": op_step_input, "step_resize": op_step_resize}
