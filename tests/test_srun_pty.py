@@ -3,6 +3,7 @@ gpud standalone and on a head with two workers over Mosquitto."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -44,23 +45,43 @@ def test_window_size_ctrl_c_and_ctrl_d_reach_the_remote_terminal(rig):
         t.read_until(r"\b24 80\r", 30)
         t.resize(40, 132)
         wait_for(lambda: (t.type("stty size\r"), _seen(t, rb"\b40 132\r"))[1], 30, "the new size on the node")
-        t.type("sleep 100; echo slept\r")
-        t.read_until(r"sleep 100; echo slept\r\n", 30)
+        t.type("sleep 1001; echo slept\r")
+        t.read_until(r"sleep 1001; echo slept\r\n", 30)
+        # A key typed before the shell hands the terminal to sleep would signal the shell,
+        # not sleep, as on any terminal: wait until sleep is the terminal's foreground.
+        wait_for(lambda: _in_the_foreground("1001"), 30, "sleep 1001 in the terminal's foreground")
         t.type(b"\x03")                      # Ctrl-C: SIGINT for the remote foreground job
         t.read_until(PROMPT, 30)
         t.type("echo still-$((6*7))\r")
         t.read_until(r"still-42", 30)
-        assert b"slept" not in t.out.split(b"sleep 100; echo slept")[-1]
-        t.type("sleep 100\r")
-        t.read_until(r"sleep 100\r\n", 30)
+        assert b"slept" not in t.out.split(b"sleep 1001; echo slept")[-1]
+        t.type("sleep 1002\r")
+        t.read_until(r"sleep 1002\r\n", 30)
+        wait_for(lambda: _in_the_foreground("1002"), 30, "sleep 1002 in the terminal's foreground")
         t.type(b"\x1a")                      # Ctrl-Z: SIGTSTP; the shell takes the terminal back
-        t.read_until(r"Stopped\s+sleep 100", 30)
+        t.read_until(r"Stopped\s+sleep 1002", 30)
         t.type("kill -9 %1; echo killed-$((1+1))\r")
         t.read_until(r"killed-2", 30)
         t.type(b"\x04")                      # Ctrl-D: the shell's end of input
         assert t.wait(60) == 0
     finally:
         t.close()
+
+
+def _in_the_foreground(seconds: str) -> bool:
+    """A ``sleep SECONDS`` runs in its terminal's foreground process group."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] != [b"sleep", seconds.encode()]:
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[2] == fields[5]:     # pgrp == tpgid
+            return True
+    return False
 
 
 def _seen(t: Terminal, pattern: bytes) -> bool:
