@@ -142,14 +142,20 @@ class Head:
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
-        self.liveness = Liveness(self)        # registers, heartbeats, leases, lost nodes
-        self.inbox = WorkerInbox(self)        # the bus loop: workers' messages to the parts above
-        # Launches, signals, kills (re-sent by liveness); clocks and config read at call
-        # time, as tests and reloads swap them.
+        # What the lambdas read is read at call time: reloads swap the config, tests the
+        # clocks and parts (a restarted head's steps or telemetry).
+        lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
+        # Launches, signals, kills (re-sent by liveness), each under the node's last lease.
         self.commands = WorkerCommands(
             bus, store, config=lambda: self.cfg, mono=lambda: self.mono(), clock=lambda: self.clock(),
-            launch_fields=self.slurm.launch_fields, lease_seq=self.liveness.lease_seq,
+            launch_fields=self.slurm.launch_fields, lease_seq=lease_seq,
             fail=lambda node, report: self.reports.apply([(node, report)]))
+        # Registers, heartbeats, leases (granted into lease_seq), lost nodes.
+        self.liveness = Liveness(
+            store, bus, self.commands, config=lambda: self.cfg, mono=lambda: self.mono(), change=self.change,
+            lease_seq=lease_seq, checkpoint=self.checkpoint, registered=self.mig.registered,
+            job_ended=lambda job_id: self.steps.job_ended(job_id))
+        self.inbox = WorkerInbox(self)        # the bus loop: workers' messages to the parts above
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation
