@@ -66,7 +66,7 @@ from ..units import format_size_kb
 from .change import Change
 from .commands import WorkerCommands
 from ..ctlsocket import Limits, RequestError, SocketServer
-from .inbox import WorkerInbox
+from .inbox import Routes, WorkerInbox
 from .jobcaps import SubmitCaps
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
@@ -155,7 +155,16 @@ class Head:
             store, bus, self.commands, config=lambda: self.cfg, mono=lambda: self.mono(), change=self.change,
             lease_seq=lease_seq, checkpoint=self.checkpoint, registered=self.mig.registered,
             job_ended=lambda job_id: self.steps.job_ended(job_id))
-        self.inbox = WorkerInbox(self)        # the bus loop: workers' messages to the parts above
+        # The bus loop: workers' messages to the parts above.
+        self.inbox = WorkerInbox(bus, store, Routes(
+            relayed=lambda msg: self.relayed.handle(msg),
+            register=lambda node, m: self.liveness.on_register(node, m),
+            heartbeat=lambda node, m: self.liveness.on_heartbeat(node, m),
+            started=lambda node, m: self.allocs.started(node, m),
+            reports=lambda run: self.reports.apply(run),
+            samples=lambda node, m: self.telemetry.ingest(node, m),
+            bad_samples=lambda: self.telemetry.count_dropped(),
+            step=lambda node, m: self.steps.handle(node, m)))
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation
