@@ -138,7 +138,7 @@ class Head:
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
-        self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
+        self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
         self.reports = WorkerReports(self)    # started/finished reports: group commits
