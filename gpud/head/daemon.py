@@ -141,7 +141,6 @@ class Head:
         self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
         self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
-        self.reports = WorkerReports(self)    # started/finished reports: group commits
         # What the lambdas read is read at call time: reloads swap the config, tests the
         # clocks and parts (a restarted head's steps or telemetry).
         lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
@@ -150,6 +149,9 @@ class Head:
             bus, store, config=lambda: self.cfg, mono=lambda: self.mono(), clock=lambda: self.clock(),
             launch_fields=self.slurm.launch_fields, lease_seq=lease_seq,
             fail=lambda node, report: self.reports.apply([(node, report)]))
+        # started/finished reports: group commits
+        self.reports = WorkerReports(store, self.commands, change=self.change,
+                                     job_ended=lambda job_id: self.steps.job_ended(job_id))
         # Registers, heartbeats, leases (granted into lease_seq), lost nodes.
         self.liveness = Liveness(
             store, bus, self.commands, config=lambda: self.cfg, mono=lambda: self.mono(), change=self.change,
