@@ -134,7 +134,9 @@ class Head:
         self.last_plan: Plan | None = None   # factors and reasons for sprio
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
-        self.relayed = RelayedRequests(self)  # gpuctl requests from relays (head/requests)
+        self.relayed = RelayedRequests(       # gpuctl requests from relays (head/requests)
+            bus, dispatch=lambda caller, line: self.server.dispatch(caller, line), config=lambda: self.cfg,
+            clock=lambda: self.clock())
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
