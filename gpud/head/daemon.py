@@ -138,7 +138,8 @@ class Head:
             bus, dispatch=lambda caller, line: self.server.dispatch(caller, line), config=lambda: self.cfg,
             clock=lambda: self.clock())
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
-        self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
+        self.metrics = HeadMetrics(           # /metrics, when [head] metrics_listen is set
+            store, config=lambda: self.cfg, clock=lambda: self.clock(), telemetry=lambda: self.telemetry)
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
