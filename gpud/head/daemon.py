@@ -143,7 +143,9 @@ class Head:
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
-        self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
+        self.allocs = Allocations(            # salloc keepalives (interactive jobs)
+            store, change=self.change, config=lambda: self.cfg, admins=lambda: self.admins,
+            sweep_steps=lambda now: self.steps.sweep(now))
         # What the lambdas read is read at call time: reloads swap the config, tests the
         # clocks and parts (a restarted head's steps or telemetry).
         lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
