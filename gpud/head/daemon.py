@@ -134,6 +134,9 @@ class Head:
         self.last_plan: Plan | None = None   # factors and reasons for sprio
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
+        # The parts, each given what it uses.  What the lambdas read is read at call time:
+        # reloads swap the config, tests the clocks and parts (a restarted head's steps or
+        # telemetry).
         self.relayed = RelayedRequests(       # gpuctl requests from relays (head/requests)
             bus, dispatch=lambda caller, line: self.server.dispatch(caller, line), config=lambda: self.cfg,
             clock=lambda: self.clock())
@@ -146,8 +149,6 @@ class Head:
         self.allocs = Allocations(            # salloc keepalives (interactive jobs)
             store, change=self.change, config=lambda: self.cfg, admins=lambda: self.admins,
             sweep_steps=lambda now: self.steps.sweep(now))
-        # What the lambdas read is read at call time: reloads swap the config, tests the
-        # clocks and parts (a restarted head's steps or telemetry).
         lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
         # Launches, signals, kills (re-sent by liveness), each under the node's last lease.
         self.commands = WorkerCommands(
