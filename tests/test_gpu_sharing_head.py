@@ -258,7 +258,7 @@ def test_a_refused_relayout_backs_off_and_is_retried_with_the_heads_interval():
     info = {"name": "n1", "gpus": [{"index": 0, "slices": [{"profile": "7g.80gb", "start": 0}]}]}
     head = SimpleNamespace(store=SimpleNamespace(nodes={"n1": SimpleNamespace(info=info)}), bus=Bus(),
                            cfg=SimpleNamespace(sched=SchedConfig(mig_min_interval=5.0)))
-    mig = MigCommands(head)
+    mig = MigCommands(head.store, head.bus, config=lambda: head.cfg)
     gpu = GpuView(0, "GPU-0", "A100-80GB", 81920, mode="mig", dynamic=True)
     snap = Snapshot((NodeView("n1", 64, 512 * 1024, (gpu,)),),
                     (PendingJob(1, "u", "default", "gpu", "normal", 1, 1, 1024, 3600.0, 0.0, mig_profile="1g.10gb"),), ())

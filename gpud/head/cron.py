@@ -32,9 +32,9 @@ import logging
 import pwd
 from dataclasses import dataclass
 from datetime import tzinfo
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..model import JobSpec, JobState, SpecError
+from ..model import JobSpec, JobState, NodeInfo, SpecError
 from ..syntax import CronSchedule, SyntaxProblem, parse_crontab
 from ..sched import admission
 from ..ctlsocket import Caller, RequestError
@@ -43,7 +43,9 @@ from .store import JobRecord
 from .store_cron import CronRepository
 
 if TYPE_CHECKING:
+    from ..config import Config
     from .daemon import Head
+    from .store import Store
 
 log = logging.getLogger("gpud.cron")
 
@@ -90,18 +92,28 @@ def slot_of(now: float, tick: float) -> int:
 
 
 class Cron:
-    def __init__(self, head: "Head", tz: tzinfo | None = None) -> None:
-        self.head = head
+    """The scrontab entries and their clock.  Given the store, the head's lock and kick, and
+    getters for the live config, the wall clock and the registered nodes (for admission)."""
+
+    def __init__(self, store: "Store", *, lock: asyncio.Lock, kick: Callable[[], None],
+                 config: Callable[[], "Config"], clock: Callable[[], float],
+                 node_infos: Callable[[], tuple[NodeInfo, ...]], tz: tzinfo | None = None) -> None:
+        self.store = store
+        self.lock = lock                 # the head's: a fired job is inserted as a submission is
+        self.kick = kick
+        self._config = config            # the live config: cron_tick may change on reload
+        self._clock = clock
+        self._node_infos = node_infos
         self.tz = tz
         self.entries: dict[int, Entry] | None = None   # loaded on first use
-        self.rows = CronRepository(head.store)
+        self.rows = CronRepository(store)
 
     @property
     def tick_seconds(self) -> float:
-        return float(getattr(self.head.cfg.head, "cron_tick", 60.0) or 60.0)
+        return float(getattr(self._config().head, "cron_tick", 60.0) or 60.0)
 
     def now_slot(self) -> int:
-        return slot_of(self.head.clock(), self.tick_seconds)
+        return slot_of(self._clock(), self.tick_seconds)
 
     # -- storage ----------------------------------------------------------------------------
     async def load(self) -> dict[int, Entry]:
@@ -134,30 +146,30 @@ class Cron:
             nxt = entry.next_slot(self.tz)
             if nxt is None or nxt > now_slot:
                 continue
-            async with self.head.lock:
+            async with self.lock:
                 if entries.get(entry.entry_id) is not entry:
                     continue  # replaced meanwhile
                 job_id = await self._fire(entry, now_slot)
             if job_id is not None:
                 fired.append(job_id)
         if fired:
-            self.head.kick()
+            self.kick()
         return fired
 
     async def _fire(self, entry: Entry, slot: int) -> int | None:
-        head = self.head
-        prev = head.store.active.get(entry.last_job_id) if entry.last_job_id is not None else None
+        store = self.store
+        prev = store.active.get(entry.last_job_id) if entry.last_job_id is not None else None
         if prev is not None:
             log.info("scrontab entry %d of %s skipped: its previous job %d is still %s",
                      entry.entry_id, entry.user, prev.job_id, prev.state.value.lower())
             await self.rows.mark_slot(entry.entry_id, slot)
             entry.last_slot = slot
             return None
-        now = head.clock()
+        now = self._clock()
         try:
             job = self._job(entry, now)
             refusal = (launch_refusal(job.spec.script, job.spec.env)
-                       or SubmitCaps(head.store.active, head.cfg).admit([job]))   # as sbatch's
+                       or SubmitCaps(store.active, self._config()).admit([job]))   # as sbatch's
             if refusal is not None:
                 raise admission.Refused(refusal)
         except (SpecError, admission.Refused) as e:
@@ -166,16 +178,14 @@ class Cron:
             await self.rows.mark_slot(entry.entry_id, slot)
             entry.last_slot = slot
             return None
-        saved = await head.store.insert_jobs([job], now, also=self.rows.fired(entry.entry_id, slot))
+        saved = await store.insert_jobs([job], now, also=self.rows.fired(entry.entry_id, slot))
         entry.last_slot, entry.last_job_id = slot, saved[0].job_id
         log.info("scrontab entry %d of %s submitted job %d", entry.entry_id, entry.user, saved[0].job_id)
         return saved[0].job_id
 
     def _job(self, entry: Entry, now: float) -> JobRecord:
-        from .ops_jobs import node_infos
-
         spec = JobSpec.from_request(entry.spec)
-        resolved = admission.resolve(spec, entry.user, self.head.cfg.sched, node_infos(self.head))
+        resolved = admission.resolve(spec, entry.user, self._config().sched, self._node_infos())
         return JobRecord(
             job_id=0, name=spec.name, user=entry.user, uid=entry.uid, gid=entry.gid,
             account=resolved.account, partition=resolved.partition, qos=resolved.qos,
@@ -199,7 +209,7 @@ class Cron:
             rows.append((line, schedule, spec, last, job))
         ids = await self.rows.replace(uid, gid, user, text, [(line, schedule.text, spec, last, job)
                                                              for line, schedule, spec, last, job in rows],
-                                      self.head.clock())
+                                      self._clock())
         for e in old:
             entries.pop(e.entry_id, None)
         installed = []

@@ -66,7 +66,7 @@ from ..units import format_size_kb
 from .change import Change
 from .commands import WorkerCommands
 from ..ctlsocket import Limits, RequestError, SocketServer
-from .inbox import WorkerInbox
+from .inbox import Routes, WorkerInbox
 from .jobcaps import SubmitCaps
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
@@ -134,22 +134,45 @@ class Head:
         self.last_plan: Plan | None = None   # factors and reasons for sprio
         self.ready = asyncio.Event()         # set once the socket accepts requests
         self.passes = 0
-        self.relayed = RelayedRequests(self)  # gpuctl requests from relays (head/requests)
+        # The parts, each given what it uses.  What the lambdas read is read at call time:
+        # reloads swap the config, tests the clocks and parts (a restarted head's steps or
+        # telemetry).
+        self.relayed = RelayedRequests(       # gpuctl requests from relays (head/requests)
+            bus, dispatch=lambda caller, line: self.server.dispatch(caller, line), config=lambda: self.cfg,
+            clock=lambda: self.clock())
         self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
-        self.metrics = HeadMetrics(self)      # /metrics, when [head] metrics_listen is set
+        self.metrics = HeadMetrics(           # /metrics, when [head] metrics_listen is set
+            store, config=lambda: self.cfg, clock=lambda: self.clock(), telemetry=lambda: self.telemetry)
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
-        self.mig = MigCommands(self)          # MIG re-layouts sent and not yet answered
+        self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps(self)              # gpuctl srun steps inside running jobs
-        self.allocs = Allocations(self)       # salloc keepalives (interactive jobs)
-        self.reports = WorkerReports(self)    # started/finished reports: group commits
-        self.liveness = Liveness(self)        # registers, heartbeats, leases, lost nodes
-        self.inbox = WorkerInbox(self)        # the bus loop: workers' messages to the parts above
-        # Launches, signals, kills (re-sent by liveness); clocks and config read at call
-        # time, as tests and reloads swap them.
+        self.allocs = Allocations(            # salloc keepalives (interactive jobs)
+            store, change=self.change, config=lambda: self.cfg, admins=lambda: self.admins,
+            sweep_steps=lambda now: self.steps.sweep(now))
+        lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
+        # Launches, signals, kills (re-sent by liveness), each under the node's last lease.
         self.commands = WorkerCommands(
             bus, store, config=lambda: self.cfg, mono=lambda: self.mono(), clock=lambda: self.clock(),
-            launch_fields=self.slurm.launch_fields, lease_seq=self.liveness.lease_seq,
+            launch_fields=self.slurm.launch_fields, lease_seq=lease_seq,
             fail=lambda node, report: self.reports.apply([(node, report)]))
+        # started/finished reports: group commits
+        self.reports = WorkerReports(store, self.commands, change=self.change,
+                                     job_ended=lambda job_id: self.steps.job_ended(job_id))
+        # Registers, heartbeats, leases (granted into lease_seq), lost nodes.
+        self.liveness = Liveness(
+            store, bus, self.commands, config=lambda: self.cfg, mono=lambda: self.mono(), change=self.change,
+            lease_seq=lease_seq, checkpoint=self.checkpoint, registered=self.mig.registered,
+            job_ended=lambda job_id: self.steps.job_ended(job_id))
+        # The bus loop: workers' messages to the parts above.
+        self.inbox = WorkerInbox(bus, store, Routes(
+            relayed=lambda msg: self.relayed.handle(msg),
+            register=lambda node, m: self.liveness.on_register(node, m),
+            heartbeat=lambda node, m: self.liveness.on_heartbeat(node, m),
+            started=lambda node, m: self.allocs.started(node, m),
+            reports=lambda run: self.reports.apply(run),
+            samples=lambda node, m: self.telemetry.ingest(node, m),
+            bad_samples=lambda: self.telemetry.count_dropped(),
+            step=lambda node, m: self.steps.handle(node, m)))
         self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..bus.base import node_cmd
 from ..bus.messages import MigRelayout
@@ -43,8 +43,9 @@ from ..sched.gpustate import is_shared
 from ..sched.snapshot import Device, GpuView, NodeView, SliceView, Snapshot
 
 if TYPE_CHECKING:
-    from .daemon import Head
-    from .store import JobRecord
+    from ..bus.base import Bus
+    from ..config import Config
+    from .store import JobRecord, Store
 
 log = logging.getLogger("gpud.sharing")
 
@@ -124,8 +125,10 @@ def gpu_usage(gpus: list[dict[str, Any]], jobs: Iterable["JobRecord"]) -> list[d
 class MigCommands:
     """Re-layouts sent to workers and not yet answered (see the module docstring)."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: "Store", bus: "Bus", *, config: Callable[[], "Config"]) -> None:
+        self.store = store               # read: the layout a command finds
+        self.bus = bus
+        self._config = config            # the live config: mig_min_interval may change on reload
         self.in_flight: dict[tuple[str, int], float] = {}     # (node, gpu) -> sent at
         self.destroyed_at: dict[tuple[str, int], float] = {}  # last command that destroyed slices
         self.asked: dict[tuple[str, int], tuple | None] = {}  # the layout a command in flight found
@@ -160,16 +163,16 @@ class MigCommands:
         for r in relayouts:
             key = (r.node, r.gpu)
             self.in_flight[key] = now
-            rec = self.head.store.nodes.get(r.node)
+            rec = self.store.nodes.get(r.node)
             self.asked[key] = _layout(rec.info if rec is not None else None, r.gpu)
             if r.destroy:
                 self.destroyed_at[key] = now
             log.info("re-laying MIG GPU %s:%d: destroy slots %s, create %s (%s)", r.node, r.gpu,
                      list(r.destroy) or "none", ", ".join(str(s) for s in r.create) or "none", r.reason)
             # the head's interval goes with the command: one source of truth, reconfigurable
-            await self.head.bus.publish(node_cmd(r.node), MigRelayout(
+            await self.bus.publish(node_cmd(r.node), MigRelayout(
                 r.gpu, tuple(r.destroy), tuple((c.profile, c.start) for c in r.create), r.reason,
-                float(self.head.cfg.sched.mig_min_interval)))
+                float(self._config().sched.mig_min_interval)))
 
     def registered(self, node: str, info: dict | None = None, now: float | None = None) -> None:
         """The worker reported its GPUs: whatever it had been asked is now visible.  A GPU whose

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..bus.messages import Started
 from ..model import JobState, StopReason
@@ -42,18 +42,28 @@ from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
 
 if TYPE_CHECKING:
+    from ..config import Config
+    from .change import Change
     from .daemon import Head
-    from .store import JobRecord
+    from .store import JobRecord, Store
 
 log = logging.getLogger("gpud.interactive")
 
 
 
 class Allocations:
-    """The keepalives of interactive jobs, by job id, on the monotonic clock."""
+    """The keepalives of interactive jobs, by job id, on the monotonic clock.  Given the
+    store (read; writes go through the head's change door), getters for the live config
+    and the admins, and the srun steps' sweep (run with each of its own)."""
 
-    def __init__(self, head: "Head", *, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.head = head
+    def __init__(self, store: "Store", *, change: Callable[[], "Change"], config: Callable[[], "Config"],
+                 admins: Callable[[], frozenset[str]], sweep_steps: Callable[[float], Awaitable[None]],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self._change = change
+        self._config = config            # the live config: interactive_timeout may change on reload
+        self._admins = admins            # as a reload leaves them
+        self._sweep_steps = sweep_steps
         self.monotonic = monotonic
         self.seen: dict[int, float] = {}     # job id -> the last keepalive (or when first noticed)
         self.up: dict[tuple[int, int], set[str]] = {}   # (job, attempt) -> nodes whose holder started
@@ -61,7 +71,7 @@ class Allocations:
 
     @property
     def timeout(self) -> float:
-        return float(self.head.cfg.head.interactive_timeout)
+        return float(self._config().head.interactive_timeout)
 
     # -- from gpuctl ----------------------------------------------------------------------
 
@@ -82,7 +92,7 @@ class Allocations:
 
     def started(self, node: str, report: Started) -> None:
         """A worker's ``started`` report (before it is applied): the holder runs there."""
-        job = self.head.store.active.get(report.job)
+        job = self.store.active.get(report.job)
         if job is not None and job.spec.interactive:
             self.up.setdefault((report.job, report.attempt), set()).add(node)
 
@@ -91,7 +101,7 @@ class Allocations:
         if set(nodes) <= self.up.get(key, set()):
             return True
         if len(nodes) == 1:   # started before this head did: its event says so
-            events = await self.head.store.job_events(job.job_id)
+            events = await self.store.job_events(job.job_id)
             if any(e["event"] == "started" and e["attempt"] == job.attempt for e in events):
                 self.up.setdefault(key, set()).update(nodes)
                 return True
@@ -118,7 +128,7 @@ class Allocations:
         nodes = gang.job_nodes(job)
         env = {"GPUD_JOB_ID": str(job.job_id), "GPUD_JOB_NODELIST": gang.nodelist_text(nodes),
                "GPUD_NNODES": str(len(nodes)), "GPUD_JOB_PARTITION": job.partition or ""}
-        if getattr(self.head.cfg.head, "slurm_compat_env", False):
+        if getattr(self._config().head, "slurm_compat_env", False):
             env.update({"SLURM_JOB_ID": str(job.job_id), "SLURM_JOBID": str(job.job_id),
                         "SLURM_JOB_NODELIST": env["GPUD_JOB_NODELIST"], "SLURM_NODELIST": env["GPUD_JOB_NODELIST"],
                         "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_NNODES": str(len(nodes)),
@@ -137,7 +147,7 @@ class Allocations:
 
     async def sweep(self) -> None:
         now = self.monotonic()
-        active = self.head.store.active
+        active = self.store.active
         if now - self._scanned >= self.timeout / 2:
             self._scanned = now
             for job in list(active.values()):
@@ -152,9 +162,7 @@ class Allocations:
             elif now - last > self.timeout:
                 del self.seen[job_id]
                 await self._expire(job, now - last)
-        steps = getattr(self.head, "steps", None)
-        if steps is not None and hasattr(steps, "sweep"):
-            await steps.sweep(now)
+        await self._sweep_steps(now)
 
     async def _expire(self, job: "JobRecord", silent: float) -> None:
         why = f"no keepalive from its salloc/srun for {silent:.0f}s (interactive_timeout {self.timeout:g}s)"
@@ -166,20 +174,18 @@ class Allocations:
 
     async def _stop(self, job: "JobRecord", event: str, detail: str, stop_reason: StopReason) -> None:
         """Stop a running allocation as scancel does; ``stop_reason`` decides its end state."""
-        head = self.head
-        async with head.change() as ch:
-            job = head.store.active.get(job.job_id)
+        async with self._change() as ch:
+            job = self.store.active.get(job.job_id)
             if job is None or job.state is not JobState.RUNNING:
                 return
             job = ch.txn.transition(job, JobState.COMPLETING, now=ch.now, event=event, detail=detail,
                                     stop_reason=stop_reason.value, stop_time=ch.now)
-            ch.signal(job, "TERM", grace=head.cfg.head.kill_grace, reason="cancelled")
+            ch.signal(job, "TERM", grace=self._config().head.kill_grace, reason="cancelled")
             ch.wake()
 
     async def _withdraw(self, job: "JobRecord", detail: str) -> None:
-        head = self.head
-        async with head.change() as ch:
-            job = head.store.active.get(job.job_id)
+        async with self._change() as ch:
+            job = self.store.active.get(job.job_id)
             if job is None or job.state is not JobState.PENDING:
                 return
             ch.txn.transition(job, JobState.CANCELLED, now=ch.now, event="cancelled", detail=detail,
@@ -189,13 +195,13 @@ class Allocations:
     async def _job(self, caller: Caller, job_id: Any) -> "JobRecord":
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
             raise RequestError("job_id must be a positive integer")
-        job = self.head.store.active.get(job_id)
+        job = self.store.active.get(job_id)
         if job is None:
-            found = await self.head.store.find_jobs(job_ids=[job_id])
+            found = await self.store.find_jobs(job_ids=[job_id])
             if not found:
                 raise RequestError(f"invalid job id specified: {job_id}")
             job = found[0]
-        if not may_modify(job.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+        if not may_modify(job.uid, caller.uid, caller.user, self._admins(), os.geteuid()):
             raise RequestError(f"job {job_id} belongs to {job.user}; only its owner or an admin may hold it")
         return job
 

@@ -16,10 +16,13 @@ monotonic clock, so the worker's lease always ends before the head's idea of it;
 starts a lost job's replacement only ``lease + lease_margin(lease)`` after its last answer
 to the node, or as soon as the worker reports the attempt ended.  A launch carries the
 heartbeat it was granted on (``lease.seq``): a worker never starts one whose lease lapsed.
-Every judgement here reads ``head.mono``; ``head.clock`` only stamps what is stored.
+Every judgement here reads the monotonic clock (``mono``); the change door's wall clock
+only stamps what is stored.
 
-It works on most of the head (the store, its lock and change door, the bus, the config,
-the commands, the MIG and step bookkeeping), so it is given the head itself.
+It is given only what it uses: the store (read; every write goes through the head's
+change door, ``change``), the bus, ``WorkerCommands``, the live config and the monotonic
+clock as getters (a reload or a test swaps them), and three callbacks: the WAL
+checkpoint, a node's MIG layout on registering, and a job's srun steps ended.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..bus.base import node_cmd
 from ..bus.messages import Heartbeat, Kill, Lease, Register
@@ -39,7 +42,11 @@ from .scheduling import DOWN, DRAIN, UP
 from .store import NodeRecord
 
 if TYPE_CHECKING:
-    from .daemon import Head
+    from ..bus.base import Bus
+    from ..config import Config
+    from .change import Change
+    from .commands import WorkerCommands
+    from .store import Store
 
 log = logging.getLogger("gpud.head")
 
@@ -56,43 +63,54 @@ def lease_margin(lease: float) -> float:
 
 
 class Liveness:
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: "Store", bus: "Bus", commands: "WorkerCommands", *,
+                 config: Callable[[], "Config"], mono: Callable[[], float], change: Callable[[], "Change"],
+                 lease_seq: dict[str, int], checkpoint: Callable[[], Awaitable[None]],
+                 registered: Callable[[str, dict[str, Any], float], None],
+                 job_ended: Callable[[int], Any]) -> None:
+        self.store = store
+        self.bus = bus
+        self.commands = commands
+        self._config = config            # the live config: lease and node_timeout may change on reload
+        self._mono = mono
+        self._change = change            # the head's change door (head/change.py)
+        self._checkpoint = checkpoint    # the WAL's, after each judgement of the nodes
+        self._registered = registered    # a node's MIG layout (MigCommands.registered)
+        self._job_ended = job_ended      # a lost job's srun steps end (Steps.job_ended)
+        self.lease_seq = lease_seq       # node -> the heartbeat its last lease answered (commands read it)
         self.heard: dict[str, float] = {}     # node -> mono time of its last heartbeat or register
         self.granted: dict[str, float] = {}   # node -> mono time of the last lease granted to it
-        self.lease_seq: dict[str, int] = {}   # node -> the heartbeat its last lease answered
 
     def head_started(self) -> None:
         """Nodes get a full timeout from the head's start to report in: the head being down
         is not the nodes' fault.  And any of them may hold a lease granted just before a
         crash: their jobs are replaced no earlier than a whole lease from now."""
-        mono = self.head.mono()
-        for name in self.head.store.nodes:
+        mono = self._mono()
+        for name in self.store.nodes:
             self.heard[name] = self.granted[name] = mono
 
     def bus_reconnected(self) -> None:
         """Whatever time the head was away does not count against the nodes (their leases
         went on ending meanwhile: ``granted`` stays as it was)."""
-        mono = self.head.mono()
-        for name in self.head.store.nodes:
+        mono = self._mono()
+        for name in self.store.nodes:
             self.heard[name] = mono
 
     # -- what the workers say -----------------------------------------------------------------
 
     async def on_register(self, node: str, msg: Register) -> None:
-        head = self.head
         info = msg.node
         if info.name != node:
             log.warning("dropped register from %s: claims to be %s", node, info.name)
             return
-        self.heard[node] = head.mono()
+        self.heard[node] = self._mono()
         self.granted.setdefault(node, self.heard[node])
-        old = head.store.nodes.get(node)
+        old = self.store.nodes.get(node)
         back = old is None or old.state in (DOWN, NodeState.UNKNOWN.value)
         state = UP if back else old.state
         if back:
             log.info("node %s up: %d GPUs, %d CPUs, %d MB", node, len(info.gpus), info.cpus, info.mem_mb)
-        async with head.change() as ch:
+        async with self._change() as ch:
             now = ch.now
             ch.txn.node_transition(
                 old or NodeRecord(name=node, info={}, state=UP, reason=None, last_seen=now, registered=now),
@@ -100,41 +118,43 @@ class Liveness:
                 event="registered" if old is None else "returned" if back else "registered again",
                 info=info.to_dict(), last_seen=now)
             ch.wake()
-        head.mig.registered(node, info.to_dict(), now)   # before the woken pass runs: it reads the layouts
+        self._registered(node, info.to_dict(), now)   # before the woken pass runs: it reads the layouts
 
     async def on_heartbeat(self, node: str, hb: Heartbeat) -> None:
-        head, commands = self.head, self.head.commands
+        store, commands = self.store, self.commands
         running, done, seq = hb.running, hb.done, hb.seq
-        rec = head.store.nodes[node]
-        mono = self.heard[node] = head.mono()
+        rec = store.nodes[node]
+        mono = self.heard[node] = self._mono()
         if rec.state == DOWN:
-            async with head.change() as ch:
+            async with self._change() as ch:
                 ch.txn.node_transition(rec, UP, reason=None, now=ch.now, event="returned", last_seen=ch.now)
                 ch.wake()
             log.info("node %s is back", node)
         # The lease: granted (and recorded) before it is sent, so the head's idea of when it
         # ends is never earlier than the worker's.
-        here = list(head.store.jobs_on_node(node))
+        here = list(store.jobs_on_node(node))
         if seq is not None:
             self.granted[node] = mono
             self.lease_seq[node] = seq
+            cfg = self._config()
             # Each allocation's time limit rides along, so a lost ``time_limit`` command (an
             # operator raising it) reaches the node with the next answer.
-            await head.bus.publish(node_cmd(node), Lease(
-                seq, head.cfg.head.lease, tuple((j.job_id, j.attempt) for j in here),
-                tuple((j.job_id, j.attempt, node_time_limit(head, j, gang.rank_of(j, node) or 0)) for j in here)))
+            await self.bus.publish(node_cmd(node), Lease(
+                seq, cfg.head.lease, tuple((j.job_id, j.attempt) for j in here),
+                tuple((j.job_id, j.attempt, node_time_limit(j, gang.rank_of(j, node) or 0, cfg.head.kill_grace))
+                      for j in here)))
         # Fencing: kill whatever this node runs that the head no longer assigns to it.
         stale = []
         for jid, attempt in running:
-            job = head.store.active.get(jid)
+            job = store.active.get(jid)
             if job is None or job.attempt != attempt or not job.state.active or gang.rank_of(job, node) is None:
                 stale.append((jid, attempt))
         if stale:
             log.warning("node %s runs allocations no longer assigned to it, killing: %s", node,
                         [list(p) for p in stale])
-            await head.bus.publish(node_cmd(node), Kill(tuple(stale), "fenced"))
+            await self.bus.publish(node_cmd(node), Kill(tuple(stale), "fenced"))
         reported = set(running) | set(done)
-        for job in list(head.store.jobs_on_node(node)):
+        for job in list(store.jobs_on_node(node)):
             key = (job.job_id, job.attempt)
             if key in reported:
                 if job.state is JobState.COMPLETING and key in set(running):
@@ -151,7 +171,7 @@ class Liveness:
 
     async def run(self) -> None:
         while True:  # node_timeout may change on reload
-            await asyncio.sleep(max(0.05, min(1.0, self.head.cfg.head.node_timeout / 4)))
+            await asyncio.sleep(max(0.05, min(1.0, self._config().head.node_timeout / 4)))
             await self.tick()
 
     async def tick(self) -> None:
@@ -163,18 +183,18 @@ class Liveness:
             log.error("liveness: could not record node changes (will retry): %s", e,
                       exc_info=not isinstance(e, (sqlite3.Error, OSError)))
         try:
-            await self.head.checkpoint()
+            await self._checkpoint()
         except Exception as e:
             log.warning("could not checkpoint the database's WAL: %s", e)
 
     def lease_ends(self, node: str) -> float:
         """Mono time by which the node's worker has surely stopped what it ran for us."""
-        lease = self.head.cfg.head.lease
+        lease = self._config().head.lease
         return self.granted.get(node, float("-inf")) + lease + lease_margin(lease)
 
     async def check_nodes(self) -> None:
-        store = self.head.store
-        mono, timeout = self.head.mono(), self.head.cfg.head.node_timeout
+        store = self.store
+        mono, timeout = self._mono(), self._config().head.node_timeout
         for rec in list(store.nodes.values()):
             heard = self.heard.get(rec.name)
             if rec.state in (UP, DRAIN) and heard is not None and mono - heard > timeout:
@@ -186,23 +206,21 @@ class Liveness:
 
     async def node_down(self, rec: NodeRecord, reason: str) -> None:
         """No more jobs for the node; what runs there is kept until its lease has ended."""
-        head = self.head
-        async with head.change() as ch:
+        async with self._change() as ch:
             ch.txn.node_transition(rec, DOWN, reason=reason, now=ch.now, event="node_down")
             ch.wake()
-        jobs = list(head.store.jobs_on_node(rec.name))
-        wait = max(0.0, self.lease_ends(rec.name) - head.mono())
+        jobs = list(self.store.jobs_on_node(rec.name))
+        wait = max(0.0, self.lease_ends(rec.name) - self._mono())
         log.warning("node %s DOWN: %s%s", rec.name, reason,
                     f"; its {len(jobs)} job(s) are requeued once its lease has ended, in {wait:.0f}s, "
                     "unless it returns" if jobs else "")
 
     async def node_failed(self, rec: NodeRecord) -> None:
         """The DOWN node's lease has ended: its jobs are surely dead there; requeue them."""
-        head = self.head
-        async with head.change() as ch:
+        async with self._change() as ch:
             now, txn = ch.now, ch.txn
             reason = f"node {rec.name} DOWN ({rec.reason or 'no heartbeat'}); its lease ended"
-            lost = list(head.store.jobs_on_node(rec.name))
+            lost = list(self.store.jobs_on_node(rec.name))
             for job in lost:
                 txn.end_allocation(job.job_id, job.attempt, end=now, outcome="node_fail")
                 if job.spec.requeue and job.stop_reason != StopReason.CANCELLED:
@@ -215,6 +233,6 @@ class Liveness:
                     log.info("job %d (user %s) %s: %s", job.job_id, job.user, new.value, reason)
                 ch.ended(job, now)
                 if job.parts:   # a gang job's other parts hold nothing now
-                    ch.then(head.commands.kill_parts, job, "node_fail", besides=rec.name)
-                ch.then(head.steps.job_ended, job.job_id)
+                    ch.then(self.commands.kill_parts, job, "node_fail", besides=rec.name)
+                ch.then(self._job_ended, job.job_id)
             ch.wake()

@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -43,7 +43,9 @@ from .store import Store, Txn
 from .telemetry import IDLE_REASON, IDLE_UTIL
 
 if TYPE_CHECKING:
-    from .daemon import Head
+    from ..config import Config
+    from ..sched.config import SchedConfig
+    from .telemetry import Telemetry
 
 log = logging.getLogger("gpud.metrics")
 
@@ -70,10 +72,16 @@ def fragmentation_fields(f: Fragmentation) -> dict[str, float]:
 
 
 class HeadMetrics:
-    """The registry of one head: collectors over its state, counters fed by its commits."""
+    """The registry of one head: collectors over its state, counters fed by its commits.
+    Given the store, the live config, the wall clock and the head's ``Telemetry`` (getters:
+    a reload swaps the config, a test the telemetry)."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: Store, *, config: Callable[[], "Config"], clock: Callable[[], float],
+                 telemetry: Callable[[], "Telemetry"]) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.telemetry = telemetry
         # ``registry`` holds everything as prometheus-client objects; a scrape renders the
         # histogram through its own small registry and the collector's families directly
         # (prometheus-client's writer costs about 60 us a sample: a second at 1,000 nodes).
@@ -89,7 +97,7 @@ class HeadMetrics:
         self.gpu_seconds: Counter[str] = Counter()               # account: ended allocations
         self.collector = _Collector(self)
         self.registry.register(self.collector)
-        head.store.on_commit.append(self.on_commit)
+        store.on_commit.append(self.on_commit)
         self._server: asyncio.AbstractServer | None = None
 
     # -- fed by the head ------------------------------------------------------------------
@@ -107,7 +115,7 @@ class HeadMetrics:
                     self.requeues[part] += 1
                 if before.start_time is not None:   # by fraction, over all nodes, as report bills it
                     self.gpu_seconds[before.account] += max(0.0, now - before.start_time) * held_gpus(
-                        self.head.store, before)
+                        self.store, before)
             if event == "preempted":
                 self.preemptions[part] += 1
             elif event == "gpu_idle":
@@ -238,10 +246,10 @@ class _Collector:
         return (f.to_metric() for f in self.families())
 
     def families(self) -> list[Family]:
-        m, head = self.m, self.m.head
-        now = head.clock()
-        out = (self._jobs(head) + self._gpus(head, now) + self._fragmentation(head)
-               + self._accounts(head, now))
+        m = self.m
+        store, sched, telemetry, now = m.store, m.config().sched, m.telemetry(), m.clock()
+        out = (self._jobs(store, sched) + self._gpus(store, telemetry, now) + self._fragmentation(store, sched)
+               + self._accounts(store, now))
         for name, doc, counts, labels in (
             ("gpud_job_outcomes", "Jobs that ended, by final state.", m.outcomes, ("state", "partition")),
             ("gpud_job_requeues", "Allocations that ended with the job back in the queue.", m.requeues,
@@ -255,12 +263,12 @@ class _Collector:
                 fam.add(key if isinstance(key, tuple) else (key,), value)
             out.append(fam)
         dropped = Family("gpud_telemetry_samples_dropped", "counter", "Malformed samples dropped.")
-        dropped.add((), head.telemetry.dropped)
+        dropped.add((), telemetry.dropped)
         out.append(dropped)
         return out
 
     @staticmethod
-    def _jobs(head: "Head") -> list[Family]:
+    def _jobs(store: Store, sched: "SchedConfig") -> list[Family]:
         jobs = Family("gpud_jobs", "gauge", "Pending and running jobs.", ("state", "reason", "partition"))
         idle = Family("gpud_jobs_gpu_idle", "gauge", "Running jobs flagged for idle GPUs.", ("partition",))
         owners = Family("gpud_account_jobs", "gauge", "Pending and running jobs by account and user.",
@@ -268,7 +276,7 @@ class _Collector:
         counts: Counter[tuple[str, str, str]] = Counter()
         idle_counts: Counter[str] = Counter()
         by_owner: Counter[tuple[str, str, str]] = Counter()
-        for j in head.store.active.values():
+        for j in store.active.values():
             counts[(j.state.value, j.reason or "", j.partition)] += 1
             by_owner[(j.account, j.user, j.state.value)] += 1
             if j.state.active and j.reason == IDLE_REASON:
@@ -277,12 +285,12 @@ class _Collector:
             jobs.add(key, n)
         for key, n in sorted(by_owner.items()):
             owners.add(key, n)
-        for part in sorted(set(head.cfg.sched.partitions) | set(idle_counts)):
+        for part in sorted(set(sched.partitions) | set(idle_counts)):
             idle.add((part,), idle_counts.get(part, 0))
         return [jobs, idle, owners]
 
     @staticmethod
-    def _gpus(head: "Head", now: float) -> list[Family]:
+    def _gpus(store: Store, telemetry: "Telemetry", now: float) -> list[Family]:
         labels = ("node", "model", "mode")
         total = Family("gpud_gpus", "gauge", "GPUs by node, model and mode.", labels)
         alloc = Family("gpud_gpus_allocated", "gauge", "GPUs allocated to jobs.", labels)
@@ -301,17 +309,17 @@ class _Collector:
         energy = Family("gpud_gpu_energy_joules", "counter", "GPU energy used, from the samples since the head started.",
                         per)
         held: dict[str, set[int]] = {}
-        for j in head.store.active.values():
+        for j in store.active.values():
             if j.state.active and j.node:
                 held.setdefault(j.node, set()).update(j.gpu_indices)
                 for p in j.parts:   # the other nodes of a multi-node job
                     held.setdefault(str(p.get("node")), set()).update(p.get("gpu_indices", ()))
         states: Counter[str] = Counter()
-        for name in sorted(head.store.nodes):
-            rec = head.store.nodes[name]
+        for name in sorted(store.nodes):
+            rec = store.nodes[name]
             states[rec.state] += 1
             node_state.add((name, rec.state), 1)
-            sample = head.telemetry.latest.get(name)
+            sample = telemetry.latest.get(name)
             if sample is not None and now - sample.time > STALE_INTERVALS * sample.interval:
                 sample = None
             mine = held.get(name, ())
@@ -327,7 +335,7 @@ class _Collector:
                 size = int(g.get("memory_mb") or 0) * 1048576
                 if size:
                     mem_total.add(ids, size, text)
-                joules = head.telemetry.energy_j.get((name, index))
+                joules = telemetry.energy_j.get((name, index))
                 if joules is not None:
                     energy.add(ids, joules, text)
                 reading = sample.gpus.get(index) if sample is not None else None
@@ -354,8 +362,8 @@ class _Collector:
         return [nodes, node_state, total, alloc, busy, util, mem, mem_total, mem_free, power, temp, energy]
 
     @staticmethod
-    def _fragmentation(head: "Head") -> list[Family]:
-        frag = cluster_fragmentation(head.store, head.cfg.sched)
+    def _fragmentation(store: Store, sched: "SchedConfig") -> list[Family]:
+        frag = cluster_fragmentation(store, sched)
         size = str(frag.size)
         free = Family("gpud_gpus_free", "gauge",
                       "Whole GPUs no job holds on schedulable nodes, by partition.", ("partition",))
@@ -371,12 +379,12 @@ class _Collector:
             index.add((part, size), f.index)
         return [free, servable, index]
 
-    def _accounts(self, head: "Head", now: float) -> list[Family]:
+    def _accounts(self, store: Store, now: float) -> list[Family]:
         seconds = Counter(self.m.gpu_seconds)
         gpus: Counter[str] = Counter()
-        for j in head.store.active.values():
+        for j in store.active.values():
             if j.state.active and j.start_time is not None:
-                held = held_gpus(head.store, j)
+                held = held_gpus(store, j)
                 seconds[j.account] += max(0.0, now - j.start_time) * held
                 gpus[j.account] += held
         used = Family("gpud_account_gpu_seconds", "counter", "GPU-seconds allocated, by account.", ("account",))

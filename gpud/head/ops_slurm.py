@@ -357,16 +357,17 @@ async def time_limit_changed(head: "Head", job: JobRecord) -> None:
 
     log.info("job %s (user %s): time limit now %s", job.display_id, job.user, format_duration(job.time_limit))
     for rank, node in enumerate(job_nodes(job)):
-        await head.bus.publish(node_cmd(node), TimeLimit(job.job_id, job.attempt, node_time_limit(head, job, rank)))
+        limit = node_time_limit(job, rank, head.cfg.head.kill_grace)
+        await head.bus.publish(node_cmd(node), TimeLimit(job.job_id, job.attempt, limit))
 
 
-def node_time_limit(head: "Head", job: JobRecord, rank: int) -> float | None:
+def node_time_limit(job: JobRecord, rank: int, kill_grace: float) -> float | None:
     """The limit a node of ``job`` enforces: the batch script's on rank 0, a holder's (the
-    limit, the kill grace and gang.HOLDER_SLACK) on the others."""
+    limit, ``kill_grace`` and gang.HOLDER_SLACK) on the others."""
     from .gang import HOLDER_SLACK
 
     if rank and job.time_limit is not None:
-        return job.time_limit + head.cfg.head.kill_grace + HOLDER_SLACK
+        return job.time_limit + kill_grace + HOLDER_SLACK
     return job.time_limit
 
 

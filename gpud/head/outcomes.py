@@ -10,12 +10,15 @@ state, its event log lines), commits it, and only then acks them, one ack per no
 of job ends thus costs one fsync and one scheduler kick instead of one each.  Stale and
 repeated reports are acked and change nothing.  Reports of gang jobs go one by one after
 the batch (``_gang_finished``): a part's end can end the job and kill its other parts.
+
+It is given the store (read; writes go through the head's change door, ``change``), the
+commands (a gang job's other parts are killed) and the steps' ``job_ended``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..bus.base import node_cmd
 from ..bus.messages import Ack, Finished, Started
@@ -27,7 +30,8 @@ from .store import JobRecord, Txn
 
 if TYPE_CHECKING:
     from .change import Change
-    from .daemon import Head
+    from .commands import WorkerCommands
+    from .store import Store
 
 log = logging.getLogger("gpud.head")
 
@@ -36,8 +40,12 @@ MAX_STATUS = 2 ** 31 - 1        # larger exit codes or signals in a report are n
 
 
 class WorkerReports:
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: "Store", commands: "WorkerCommands", *, change: Callable[[], "Change"],
+                 job_ended: Callable[[int], Any]) -> None:
+        self.store = store
+        self.commands = commands
+        self._change = change            # the head's change door (head/change.py)
+        self._job_ended = job_ended      # an ended job's srun steps end (Steps.job_ended)
 
     async def apply(self, reports: Sequence[tuple[str, Started | Finished]]) -> None:
         """``started`` and ``finished`` reports (node, report), in order, as one group
@@ -49,13 +57,12 @@ class WorkerReports:
         acks: dict[str, list[tuple[int, int]]] = {}
         gang_reports: list[tuple[str, Finished]] = []
         reported: list[int] = []
-        head = self.head
-        async with head.change() as ch:
+        async with self._change() as ch:
             end, txn = ch.now, ch.txn
             done: set[tuple[int, int]] = set()
             for node, report in reports:
                 jid, attempt = report.job, report.attempt
-                job = head.store.active.get(jid)
+                job = self.store.active.get(jid)
                 if isinstance(report, Started):
                     # a stale attempt, or a part after rank 0 (only rank 0's start is logged)
                     if job is not None and job.attempt == attempt and job.node == node:
@@ -84,9 +91,9 @@ class WorkerReports:
     def _steps_ended(self, job_ids: list[int]) -> None:
         """Tell the steps of every job in ``job_ids`` that has ended (or is no longer known)."""
         for jid in dict.fromkeys(job_ids):
-            now_job = self.head.store.active.get(jid)
+            now_job = self.store.active.get(jid)
             if now_job is None or not now_job.state.active:
-                self.head.steps.job_ended(jid)
+                self._job_ended(jid)
 
     def _end_in(self, txn: Txn, job: JobRecord, report: Finished, end: float) -> tuple[JobState, str]:
         """A single-node job's end, added to ``txn``: its new state and the event's detail."""
@@ -106,10 +113,9 @@ class WorkerReports:
     async def _gang_finished(self, node: str, report: Finished) -> None:
         """One ``finished`` report of a gang job (any rank), committed on its own."""
         jid, attempt = report.job, report.attempt
-        head = self.head
-        async with head.change() as ch:
+        async with self._change() as ch:
             end = ch.now
-            job = head.store.active.get(jid)
+            job = self.store.active.get(jid)
             rank = gang.rank_of(job, node) if job is not None else None
             ended_gang: JobRecord | None = None
             if job is not None and job.attempt == attempt and rank and job.state.active:
@@ -127,7 +133,7 @@ class WorkerReports:
                     ended_gang = job
             ch.tell(node_cmd(node), Ack(((jid, attempt),)))
             if ended_gang is not None:
-                ch.then(head.commands.kill_parts, ended_gang, "job ended", besides=node)
+                ch.then(self.commands.kill_parts, ended_gang, "job ended", besides=node)
             if job is not None:
                 ch.then(self._steps_ended, [jid])
 

@@ -25,6 +25,9 @@ A request whose deadline has passed is dropped unanswered: its relay has already
 user it timed out, and carrying it out now (say, when a restarted head's persistent session
 delivers it) would surprise them.  Malformed requests are logged in one line and, when they
 can be addressed, answered with an error so the user is not left waiting.
+
+It is given the bus, the socket server's ``dispatch``, and the live config and the wall
+clock as getters.
 """
 
 from __future__ import annotations
@@ -32,16 +35,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import protocol
-from ..bus.base import Message, relay_replies
+from ..bus.base import Bus, Message, relay_replies
 from ..bus.messages import CHUNK_CHARS, MessageError, RelayPart, Reply, Request, decode, valid_name
 from ..relay import Parts, split_line
 from ..ctlsocket import Caller, RateLimitedLog, user_name
 
 if TYPE_CHECKING:
-    from .daemon import Head
+    from ..config import Config
 
 log = logging.getLogger("gpud.head.relayed")
 
@@ -75,8 +78,12 @@ class _Incomplete:
 class RelayedRequests:
     """Answers ``request`` messages on ``head/requests`` for one ``Head``."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, bus: Bus, *, dispatch: Callable[[Caller, bytes], Awaitable[bytes]],
+                 config: Callable[[], "Config"], clock: Callable[[], float]) -> None:
+        self.bus = bus
+        self._dispatch = dispatch        # a request line, answered as the local socket would
+        self._config = config            # the live config: max_requests_per_user may change on reload
+        self._clock = clock
         self._incomplete: dict[tuple[str, str], _Incomplete] = {}
         self._buffered = 0
         self._tasks: set[asyncio.Task] = set()
@@ -104,7 +111,7 @@ class RelayedRequests:
                                                             "check that gpud versions agree"))
             return
         assert isinstance(part, Request)
-        now = self.head.clock()
+        now = self._clock()
         self._expire(now)
         if part.deadline + CLOCK_SLACK < now:
             log.warning("dropped request %s from %s: its relay stopped waiting %.0fs ago "
@@ -119,7 +126,7 @@ class RelayedRequests:
                            part.id, msg.sender, len(self._tasks))
             await self._reply(name, part.id, protocol.error("gpud head is busy; try again shortly"))
             return
-        per_user = self.head.cfg.head.max_requests_per_user
+        per_user = self._config().head.max_requests_per_user
         if self._per_uid.get(part.uid, 0) >= per_user:
             self.quiet.log(logging.WARNING, "user busy", "refused request %s from %s: uid %d has %d relayed "
                            "requests in progress", part.id, msg.sender, part.uid, per_user)
@@ -188,10 +195,10 @@ class RelayedRequests:
         # head's own name for the uid.
         rid = req.id
         caller = Caller(uid=req.uid, gid=req.gid, pid=req.pid, user=user_name(req.uid))
-        left = req.deadline + CLOCK_SLACK - self.head.clock()
+        left = req.deadline + CLOCK_SLACK - self._clock()
         try:
             async with asyncio.timeout(max(left, 0.0)):
-                answer = await self.head.server.dispatch(caller, line)
+                answer = await self._dispatch(caller, line)
         except TimeoutError:
             self.quiet.log(logging.WARNING, "late", "request %s from relay %s (uid %d) took longer than its "
                            "relay waits; no answer sent", rid, name, req.uid)
@@ -204,6 +211,6 @@ class RelayedRequests:
         topic = relay_replies(name)
         try:
             for i, data in enumerate(parts):
-                await self.head.bus.publish(topic, Reply(rid, i, len(parts), data))
+                await self.bus.publish(topic, Reply(rid, i, len(parts), data))
         except Exception as e:  # the bus queues while disconnected; anything else is logged
             log.warning("could not answer request %s from relay %s: %s", rid, name, e)

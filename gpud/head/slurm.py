@@ -31,7 +31,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..model import JobState, StopReason
+from ..model import JobState, NodeInfo, StopReason
 from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
 from . import arrays, deps, mail
 from ..ctlsocket import Caller, RequestError
@@ -57,6 +57,12 @@ def is_admin(head: "Head", caller: Caller) -> bool:
     from .ops_jobs import is_admin as admin_check  # one definition of who is an admin
 
     return admin_check(head, caller)
+
+
+def _node_infos(head: "Head") -> tuple[NodeInfo, ...]:
+    from .ops_jobs import node_infos  # ops_jobs imports this module
+
+    return node_infos(head)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -233,7 +239,8 @@ class SlurmSupport:
     def __init__(self, head: "Head") -> None:
         self.head = head
         self.book = deps.DependencyBook()
-        self.cron = Cron(head)
+        self.cron = Cron(head.store, lock=head.lock, kick=head.kick, config=lambda: head.cfg,
+                         clock=lambda: head.clock(), node_infos=lambda: _node_infos(head))
         self._mail_tasks: set[asyncio.Task] = set()
         head.store.on_commit.append(self.on_commit)
 

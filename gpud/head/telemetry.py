@@ -190,6 +190,10 @@ class Telemetry:
         self.energy_j: dict[tuple[str, int], float] = {}   # (node, GPU) -> joules sampled, for /metrics
         self._loaded = False                           # aggregates of the running jobs read back
 
+    def count_dropped(self) -> None:
+        """A malformed sample was dropped (the inbox logged it)."""
+        self.dropped += 1
+
     @property
     def resolution(self) -> float:
         return self.head.cfg.head.telemetry_resolution
