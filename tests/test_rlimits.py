@@ -56,8 +56,9 @@ def test_a_name_this_platform_lacks_is_left_out_and_named(node, monkeypatch):
 
 
 def test_apply_sets_the_limits_and_warns_of_a_refusal_in_a_real_child():
-    """In a child (as a task's preexec_fn runs): what the kernel takes is set, what it refuses
-    (a soft limit above the hard one) is kept as it was, with one line."""
+    """In a child process of its own (as the job wrapper sets its limits): what the kernel
+    takes is set, what it refuses (a soft limit above the hard one) is kept as it was, with
+    one line."""
     soft, hard = resource.getrlimit(NOFILE)
     low = min(hard, 1000)
     code = ("import resource, sys; from gpud.worker import rlimits; warned = []; "
@@ -70,6 +71,29 @@ def test_apply_sets_the_limits_and_warns_of_a_refusal_in_a_real_child():
     limits, warning = r.stdout.splitlines()
     assert limits == f"(300, {low}) True"
     assert warning.startswith("cannot set CORE limit to 10/5: ") and warning.endswith("; keeping the node's")
+
+
+def test_apply_to_sets_a_waiting_process_s_limits_for_what_it_execs():
+    """As for an srun task: the shell waits at its gate, the worker sets its limits, and the
+    command it becomes runs under them; a refused one is kept, with one line."""
+    soft, hard = resource.getrlimit(NOFILE)
+    low = min(hard, 1000)
+    p = subprocess.Popen(["/bin/sh", "-c", "read -r _; exec cat /proc/self/limits"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    warned: list[str] = []
+    rlimits.apply_to(p.pid, [("NOFILE", NOFILE, 300, low), ("CORE", resource.RLIMIT_CORE, 10, 5)], warned.append)
+    out, _ = p.communicate("go\n", timeout=30)
+    line = next(ln for ln in out.splitlines() if ln.startswith("Max open files"))
+    assert line.split()[3:5] == ["300", str(low)]
+    assert len(warned) == 1 and warned[0].startswith("cannot set CORE limit to 10/5: ")
+
+
+def test_apply_to_a_process_gone_already_is_quiet():
+    with open("/proc/sys/kernel/pid_max") as f:
+        gone = int(f.read()) + 1      # no process has it (a reaped pid could be reused)
+    warned: list[str] = []
+    rlimits.apply_to(gone, [("NOFILE", NOFILE, 300, 300)], warned.append)
+    assert warned == []
 
 
 def test_the_job_wrapper_uses_the_same_module():

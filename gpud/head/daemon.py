@@ -73,7 +73,7 @@ from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS
 from .ops_jobs import OPS as JOB_OPS
 from .ops_sched import OPS as SCHED_OPS
-from .liveness import LAUNCH_RESEND_AFTER, Liveness, lease_margin  # noqa: F401 (tests import them from here)
+from .liveness import LAUNCH_RESEND_AFTER, Liveness, lease_margin  # noqa: F401 (read from here; patch them in liveness)
 from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS

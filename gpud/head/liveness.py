@@ -117,8 +117,8 @@ class Liveness:
                 state, reason=None if back else old.reason, now=now,
                 event="registered" if old is None else "returned" if back else "registered again",
                 info=info.to_dict(), last_seen=now)
+            ch.then(self._registered, node, info.to_dict(), now)   # before the woken pass: it reads the layouts
             ch.wake()
-        self._registered(node, info.to_dict(), now)   # before the woken pass runs: it reads the layouts
 
     async def on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         store, commands = self.store, self.commands

@@ -72,7 +72,7 @@ from ..bus.messages import (Ack, Body, HeadStatus, Heartbeat, Hello, Kill, Launc
 from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
 from . import gpumodes, lease as leases
-from .fencing import LEASE_EXPIRED, Fencing  # noqa: F401 (LEASE_EXPIRED: imported from here by tests)
+from .fencing import LEASE_EXPIRED, Fencing  # noqa: F401 (LEASE_EXPIRED: read from here by tests; patch it in fencing)
 from .launch import Outcome, parse_signal
 from .nodeinfo import build_node_info, primary_address  # noqa: F401 (imported from here by tests)
 from .steprelay import StepRelay

@@ -4,8 +4,10 @@ PropagateResourceLimits): {"NOFILE": [soft, hard], ...}, -1 for unlimited, as
 so user data can lower a limit, never raise one above the node's.
 
 ``plan`` works the values out (in the worker, or the job wrapper before it becomes the
-job); ``apply`` only calls setrlimit, so it is safe in a forked child before exec (a
-``preexec_fn``: no imports, no locks).
+job); ``apply`` sets them on this process (the wrapper, before it becomes the job),
+``apply_to`` on another (an srun task's shell, waiting at its gate before it becomes the
+command): no code runs in a forked child, whose descriptors subprocess would otherwise
+close only after it, under the new limit.
 
 Stdlib only and no gpud imports: the job wrapper (jobwrap.py, run with ``-I -S``) loads this
 file by its path.
@@ -49,5 +51,16 @@ def apply(todo, warn):
     for name, res, soft, hard in todo:
         try:
             resource.setrlimit(res, (soft, hard))
+        except (ValueError, OSError) as e:
+            warn(f"cannot set {name} limit to {soft}/{hard}: {e}; keeping the node's")
+
+
+def apply_to(pid, todo, warn):
+    """``apply`` for process ``pid`` (prlimit): the limits hold from its next exec on."""
+    for name, res, soft, hard in todo:
+        try:
+            resource.prlimit(pid, res, (soft, hard))
+        except ProcessLookupError:
+            return     # gone already: its exit is reported as any other
         except (ValueError, OSError) as e:
             warn(f"cannot set {name} limit to {soft}/{hard}: {e}; keeping the node's")

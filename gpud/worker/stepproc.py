@@ -1,5 +1,4 @@
-"""An srun task's process, outside its stream: the shell that waits at its gate, srun's
-limits set in the child, the record under ``state_dir`` and killing what a previous
+"""An srun task's process, outside its stream: the shell that waits at its gate, the record under ``state_dir`` and killing what a previous
 worker left.  See gpud.worker.steps.
 
 Tasks are children of the worker, each in a session of its own, so they are outside the
@@ -21,11 +20,10 @@ import json
 import logging
 import os
 import signal as signals
-from typing import Callable
 
 import psutil
 
-from . import procs, rlimits
+from . import procs
 from .jobstore import read_json, write_file
 
 log = logging.getLogger("gpud.worker.steps")
@@ -39,26 +37,6 @@ TASK_SHELL = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@" </dev/nul
 TASK_SHELL_STDIN = 'read -r _ || exit 125; cd -- "$0" || exit 126; exec "$@"'
 # On a terminal the gate is descriptor 3, closed before the command.
 TASK_SHELL_PTY = 'read -r _ <&3 || exit 125; exec 3<&-; cd -- "$0" || exit 126; exec "$@"'
-
-
-# -- in the child, before exec -------------------------------------------------------------------
-
-def limits_child(todo: list, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
-    """The task's child, after the switch to the job's user and before exec: ``then``, and
-    srun's limits (lowering is all a user may do, and the plan never raises one above the
-    worker's hard limits).  None when there is nothing to do, so the spawn stays fast."""
-    if not todo:
-        return then
-
-    def child() -> None:
-        if then is not None:
-            then()
-        rlimits.apply(todo, _warn_child)
-    return child
-
-
-def _warn_child(line: str) -> None:
-    os.write(2, f"srun: warning: {line}\n".encode(errors="replace"))   # the task's own stderr
 
 
 # -- the gate and the process group ----------------------------------------------------------------

@@ -11,8 +11,8 @@ node's GPUs only), in a session and process group of its own, plus the per-task
 variables torchrun and ``torch.distributed`` read (``task_env``, gpud.worker.stepenv).
 srun's own environment is the base: the job's variables win over it.  The tasks run under
 srun's resource limits (the step's ``rlimits``, as a batch script runs under sbatch's),
-each clamped to the worker's own hard limit (``gpud.worker.rlimits``), set in the child
-before exec.
+each clamped to the worker's own hard limit (``gpud.worker.rlimits``), set on the task's
+shell while it waits at its gate (so nothing runs in the forked child).
 
 ``StepTasks`` here is the coordinator: it starts each task (its shell, gate, limits and
 record: gpud.worker.stepproc), hands its output and input to the step's stream
@@ -52,12 +52,12 @@ from typing import Any, Callable
 from ..bus.messages import StepExit, StepStart
 from . import rlimits
 from .stepenv import task_env
-from .stepproc import (SHELL, TASK_SHELL, TASK_SHELL_PTY, TASK_SHELL_STDIN, kill_left, killpg, limits_child,
+from .stepproc import (SHELL, TASK_SHELL, TASK_SHELL_PTY, TASK_SHELL_STDIN, kill_left, killpg,
                        open_fd_gate, open_gate, read_record, remove, save_record, write_pid)
 from .stepstream import READ_CHUNK, WINDOW, Emit, Step, Task
 from .stepterm import set_size, terminal_child
 
-# SHELL, TASK_SHELL, WINDOW and task_env are read from here too.
+# SHELL, TASK_SHELL, WINDOW and task_env are read from here too (patch them where they are defined).
 __all__ = ["StepTasks", "task_env", "SHELL", "TASK_SHELL", "WINDOW"]
 
 log = logging.getLogger("gpud.worker.steps")
@@ -111,7 +111,7 @@ class StepTasks:
             await self._emit(refusal)
             self._end(step)
             return
-        # Worked out here, once: the task's child only calls setrlimit (see stepproc.limits_child).
+        # Worked out here, once; set on each task's shell while it waits at its gate.
         step.limits, unknown = rlimits.plan(cmd.rlimits)
         if unknown:
             log.warning("job %d step %d: no %s limit on this node; ignored", key[0], key[2], ", ".join(unknown))
@@ -274,7 +274,7 @@ class StepTasks:
                     task.proc = await asyncio.create_subprocess_exec(
                         SHELL, "-c", TASK_SHELL_PTY, setup.work_dir, *argv, stdin=slave, stdout=slave,
                         stderr=slave, cwd="/", env=env, start_new_session=True, pass_fds=(3,),
-                        preexec_fn=limits_child(step.limits, terminal_child(gate_r)), **extra)
+                        preexec_fn=terminal_child(gate_r), **extra)
                 finally:
                     os.close(slave)
                     os.close(gate_r)
@@ -283,7 +283,7 @@ class StepTasks:
                     SHELL, "-c", TASK_SHELL_STDIN if takes_input else TASK_SHELL, setup.work_dir, *argv,
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                     cwd="/", env=env, start_new_session=True, limit=READ_CHUNK,
-                    preexec_fn=limits_child(step.limits), **extra)
+                    **extra)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             message = f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}"
             code = 127 if isinstance(e, FileNotFoundError) else 126
@@ -300,6 +300,11 @@ class StepTasks:
                 killpg(task.proc.pid, signals.SIGKILL)
             elif not await self._confine(step, task, setup):
                 killpg(task.proc.pid, signals.SIGKILL)
+            elif step.limits and task.proc.returncode is None:   # at its gate: the command starts under them
+                warned: list[str] = []
+                rlimits.apply_to(task.proc.pid, step.limits, warned.append)
+                if warned:
+                    await step.add(task.rank, 2, [f"srun: warning: {line}\n" for line in warned])
             if gate is not None:
                 open_fd_gate(gate)
             else:
