@@ -49,7 +49,7 @@ async def test_a_gap_is_asked_for_again_and_repeats_are_dropped(kit):
 async def test_a_restarted_head_adopts_the_step_and_resumes_from_the_readers_cursor(kit):
     job, step, base = await one_node_step(kit, stdin=True)
     await kit.report("n1", "step_output", {**base, "first": 0, "lines": [[0, 1, "old\n"]]})
-    kit.head.steps = Steps(kit.head)          # what a restarted head knows of steps: nothing
+    kit.head.steps = Steps.of(kit.head)          # what a restarted head knows of steps: nothing
     kit.sent.clear()
     got_task = asyncio.ensure_future(kit.call("step_poll", ALICE, job_id=job.job_id, step=step["step"], offset=1,
                                               epoch="another head", cursor={"n1": 1}, ntasks_per_node=1))
@@ -65,7 +65,7 @@ async def test_a_restarted_head_adopts_the_step_and_resumes_from_the_readers_cur
 
 async def test_a_step_number_never_given_out_is_not_adopted(kit):
     job, step, base = await one_node_step(kit)
-    kit.head.steps = Steps(kit.head)
+    kit.head.steps = Steps.of(kit.head)
     assert "no step" in await kit.refused("step_poll", ALICE, job_id=job.job_id, step=7, offset=0)
     await kit.report("n1", "step_output", {**base, "step": 7, "first": 0, "lines": [[0, 1, "x\n"]]})
     assert (job.job_id, 7) not in kit.head.steps.steps

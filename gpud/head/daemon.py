@@ -145,7 +145,7 @@ class Head:
             store, config=lambda: self.cfg, clock=lambda: self.clock(), telemetry=lambda: self.telemetry)
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
         self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
-        self.steps = Steps(self)              # gpuctl srun steps inside running jobs
+        self.steps = Steps.of(self)           # gpuctl srun steps inside running jobs
         self.allocs = Allocations(            # salloc keepalives (interactive jobs)
             store, change=self.change, config=lambda: self.cfg, admins=lambda: self.admins,
             sweep_steps=lambda now: self.steps.sweep(now))

@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..ctlsocket import Caller, RequestError
 from .store import Txn
 
 if TYPE_CHECKING:
-    from .daemon import Head
-    from .store import JobRecord
+    from .store import JobRecord, Store
 
 log = logging.getLogger("gpud.steps")
 
 
 class StepNumbers:
-    """The next step number of each job this head has seen a step of."""
+    """The next step number of each job this head has seen a step of.  Given the store (its
+    job events read, the step events committed) and a getter for the wall clock."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: "Store", *, clock: Callable[[], float]) -> None:
+        self.store = store
+        self._clock = clock              # the head's, read at call time (tests swap it)
         self._next: dict[int, int] = {}        # job id -> next step id
         self._lock = asyncio.Lock()            # one step number read and recorded at a time
 
@@ -44,21 +45,21 @@ class StepNumbers:
         """Count the job's step events, unless this head knows its numbers already."""
         async with self._lock:
             if job.job_id not in self._next:
-                events = await self.head.store.job_events(job.job_id)
+                events = await self.store.job_events(job.job_id)
                 self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
 
     async def next(self, job: "JobRecord", caller: Caller, ntasks: int, argv: list[str]) -> int:
         """The job's next step number, recorded in its event log before anything starts."""
         async with self._lock:
             if job.job_id not in self._next:   # first step since this head started
-                events = await self.head.store.job_events(job.job_id)
+                events = await self.store.job_events(job.job_id)
                 self._next[job.job_id] = sum(1 for e in events if e["event"] == "step")
             step_id = self._next[job.job_id]
-            txn = Txn(self.head.store)
-            txn.event(job, self.head.clock(), "step",
+            txn = Txn(self.store)
+            txn.event(job, self._clock(), "step",
                       f"{step_id}: {ntasks} task(s) by {caller.user}: {' '.join(argv)}"[:300])
             try:
-                await self.head.store.commit(txn)
+                await self.store.commit(txn)
             except Exception as e:   # the disk said no: nothing was started
                 log.exception("job %d: cannot record step %d", job.job_id, step_id)
                 raise RequestError(f"srun: cannot record the step: database error: {e}") from None

@@ -64,7 +64,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..bus.base import node_cmd
 from ..bus.messages import (MAX_INPUT_CHUNK, MAX_TASKS_PER_NODE, StepAck, StepExit, StepInput, StepKill, StepOutput,
@@ -79,8 +79,9 @@ from .stepops import OPS, parse_cursor, require_counts
 from .steprecord import LINE_OVERHEAD, Step, task_exit_code
 
 if TYPE_CHECKING:
+    from ..bus.base import Bus
     from .daemon import Head
-    from .store import JobRecord
+    from .store import JobRecord, Store
 
 __all__ = ["OPS", "Steps"]   # OPS (gpud.head.stepops): the head daemon takes the verbs from here
 
@@ -101,14 +102,26 @@ STOP_WORDS = {"cancelled": "was cancelled", "timeout": "reached its time limit",
 
 
 class Steps:
-    """Every live step of every job, by (job id, step id)."""
+    """Every live step of every job, by (job id, step id).  Given the store (read; the step
+    numbers are committed through it), the bus (the step commands) and getters for the admins
+    and the wall clock (read at call time: a reload swaps the admins, tests the clock)."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    def __init__(self, store: "Store", bus: "Bus", *, admins: Callable[[], frozenset[str]],
+                 clock: Callable[[], float]) -> None:
+        self.store = store
+        self.bus = bus
+        self._admins = admins
+        self._clock = clock
         self.steps: dict[tuple[int, int], Step] = {}
-        self.numbers = StepNumbers(head)
+        self.numbers = StepNumbers(store, clock=clock)
         self.epoch = os.urandom(6).hex()      # a reader's offsets are this head's only
         self.monotonic = time.monotonic
+
+    @classmethod
+    def of(cls, head: "Head") -> "Steps":
+        """The steps of ``head``, wired as ``Head.__init__`` wires them (a test's restarted
+        head builds them the same way)."""
+        return cls(head.store, head.bus, admins=lambda: head.admins, clock=lambda: head.clock())
 
     # -- from gpuctl -------------------------------------------------------------------------
 
@@ -152,19 +165,19 @@ class Steps:
             raise RequestError(f"srun: --pty runs one task, and job {job.job_id} has {len(nodes)} node(s) with "
                                f"{per_node} task(s) each; use --ntasks-per-node 1 in a one-node allocation")
         step_id = await self.numbers.next(job, caller, per_node * len(nodes), argv)
-        job = self.head.store.active.get(job.job_id) or job
+        job = self.store.active.get(job.job_id) or job
         if job.state is not JobState.RUNNING or gang.job_nodes(job) != nodes:   # it ended meanwhile
             raise RequestError(f"srun: job {job.job_id} is {job.state.value}, not RUNNING; "
                                "srun runs tasks only inside a running job")
         step = self.steps[(job.job_id, step_id)] = Step(job.job_id, job.attempt, step_id, job.uid, nodes, per_node,
                                                         pty=pty, stdin=stdin or pty, read_at=self.monotonic())
         step.expected = {n: 0 for n in nodes}
-        addr = gang.master_addr(self.head.store, job)
+        addr = gang.master_addr(self.store, job)
         log.info("job %d step %d (user %s): %d task(s) on %s%s: %s", job.job_id, step_id, caller.user,
                  step.ntasks, gang.nodelist_text(nodes), " on a terminal" if pty else "", " ".join(argv)[:200])
         for rank, node in enumerate(nodes):
             try:
-                await self.head.bus.publish(node_cmd(node), StepStart(
+                await self.bus.publish(node_cmd(node), StepStart(
                     job.job_id, job.attempt, step_id, argv=tuple(argv), env=dict(env), ntasks_per_node=per_node,
                     node_rank=rank, nnodes=len(nodes), nodelist=gang.nodelist_text(nodes), master_addr=addr,
                     master_port=gang.master_port(job.job_id), pty=pty, stdin=step.stdin, rows=rows, cols=cols,
@@ -225,17 +238,17 @@ class Steps:
         """The step a reader or writer asks about; adopted when this head does not know it."""
         step = self.steps.get((job_id, step_id))
         if step is None:
-            job = self.head.store.active.get(job_id)
+            job = self.store.active.get(job_id)
             if job is not None and job.state is JobState.RUNNING and not self.numbers.known(job_id):
                 await self.numbers.count(job)
             if (job is None or job.state is not JobState.RUNNING or not self.numbers.issued(job_id, step_id)
-                    or not may_modify(job.uid, caller.uid, caller.user, self.head.admins, os.geteuid())):
+                    or not may_modify(job.uid, caller.uid, caller.user, self._admins(), os.geteuid())):
                 raise RequestError(f"srun: no step {job_id}.{step_id} (it ended more than {KEEP_DONE:.0f}s ago, "
                                    "or its job is not running)")
             hint = args.get("ntasks_per_node")
             per_node = hint if is_int(hint) and 1 <= hint <= MAX_TASKS_PER_NODE else gang.ntasks_per_node(job)
             step = self._adopt(job, step_id, per_node, args.get("pty") is True)
-        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+        if not may_modify(step.uid, caller.uid, caller.user, self._admins(), os.geteuid()):
             raise RequestError(f"srun: step {job_id}.{step_id} is not yours")
         for node in step.nodes:
             if step.expected.get(node) is None:   # adopted: start that node where the reader is
@@ -269,7 +282,7 @@ class Steps:
 
     async def _send_ack(self, step: Step, node: str, upto: int, *, resend: bool) -> None:
         try:
-            await self.head.bus.publish(node_cmd(node), StepAck(step.job_id, step.attempt, step.step_id, upto, resend))
+            await self.bus.publish(node_cmd(node), StepAck(step.job_id, step.attempt, step.step_id, upto, resend))
         except Exception as e:   # the node sends its kept output again by itself
             log.warning("job %d step %d: cannot send step_ack to %s: %s", step.job_id, step.step_id, node, e)
 
@@ -297,8 +310,8 @@ class Steps:
                 await asyncio.wait_for(step.input_moved.wait(), left)
             except asyncio.TimeoutError:
                 pass
-        await self.head.bus.publish(node_cmd(step.nodes[0]), StepInput(step.job_id, step.attempt, step.step_id,
-                                                                       writer, seq, data, eof))
+        await self.bus.publish(node_cmd(step.nodes[0]), StepInput(step.job_id, step.attempt, step.step_id,
+                                                                  writer, seq, data, eof))
         return {"written": True}
 
     async def resize(self, caller: Caller, args: dict) -> dict:
@@ -308,8 +321,8 @@ class Steps:
             raise RequestError("srun: rows and cols must be from 1 to 65535")
         step = await self._reader_step(caller, job_id, step_id, args, {})
         if step.pty and not step.done:
-            await self.head.bus.publish(node_cmd(step.nodes[0]), StepResize(step.job_id, step.attempt, step.step_id,
-                                                                            rows, cols))
+            await self.bus.publish(node_cmd(step.nodes[0]), StepResize(step.job_id, step.attempt, step.step_id,
+                                                                       rows, cols))
         return {"resized": step.pty}
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
@@ -319,7 +332,7 @@ class Steps:
         step = self.steps.get((job_id, step_id))
         if step is None:
             return {"cancelled": False}
-        if not may_modify(step.uid, caller.uid, caller.user, self.head.admins, os.geteuid()):
+        if not may_modify(step.uid, caller.uid, caller.user, self._admins(), os.geteuid()):
             raise RequestError(f"srun: step {step.job_id}.{step.step_id} is not yours")
         if not step.done:
             step.bad_rank = None
@@ -345,7 +358,7 @@ class Steps:
         job_id, attempt, step_id, kind = msg.job, msg.attempt, msg.step, msg.KIND
         step = self.steps.get((job_id, step_id))
         if step is None:
-            job = self.head.store.active.get(job_id)
+            job = self.store.active.get(job_id)
             if job is not None and job.state is JobState.RUNNING and not self.numbers.known(job_id):
                 await self.numbers.count(job)
             if (job is not None and job.state is JobState.RUNNING and job.attempt == attempt
@@ -442,13 +455,13 @@ class Steps:
     async def _kill(self, step: Step) -> None:
         for node in step.nodes:
             try:
-                await self.head.bus.publish(node_cmd(node), StepKill(step.job_id, step.attempt, step.step_id))
+                await self.bus.publish(node_cmd(node), StepKill(step.job_id, step.attempt, step.step_id))
             except Exception as e:   # the job's end kills the tasks in any case
                 log.warning("job %d step %d: cannot send step_kill to %s: %s", step.job_id, step.step_id, node, e)
 
     def _stopping(self, step: Step) -> str | None:
         """Why the step's job is stopping or gone ("was cancelled"...), None while it runs."""
-        job = self.head.store.active.get(step.job_id)
+        job = self.store.active.get(step.job_id)
         if job is None or job.attempt != step.attempt:
             return "ended"
         if job.state is JobState.RUNNING:
@@ -457,12 +470,12 @@ class Steps:
         return STOP_WORDS.get(stop.kind, "is stopping") if stop is not None else "is stopping"
 
     def _finish(self, step: Step) -> None:
-        step.done_at = self.head.clock()
+        step.done_at = self._clock()
         step.poke()
 
     def job_ended(self, job_id: int) -> None:
         """The job is no longer running: its steps are done (its tasks die with its parts)."""
-        job = self.head.store.active.get(job_id)
+        job = self.store.active.get(job_id)
         state = job.state.value if job is not None else "ended"
         for (jid, _), step in list(self.steps.items()):
             if jid == job_id and not step.done:
@@ -473,16 +486,16 @@ class Steps:
         self._forget_old()
 
     def _forget_old(self) -> None:
-        now = self.head.clock()
+        now = self._clock()
         for key, step in list(self.steps.items()):
             if step.done_at is not None and now - step.done_at > KEEP_DONE:
                 del self.steps[key]
-        self.numbers.forget({k[0] for k in self.steps} | set(self.head.store.active))
+        self.numbers.forget({k[0] for k in self.steps} | set(self.store.active))
 
     def _job(self, caller: Caller, job_id: Any) -> "JobRecord":
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
             raise RequestError("srun: job_id must be a positive integer")
-        job = self.head.store.active.get(job_id)
+        job = self.store.active.get(job_id)
         if job is None:
             raise RequestError(f"srun: job {job_id} is not running (finished, or no such job)")
         if caller.uid not in (job.uid, 0):
