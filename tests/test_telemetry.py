@@ -49,7 +49,7 @@ async def test_aggregates_survive_a_head_restart_and_continue(tmp_path):
         await r.schedule()
         await r.run_for(20, every=5)
         await r.head.telemetry.flush()
-        r.head.telemetry = Telemetry(r.head)                # a new head process: memory is gone
+        r.head.telemetry = Telemetry.of(r.head)             # a new head process: memory is gone
         await r.run_for(20, every=5)
         usage = r.head.telemetry.usage[jid]
         assert usage.gpu_s == 40 and usage.util_mean == pytest.approx(40.0)

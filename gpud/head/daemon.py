@@ -140,7 +140,7 @@ class Head:
         self.relayed = RelayedRequests(       # gpuctl requests from relays (head/requests)
             bus, dispatch=lambda caller, line: self.server.dispatch(caller, line), config=lambda: self.cfg,
             clock=lambda: self.clock())
-        self.telemetry = Telemetry(self)      # GPU samples: job aggregates, node series, idle GPUs
+        self.telemetry = Telemetry.of(self)   # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(           # /metrics, when [head] metrics_listen is set
             store, config=lambda: self.cfg, clock=lambda: self.clock(), telemetry=lambda: self.telemetry)
         self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail

@@ -40,16 +40,18 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..bus.messages import Samples
 from ..model import JobState, StopReason
 from ..units import format_duration
 from . import gang
-from .store import JobRecord
+from .store import JobRecord, Store
 from .store_telemetry import USAGE_COLUMNS, TelemetryRepository
 
 if TYPE_CHECKING:
+    from ..config import Config
+    from .change import Change
     from .daemon import Head
 
 log = logging.getLogger("gpud.telemetry")
@@ -174,11 +176,18 @@ def _float(v: Any) -> float | None:
 # -- the head side --------------------------------------------------------------------------------
 
 class Telemetry:
-    """Owned by the Head; reads its config, store, lock and clock."""
+    """The head's telemetry.  Given the store (read; its writes take the head's lock, its
+    idle flags go through the change door) and getters for the live config and the wall
+    clock (read at call time: a reload swaps the config, tests the clock)."""
 
-    def __init__(self, head: "Head") -> None:
-        self.head = head
-        self.rows = TelemetryRepository(head.store)
+    def __init__(self, store: Store, *, lock: asyncio.Lock, change: Callable[[], "Change"],
+                 config: Callable[[], "Config"], clock: Callable[[], float]) -> None:
+        self.store = store
+        self._lock = lock
+        self._change = change
+        self._config = config
+        self._clock = clock
+        self.rows = TelemetryRepository(store)
         self.latest: dict[str, NodeSample] = {}        # node -> its last sample
         self.usage: dict[int, JobUsage] = {}           # jobs sampled and not yet flushed out
         # running jobs' cgroup accounting per step ("total", "batch", "step_0"...): (time, bytes, usec)
@@ -190,17 +199,24 @@ class Telemetry:
         self.energy_j: dict[tuple[str, int], float] = {}   # (node, GPU) -> joules sampled, for /metrics
         self._loaded = False                           # aggregates of the running jobs read back
 
+    @classmethod
+    def of(cls, head: "Head") -> "Telemetry":
+        """The telemetry of ``head``, wired as ``Head.__init__`` wires it (a test's restarted
+        head builds it the same way)."""
+        return cls(head.store, lock=head.lock, change=head.change, config=lambda: head.cfg,
+                   clock=lambda: head.clock())
+
     def count_dropped(self) -> None:
         """A malformed sample was dropped (the inbox logged it)."""
         self.dropped += 1
 
     @property
     def resolution(self) -> float:
-        return self.head.cfg.head.telemetry_resolution
+        return self._config().head.telemetry_resolution
 
     @property
     def retention(self) -> float:
-        return self.head.cfg.head.telemetry_retention
+        return self._config().head.telemetry_retention
 
     async def run(self) -> None:
         while True:
@@ -213,7 +229,7 @@ class Telemetry:
     # -- samples in -------------------------------------------------------------------------
 
     async def ingest(self, node: str, msg: Samples) -> None:
-        now = self.head.clock()
+        now = self._clock()
         sample = node_sample(node, msg, now)
         self.latest[node] = sample
         self._take_usage(sample)
@@ -229,7 +245,7 @@ class Telemetry:
             usage = await self._usage(job.job_id)
             usage.add(readings, sample.interval, now)
             self._dirty.add(job.job_id)
-            job = self.head.store.active.get(job.job_id, job)   # _usage may have awaited
+            job = self.store.active.get(job.job_id, job)   # _usage may have awaited
             for k, v in usage.public().items():   # squeue and sacct see it at once
                 setattr(job, k, v)
             if job.state is JobState.RUNNING:
@@ -239,7 +255,7 @@ class Telemetry:
         """A running job's cgroup accounting: the whole job's on its record (squeue, sacct
         see it at once; its end report makes it final), its steps' for sstat."""
         for job_id, attempt, step, rss, cpu_usec in sample.usage:
-            job = self.head.store.active.get(job_id)
+            job = self.store.active.get(job_id)
             if job is None or job.attempt != attempt or job.node != sample.node or not job.state.active:
                 continue
             if step == "":
@@ -247,8 +263,8 @@ class Telemetry:
                 job.total_cpu = None if cpu_usec is None else cpu_usec / 1e6
             steps = self.steps.setdefault(job_id, {})
             steps[step or "total"] = (sample.time, rss, cpu_usec)
-        for job_id in [j for j in self.steps if j not in self.head.store.active
-                       or not self.head.store.active[j].state.active]:
+        for job_id in [j for j in self.steps if j not in self.store.active
+                       or not self.store.active[j].state.active]:
             del self.steps[job_id]
 
     def _allocations(self, sample: NodeSample) -> list[tuple[JobRecord, tuple[int, ...]]]:
@@ -257,11 +273,11 @@ class Telemetry:
         The worker's list names the candidates (no scan of every active job per sample); the
         head's record decides: same node, same attempt, still active, and only its GPUs."""
         if sample.jobs is None:
-            return [(j, tuple(j.gpu_indices)) for j in self.head.store.jobs_on_node(sample.node)
+            return [(j, tuple(j.gpu_indices)) for j in self.store.jobs_on_node(sample.node)
                     if j.gpu_indices and j.node == sample.node]   # rank 0's node only (gang jobs)
         out = []
         for (job_id, attempt), reported in sample.jobs.items():
-            job = self.head.store.active.get(job_id)
+            job = self.store.active.get(job_id)
             held = gang.gpus_on(job, sample.node) if job is not None else None   # any node of a gang
             if job is None or held is None or job.attempt != attempt or not job.state.active:
                 continue  # an old attempt, or one the head has not (or no longer) placed here
@@ -280,7 +296,7 @@ class Telemetry:
 
     async def _load_active(self) -> None:
         """Read back the aggregates of every active job once (after a head restart)."""
-        for row in await self.rows.usage_rows(self.head.store.active):
+        for row in await self.rows.usage_rows(self.store.active):
             self.usage.setdefault(row[0], JobUsage(row[0], **dict(zip(_USAGE_COLS, row[1:]))))
         self._loaded = True
 
@@ -317,7 +333,7 @@ class Telemetry:
 
     async def _check_idle(self, job: JobRecord, usage: JobUsage, readings: list[GpuReading],
                           now: float) -> None:
-        part = self.head.cfg.sched.partitions.get(job.partition)
+        part = self._config().sched.partitions.get(job.partition)
         if part is None or not part.idle_period:
             return
         if usage.attempt != job.attempt:
@@ -348,16 +364,15 @@ class Telemetry:
     async def _mark(self, job: JobRecord, reason: str | None, action: str | None, now: float,
                     event: str, detail: str) -> None:
         """Flag (or unflag) a job, and stop it when ``action`` says so."""
-        head = self.head
-        async with head.change() as ch:   # ``now`` is the sample's time, not the change's
-            current = head.store.active.get(job.job_id)
+        async with self._change() as ch:   # ``now`` is the sample's time, not the change's
+            current = self.store.active.get(job.job_id)
             if current is None or current.state is not JobState.RUNNING or current.attempt != job.attempt:
                 return
             if action in ("requeue", "cancel"):
                 updated = ch.txn.transition(current, JobState.COMPLETING, now=now, event=event, detail=detail,
                                             reason=reason, stop_reason=StopReason.idle(action).value,
                                             stop_time=now)
-                ch.signal(updated, "TERM", grace=head.cfg.head.kill_grace,
+                ch.signal(updated, "TERM", grace=self._config().head.kill_grace,
                           reason="cancelled" if action == "cancel" else "preempted")
                 ch.wake()
             else:
@@ -367,7 +382,7 @@ class Telemetry:
 
     async def flush(self) -> None:
         """Write changed aggregates and closed buckets, and cut the series to its retention."""
-        now = self.head.clock()
+        now = self._clock()
         current = math.floor(now / self.resolution) * self.resolution
         for node, b in list(self._buckets.items()):
             if b.start < current:   # no later sample closed it: the node went quiet
@@ -379,11 +394,11 @@ class Telemetry:
         usages = [self.usage[j] for j in sorted(dirty)]
         rows = [(u.job_id, tuple(getattr(u, c) for c in _USAGE_COLS), tuple(u.public().values())) for u in usages]
         try:
-            async with self.head.lock:   # one transaction at a time on the store's connection
+            async with self._lock:   # one transaction at a time on the store's connection
                 await self.rows.flush(rows, [b.row(node) for node, b in closed], cut_before=now - self.retention)
         except BaseException:
             self._dirty |= dirty
             self._closed = closed + self._closed
             raise
-        for job_id in [j for j in self.usage if j not in self.head.store.active and j not in self._dirty]:
+        for job_id in [j for j in self.usage if j not in self.store.active and j not in self._dirty]:
             del self.usage[job_id]     # ended and written: the table has it now
