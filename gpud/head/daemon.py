@@ -70,8 +70,8 @@ from .inbox import Routes, WorkerInbox
 from .jobcaps import SubmitCaps
 from .ops_admin import OPS as ADMIN_OPS
 from .metrics import HeadMetrics
-from .cron import OPS as CRON_OPS
-from .ops_jobs import OPS as JOB_OPS
+from .cron import OPS as CRON_OPS, Cron
+from .ops_jobs import OPS as JOB_OPS, node_infos
 from .ops_sched import OPS as SCHED_OPS
 from .liveness import LAUNCH_RESEND_AFTER, Liveness, lease_margin  # noqa: F401 (read from here; patch them in liveness)
 from .ops_slurm import OPS as SLURM_OPS
@@ -143,7 +143,11 @@ class Head:
         self.telemetry = Telemetry.of(self)   # GPU samples: job aggregates, node series, idle GPUs
         self.metrics = HeadMetrics(           # /metrics, when [head] metrics_listen is set
             store, config=lambda: self.cfg, clock=lambda: self.clock(), telemetry=lambda: self.telemetry)
-        self.slurm = SlurmSupport(self)       # holds, dependencies, arrays, scrontab, mail
+        self.slurm = SlurmSupport(            # holds, dependencies, arrays, scrontab, mail
+            store, Cron(store, lock=self.lock, kick=self.kick, config=lambda: self.cfg, clock=lambda: self.clock(),
+                        node_infos=lambda: node_infos(self)),
+            config=lambda: self.cfg, ran_for=self.ran_for,
+            send_signal=lambda job, sig, **kw: self.commands.send_signal(job, sig, **kw))
         self.mig = MigCommands(store, bus, config=lambda: self.cfg)   # MIG re-layouts sent, not yet answered
         self.steps = Steps.of(self)           # gpuctl srun steps inside running jobs
         self.allocs = Allocations(            # salloc keepalives (interactive jobs)

@@ -29,9 +29,9 @@ import asyncio
 import functools
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..model import JobState, NodeInfo, StopReason
+from ..model import JobState, StopReason
 from ..syntax import Dependency, SyntaxProblem, parse_array, parse_dependency
 from . import arrays, deps, mail
 from ..ctlsocket import Caller, RequestError
@@ -41,7 +41,9 @@ from .scheduling import build_snapshot, run_core
 from .store import JobRecord, Txn
 
 if TYPE_CHECKING:
+    from ..config import Config
     from .daemon import Head
+    from .store import Store
 
 log = logging.getLogger("gpud.head")
 
@@ -57,12 +59,6 @@ def is_admin(head: "Head", caller: Caller) -> bool:
     from .ops_jobs import is_admin as admin_check  # one definition of who is an admin
 
     return admin_check(head, caller)
-
-
-def _node_infos(head: "Head") -> tuple[NodeInfo, ...]:
-    from .ops_jobs import node_infos  # ops_jobs imports this module
-
-    return node_infos(head)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -236,13 +232,21 @@ async def test_only(head: "Head", job: JobRecord, warnings: list[str]) -> dict[s
 # -- the head's per-process state -------------------------------------------------------------------
 
 class SlurmSupport:
-    def __init__(self, head: "Head") -> None:
-        self.head = head
+    """Holds, dependencies, deadlines, lowered time limits, launch fields, mail and scrontab's
+    task.  Given the store, the scrontab part (``cron``), and getters read at call time: the
+    live config, how long a job's allocation has run (``ran_for``, the head's monotonic
+    clock) and the commands' ``send_signal`` (built after this part)."""
+
+    def __init__(self, store: "Store", cron: Cron, *, config: Callable[[], "Config"],
+                 ran_for: Callable[[JobRecord], float], send_signal: Callable[..., Awaitable[None]]) -> None:
+        self.store = store
+        self.cron = cron
+        self._config = config              # the live config: a reload swaps it
+        self._ran_for = ran_for
+        self._send_signal = send_signal
         self.book = deps.DependencyBook()
-        self.cron = Cron(head.store, lock=head.lock, kick=head.kick, config=lambda: head.cfg,
-                         clock=lambda: head.clock(), node_infos=lambda: _node_infos(head))
         self._mail_tasks: set[asyncio.Task] = set()
-        head.store.on_commit.append(self.on_commit)
+        store.on_commit.append(self.on_commit)
 
     async def run(self) -> None:
         """The head's task for these features: scrontab's clock."""
@@ -276,7 +280,7 @@ class SlurmSupport:
     async def load_targets(self, extra: list[JobRecord] = (), judged: list[JobRecord] | None = None) -> set[int]:
         """Read from the database what the book lacks about dependency targets.
         ``judged``: the active jobs ``_to_judge`` picked (default: every active job)."""
-        store = self.head.store
+        store = self.store
         refs = self._refs((list(store.active.values()) if judged is None else judged) + list(extra))
         missing = sorted(r for r in refs if r not in self.book.known
                          and (r not in store.active or store.active[r].array_job_id is not None))
@@ -293,7 +297,7 @@ class SlurmSupport:
                         judged: list[JobRecord] | None = None) -> dict[int, str]:
         """Why each pending job may not start now (absent: it may).  ``judged``: the active
         jobs ``_to_judge`` picked, when the caller has them (then ``extra`` must be empty)."""
-        active = list(self.head.store.active.values()) + list(extra)
+        active = list(self.store.active.values()) + list(extra)
         index = arrays.ArrayIndex(active)
         lookup = self._lookup(index)
         pending = _to_judge(active)[0] if judged is None else judged
@@ -329,10 +333,10 @@ class SlurmSupport:
 
     async def before_pass(self, now: float) -> dict[int, str]:
         """Called under the head's lock before each pass: blocked reasons, and Slurm's own moves."""
-        pending, timed = _to_judge(self.head.store.active.values())
+        pending, timed = _to_judge(self.store.active.values())
         refs = await self.load_targets(judged=pending)
         blocked = self.blocked_reasons(now, judged=pending)
-        txn = Txn(self.head.store)
+        txn = Txn(self.store)
         stops = []
         for j in pending:
             if blocked.get(j.job_id) == "DependencyNeverSatisfied" and j.spec.kill_on_invalid_dep:
@@ -346,19 +350,19 @@ class SlurmSupport:
         for j in timed:
             # on the monotonic clock: a step of the wall clock stops no job
             if (j.start_time is not None and j.stop_reason is None
-                    and self.head.ran_for(j) >= j.time_limit + TIME_LIMIT_SLACK):
+                    and self._ran_for(j) >= j.time_limit + TIME_LIMIT_SLACK):
                 stops.append(txn.transition(j, JobState.COMPLETING, now=now, event="timeout",
                                             detail="time limit reached (lowered after launch)",
                                             stop_reason=StopReason.TIMEOUT.value, stop_time=now))
-        await self.head.store.commit(txn)
+        await self.store.commit(txn)
         for j in stops:
-            await self.head.commands.send_signal(j, "TERM", grace=self.head.cfg.head.kill_grace, reason="timeout")
+            await self._send_signal(j, "TERM", grace=self._config().head.kill_grace, reason="timeout")
         self.book.retain(refs)
-        return {k: v for k, v in blocked.items() if k in self.head.store.active}
+        return {k: v for k, v in blocked.items() if k in self.store.active}
 
     def launch_fields(self, job: JobRecord) -> dict[str, Any]:
         """Launch-message fields for the job's environment and output files."""
-        cfg = self.head.cfg
+        cfg = self._config()
         fields: dict[str, Any] = dict(arrays.task_env_fields(job))
         fields.update({"open_mode": job.spec.open_mode,
                        "slurm_compat_env": bool(getattr(cfg.head, "slurm_compat_env", False)),
@@ -374,7 +378,7 @@ class SlurmSupport:
         for before, after, event, _now in txn.moves:
             if after.state.terminal:
                 self.book.record(_facts(after))
-            if after.spec.mail_type and getattr(self.head.cfg.head, "mail_command", None):
+            if after.spec.mail_type and getattr(self._config().head, "mail_command", None):
                 what = mail.mail_event(before.state, after.state, after.spec.mail_type, after.array_job_id is not None)
                 if what:
                     self._send_mail(after, what)
@@ -391,7 +395,7 @@ class SlurmSupport:
         subject = f"gpud Job_id={job.display_id} Name={job.name} {what}"
         if job.state.terminal:
             subject += f", {job.state.value}, ExitCode {job.exit_code if job.exit_code is not None else 0}"
-        await mail.send(self.head.cfg.head.mail_command, subject, job.spec.mail_user or job.user,
+        await mail.send(self._config().head.mail_command, subject, job.spec.mail_user or job.user,
                         job.display_id)
 
 
