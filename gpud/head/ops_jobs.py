@@ -292,7 +292,7 @@ async def op_cancel(head: "Head", caller: Caller, args: dict) -> dict:
         now, txn = ch.now, ch.txn
         targets: list[JobRecord] = []
         if refs:
-            found, missing = await slurm.resolve(head, refs)
+            found, missing = await slurm.resolve(head.store, refs)
             errors += [f"Kill job error on job id {m.removeprefix('job ')}" for m in missing]
             targets = [j for j in found if not users or j.user in users]
         else:

@@ -60,7 +60,7 @@ async def _for_each_job(head: "Head", caller: Caller, args: dict, act: JobAction
     one change (``wake``: a pass follows when any was done); (ids done, error lines)."""
     done: list[str] = []
     async with head.change() as ch:
-        jobs, errors = await resolve(head, parse_refs(args))
+        jobs, errors = await resolve(head.store, parse_refs(args))
         for job in jobs:
             error = ("Access/permission denied" if not _owner_or_admin(head, caller, job)
                      else act(job, ch.txn, ch.now))
@@ -118,7 +118,7 @@ async def op_requeue(head: "Head", caller: Caller, args: dict) -> dict:
     errors: list[str] = []
     async with head.change() as ch:
         now, txn = ch.now, ch.txn
-        jobs, missing = await resolve(head, refs)
+        jobs, missing = await resolve(head.store, refs)
         finished, found_refs = await _finished_jobs(head, refs)
         errors += [m for m in missing if m.partition(":")[0] not in found_refs]
         for job in sorted([*jobs, *finished], key=lambda j: j.job_id):
@@ -313,10 +313,10 @@ async def op_update_job(head: "Head", caller: Caller, args: dict) -> dict:
     caps: SubmitCaps | None = None
     async with head.change() as ch:
         now, txn = ch.now, ch.txn
-        jobs, errors = await resolve(head, parse_refs(args))
+        jobs, errors = await resolve(head.store, parse_refs(args))
         if "Dependency" in changes:
             dep = parse_or_refuse(changes["Dependency"])
-            missing = await missing_targets(head, dep)
+            missing = await missing_targets(head.store, dep)
             if missing:
                 raise RequestError(f"Job dependency problem: no job {missing[0]}")
         for job in jobs:

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``SlurmSupport`` is created with the head (``head.slurm``) and owns what these features
-need between requests:
+``SlurmSupport`` is the head's part ``head.slurm``; it owns what these features need between
+requests and is given the store, the scrontab part and getters, not the head:
 
 * ``before_pass(now)`` runs under the head's lock before every scheduler pass.  It returns
   why pending jobs may not start (held, dependency, begin time, array throttle), which
@@ -21,6 +21,10 @@ need between requests:
 ``--test-only`` from a trial pass of the core, expands arrays (``arrays.expand``) into one
 group commit, and makes ``--skip-if-active`` atomic by checking and inserting under the
 head's lock.
+
+The submit path (``submit``, ``test_only``) and ``is_admin`` take the head, as the socket
+verbs that call them do; ``resolve`` and ``missing_targets``, which the verbs share, take
+only the store.
 """
 
 from __future__ import annotations
@@ -96,9 +100,9 @@ def ref_text(job_id: int, task: int | None) -> str:
     return str(job_id) if task is None else f"{job_id}_{task}"
 
 
-async def resolve(head: "Head", refs: list[tuple[int, int | None]]) -> tuple[list[JobRecord], list[str]]:
+async def resolve(store: "Store", refs: list[tuple[int, int | None]]) -> tuple[list[JobRecord], list[str]]:
     """Unfinished jobs named by ``refs``, and one error line per name that has none."""
-    index = arrays.ArrayIndex(head.store.active.values())
+    index = arrays.ArrayIndex(store.active.values())
     found: dict[int, JobRecord] = {}
     errors = []
     for job_id, task in refs:
@@ -106,7 +110,7 @@ async def resolve(head: "Head", refs: list[tuple[int, int | None]]) -> tuple[lis
         if jobs:
             found.update((j.job_id, j) for j in jobs)
             continue
-        done = await head.store.find_jobs(job_ids=[job_id], arrays=True)
+        done = await store.find_jobs(job_ids=[job_id], arrays=True)
         exists = any(task is None or (j.array_job_id == job_id and j.array_task_id == task) for j in done)
         errors.append(f"job {ref_text(job_id, task)}: "
                       + ("Job/step already completing or completed" if exists else "Invalid job id specified"))
@@ -120,16 +124,16 @@ def parse_or_refuse(text: str) -> Dependency | None:
         raise RequestError(str(e)) from None
 
 
-async def missing_targets(head: "Head", dep: Dependency | None) -> list[str]:
+async def missing_targets(store: "Store", dep: Dependency | None) -> list[str]:
     """Targets of ``dep`` that name no job at all (Slurm refuses those at submit)."""
     if dep is None:
         return []
-    index = arrays.ArrayIndex(head.store.active.values())
+    index = arrays.ArrayIndex(store.active.values())
     wanted = [(t.job_id, t.task) for term in dep.terms for t in term.targets]
     unknown = [(j, t) for j, t in wanted if not index.select(j, t)]
     if not unknown:
         return []
-    rows = await head.store.find_jobs(job_ids=sorted({j for j, _ in unknown}), arrays=True)
+    rows = await store.find_jobs(job_ids=sorted({j for j, _ in unknown}), arrays=True)
     missing = []
     for job_id, task in unknown:
         if not any((task is None and (r.job_id == job_id or r.array_job_id == job_id))
@@ -166,7 +170,7 @@ async def submit(head: "Head", caller: Caller, job: JobRecord) -> dict[str, Any]
         raise RequestError("Batch job submission failed: Incompatible begin and deadline time specification "
                            "(the deadline must lie after now and after --begin)")
     if spec.dependency:
-        missing = await missing_targets(head, parse_or_refuse(spec.dependency))
+        missing = await missing_targets(head.store, parse_or_refuse(spec.dependency))
         if missing:
             raise RequestError(f"Batch job submission failed: Job dependency problem: no job {missing[0]}")
     if spec.mail_type and not getattr(head.cfg.head, "mail_command", None):
