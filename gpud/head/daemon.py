@@ -177,7 +177,7 @@ class Head:
             samples=lambda node, m: self.telemetry.ingest(node, m),
             bad_samples=lambda: self.telemetry.count_dropped(),
             step=lambda node, m: self.steps.handle(node, m)))
-        self.submit_keys = SubmitKeys(self.mono)   # idempotent submission (submitkeys.py)
+        self.submit_keys = SubmitKeys(lambda: self.mono())   # idempotent submission (submitkeys.py)
         self._disk_checked = float("-inf")   # mono time of the last free-space check
         self._truncated = float("-inf")      # mono time of the WAL's last truncation
         self._free_kb: float | None = None
