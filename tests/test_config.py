@@ -343,7 +343,7 @@ def test_any_structure_gives_a_config_or_config_error(data):
 def test_worker_features_are_reported_in_the_features_label(tmp_path):
     from gpud.gpu.sim import SimBackend
     from gpud.model import NodeInfo, constraint_matches
-    from gpud.worker.daemon import build_node_info
+    from gpud.worker.nodeinfo import build_node_info
 
     cfg = config.from_text(f'state_dir = "{tmp_path}"\n[worker]\nname = "gpu01"\naddress = "10.0.0.1"\n'
                            'features = ["a100", "ib", "a100"]\n')

@@ -11,7 +11,7 @@ import pytest
 
 from gpud.bus.base import HEAD_EVENTS, Message
 from gpud.head import gang, steprecord, steps
-from gpud.head.daemon import LAUNCH_RESEND_AFTER
+from gpud.head.liveness import LAUNCH_RESEND_AFTER
 from gpud.sched.config import PreemptionConfig, QosConfig
 from tests.slurm_head import ALICE, BOB, HeadKit
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.bus.base import node_cmd
 from gpud.head import gang, steprecord
 from tests.slurm_head import ALICE, BOB, HeadKit
 

@@ -13,7 +13,8 @@ import psutil
 from gpud.bus.base import HEAD_EVENTS
 from gpud.head import gang
 from gpud.bus.messages import StepStart
-from gpud.worker.steps import SHELL, TASK_SHELL, StepTasks
+from gpud.worker.stepproc import SHELL, TASK_SHELL
+from gpud.worker.steps import StepTasks
 from tests.test_executor import Harness, until
 from tests.test_worker_daemon import heartbeat, rig  # noqa: F401  (fixtures)
 

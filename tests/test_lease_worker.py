@@ -17,7 +17,8 @@ from gpud.bus.base import HEAD_EVENTS, node_status
 from gpud.bus.memory import MemoryBroker
 from gpud.gpu.sim import SimBackend
 from gpud.worker import lease as leases
-from gpud.worker.daemon import LEASE_EXPIRED, Worker
+from gpud.worker.daemon import Worker
+from gpud.worker.fencing import LEASE_EXPIRED
 from tests.test_executor import FakeClock, group_members, h, until  # noqa: F401  (fixture)
 from tests.test_worker_daemon import (CLOCK, NODE, WAIT, FakeExecutor, Rig, head_bus, launch_body, make_cfg,
                                       worker_bus)

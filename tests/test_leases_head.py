@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from gpud.head.daemon import lease_margin
+from gpud.head.liveness import lease_margin
 from gpud.head.store import Store, Txn, storage_problem
 from gpud.model import IllegalTransition, NodeState
 from tests.slurm_head import ALICE, BOB, Clock, HeadKit, spec

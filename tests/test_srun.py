@@ -12,7 +12,8 @@ import pytest
 
 from gpud.worker.jobsetup import TaskSetup
 from gpud.bus.messages import MessageError, StepStart
-from gpud.worker.steps import StepTasks, task_env
+from gpud.worker.stepenv import task_env
+from gpud.worker.steps import StepTasks
 from tests.fake_head import FakeHead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,11 +9,12 @@ import os
 
 import pytest
 
-from gpud.head import gang, steps
+from gpud.head import steps
 from gpud.head.steps import Steps
 from gpud.worker.jobsetup import TaskSetup
 from gpud.bus.messages import MessageError, StepAck, StepStart, decode
-from gpud.worker.steps import WINDOW, StepTasks
+from gpud.worker.steps import StepTasks
+from gpud.worker.stepstream import WINDOW
 from tests.slurm_head import ALICE, BOB, HeadKit
 
 

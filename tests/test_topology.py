@@ -15,7 +15,7 @@ from gpud.gpu.nvml import NvmlBackend
 from gpud.gpu.sim import SimBackend, parse_spec
 from gpud.gpu.topology import normalize_bus_id
 from gpud.model import GpuInfo, NodeInfo
-from gpud.worker.daemon import build_node_info
+from gpud.worker.nodeinfo import build_node_info
 from gpuctl.main import cli
 from gpuctl.topology import feature_lines, islands, node_lines, numa_text, sinfo_table
 from tests.cluster import REPO, Cluster

@@ -17,7 +17,8 @@ from gpud.bus.mqtt import MqttBus
 from gpud.config import BrokerConfig, Config, WorkerConfig
 from gpud.gpu.sim import SimBackend
 from gpud.keys import generate_key, load_key
-from gpud.worker.daemon import Worker, primary_address, run_worker, worker_sender, worker_subscriptions, worker_will
+from gpud.worker.daemon import Worker, run_worker, worker_sender, worker_subscriptions, worker_will
+from gpud.worker.nodeinfo import primary_address
 from gpud.worker.executor import Outcome
 from tests.mqtt_broker import mosquitto  # noqa: F401  (fixture)
 

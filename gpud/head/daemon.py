@@ -73,11 +73,12 @@ from .metrics import HeadMetrics
 from .cron import OPS as CRON_OPS, Cron
 from .ops_jobs import OPS as JOB_OPS, node_infos
 from .ops_sched import OPS as SCHED_OPS
-from .liveness import LAUNCH_RESEND_AFTER, Liveness, lease_margin  # noqa: F401 (read from here; patch them in liveness)
+from .liveness import Liveness
 from .ops_slurm import OPS as SLURM_OPS
 from .slurm import SlurmSupport
 from .ops_telemetry import OPS as TELEMETRY_OPS
-from .steps import OPS as STEP_OPS, Steps
+from .stepops import OPS as STEP_OPS
+from .steps import Steps
 from .interactive import OPS as ALLOC_OPS, Allocations
 from .relayed import RelayedRequests
 from .outcomes import WorkerReports

@@ -25,7 +25,7 @@ from ..ctlsocket import Caller, RequestError
 from .gpusharing import gpu_usage
 from .jobs import may_modify
 from .scheduling import UP, node_info
-from .store import JobRecord, Txn
+from .store import JobRecord
 from .store_reports import earlier_attempts
 
 if TYPE_CHECKING:

@@ -75,7 +75,7 @@ from . import gang
 from ..ctlsocket import Caller, RequestError
 from .jobs import may_modify
 from .stepnumbers import StepNumbers
-from .stepops import OPS, parse_cursor, require_counts
+from .stepops import parse_cursor, require_counts
 from .steprecord import LINE_OVERHEAD, Step, task_exit_code
 
 if TYPE_CHECKING:
@@ -83,7 +83,6 @@ if TYPE_CHECKING:
     from .daemon import Head
     from .store import JobRecord, Store
 
-__all__ = ["OPS", "Steps"]   # OPS (gpud.head.stepops): the head daemon takes the verbs from here
 
 log = logging.getLogger("gpud.steps")
 

@@ -72,9 +72,9 @@ from ..bus.messages import (Ack, Body, HeadStatus, Heartbeat, Hello, Kill, Launc
 from ..config import Config
 from ..gpu.backend import GpuBackend, GpuError
 from . import gpumodes, lease as leases
-from .fencing import LEASE_EXPIRED, Fencing  # noqa: F401 (LEASE_EXPIRED: read from here by tests; patch it in fencing)
+from .fencing import Fencing
 from .launch import Outcome, parse_signal
-from .nodeinfo import build_node_info, primary_address  # noqa: F401 (imported from here by tests)
+from .nodeinfo import build_node_info
 from .steprelay import StepRelay
 
 log = logging.getLogger("gpud.worker")

@@ -54,11 +54,8 @@ from . import rlimits
 from .stepenv import task_env
 from .stepproc import (SHELL, TASK_SHELL, TASK_SHELL_PTY, TASK_SHELL_STDIN, kill_left, killpg,
                        open_fd_gate, open_gate, read_record, remove, save_record, write_pid)
-from .stepstream import READ_CHUNK, WINDOW, Emit, Step, Task
+from .stepstream import READ_CHUNK, Emit, Step, Task
 from .stepterm import set_size, terminal_child
-
-# SHELL, TASK_SHELL, WINDOW and task_env are read from here too (patch them where they are defined).
-__all__ = ["StepTasks", "task_env", "SHELL", "TASK_SHELL", "WINDOW"]
 
 log = logging.getLogger("gpud.worker.steps")
 
